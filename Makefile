@@ -1,0 +1,61 @@
+# The appliance: `make run` serves the demo models, `make test` runs the suite.
+# Both create the virtual environment on first use.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+CONFIG ?=
+GENERATED := appliance/_generated
+
+.PHONY: help install run test test-unit lint fmt generate generate-check bench clean
+
+help:
+	@echo "make run       serve the demo models (HTTP 8000, gRPC 8001, MIP 8002)"
+	@echo "make test      install, then run the whole test suite"
+	@echo "make lint      ruff format --check, ruff check, mypy"
+	@echo "make bench     run the benchmarks; results in bench/results/"
+	@echo "make generate  regenerate protobuf/gRPC code from protos/"
+	@echo "make clean     remove build outputs and stale shared memory"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/appliance serve $(if $(CONFIG),--config $(CONFIG))
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check appliance tests bench tools
+	$(BIN)/ruff check appliance tests bench tools
+	$(BIN)/mypy appliance
+	$(MAKE) --no-print-directory generate-check
+
+fmt: $(STAMP)
+	$(BIN)/ruff format appliance tests bench tools
+	$(BIN)/ruff check --fix appliance tests bench tools
+
+generate: $(STAMP)
+	$(PY) tools/generate.py --out $(GENERATED)
+
+generate-check: $(STAMP)
+	$(PY) tools/generate.py --check --out $(GENERATED)
+
+bench: $(STAMP)
+	$(PY) bench/internal.py
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	@test ! -x $(PY) || $(PY) -c "from appliance.master.sweep import sweep_stale; sweep_stale('')"

@@ -1,0 +1,113 @@
+"""The command line: ``serve``, ``ctl <command>``, and the internal ``child``.
+
+``appliance child <role>`` is how the master starts its children; it is not
+meant to be typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import orjson
+
+from appliance import logs
+from appliance.config import ConfigError, load
+from appliance.core.tree import Tree
+
+log = logging.getLogger("appliance")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    handler = {"serve": _serve, "ctl": _ctl, "child": _child}[args.command]
+    return handler(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="appliance", description="A multiprocess, shared-memory model server."
+    )
+    commands = parser.add_subparsers(dest="command")
+    serve = commands.add_parser("serve", help="serve the configured models in the foreground")
+    serve.add_argument("--config", type=Path, help="TOML config (default: the demo config)")
+
+    ctl = commands.add_parser("ctl", help="control a running appliance")
+    where = ctl.add_mutually_exclusive_group()
+    where.add_argument("--socket", type=Path, help="the control socket")
+    where.add_argument("--config", type=Path, help="find the control socket from this config")
+    ctl.add_argument("--json", action="store_true", help="print the raw JSON reply")
+    ctl.add_argument("action", choices=["status", "online", "offline", "stop"])
+
+    child = commands.add_parser("child", help="(internal) how the master starts its children")
+    child.add_argument("role", choices=["model", "http", "grpc", "mip"])
+    child.add_argument("--tree-dir", type=Path, required=True)
+    child.add_argument("--master-pid", type=int, required=True)
+    child.add_argument("--slot", type=int, required=True)
+    child.add_argument("--generation", type=int, required=True)
+    child.add_argument("--model", default="")
+    child.add_argument("--port", type=int, default=0)
+    child.add_argument("--worker-slots", default="0:0")
+    child.add_argument("--index", type=int, default=0)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from appliance.master.supervisor import StartError, Supervisor
+
+    logs.setup("master")
+    try:
+        config = load(args.config)
+    except ConfigError as ex:
+        log.error("%s", ex)
+        return 2
+    logs.setup("master", config.server.log_level)
+    try:
+        return Supervisor(config).run()
+    except StartError as ex:
+        log.error("cannot start: %s", ex)
+        return 1
+
+
+def _ctl(args: argparse.Namespace) -> int:
+    from appliance.ctl import ControlError, request
+    from appliance.ctl_format import format_status
+
+    try:
+        path = args.socket or Tree("", load(args.config).resolved_run_dir()).control_path
+        reply = request(path, args.action)
+    except (ControlError, ConfigError) as ex:
+        print(f"appliance ctl: {ex}", file=sys.stderr)
+        return 1
+    if args.json:
+        sys.stdout.write(orjson.dumps(reply, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif args.action == "status":
+        sys.stdout.write(format_status(reply))
+    else:
+        print({"online": "online", "offline": "offline", "stop": "draining"}[args.action])
+    return 0
+
+
+def _child(args: argparse.Namespace) -> int:
+    common = (args.tree_dir, args.master_pid, args.slot)
+    if args.role == "model":
+        from appliance.worker import main as worker
+
+        return worker.run(*common, args.generation, args.model)
+    if args.role == "http":
+        from appliance.frontends import http
+
+        return http.run(*common, args.port, args.worker_slots)
+    if args.role == "grpc":
+        from appliance.frontends import grpc
+
+        return grpc.run(*common, args.port, args.index)
+    from appliance.frontends import mip
+
+    return mip.run(*common, args.port, args.index)

@@ -1,0 +1,1 @@
+"""The one internal client API every protocol calls models through."""

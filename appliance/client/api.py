@@ -1,0 +1,500 @@
+"""The one internal client API: every protocol reaches models through it.
+
+A :class:`ModelClient` lives in each frontend process (and in any local
+process that wants to call models directly, such as tests and benchmarks).
+It writes request tensors once into its own shared-memory ring, sends a
+descriptor to the least-loaded instance, and hands back the outputs as
+read-only views into the worker's response ring, valid until the
+:class:`InferResult` is released. It is safe to use from many threads.
+
+Example:
+    >>> client = ModelClient.connect(Path("/tmp/appliance-0"))
+    >>> with client.infer("simple", {"INPUT0": a, "INPUT1": b}) as result:
+    ...     total = result.array("OUTPUT0").copy()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+import zmq
+
+from appliance.client.channel import Channel
+from appliance.client.routing import Router, Target
+from appliance.config import ApplianceConfig, read_snapshot
+from appliance.core.descriptor import (
+    Kind,
+    Message,
+    SegmentReader,
+    block_list,
+    place_tensors,
+    read_tensors,
+    ring_blocks,
+    to_frame,
+)
+from appliance.core.metadata import ModelMetadata
+from appliance.core.ring import Block, Ring
+from appliance.core.segment import Segment
+from appliance.core.status import Counter, StatusTable
+from appliance.core.tensor import Tensor
+from appliance.core.tree import Tree, owner_pid
+from appliance.errors import (
+    ApplianceError,
+    BadRequest,
+    ModelNotFound,
+    ModelNotReady,
+    error_from_code,
+)
+from appliance.process import pid_alive
+
+TensorLike = Tensor | npt.NDArray[Any]
+# Several clients may live in one process (tests do); each owns a ring.
+_RING_NUMBERS = itertools.count()
+
+
+class InferResult:
+    """Outputs of one request, as views into the worker's response ring.
+
+    Release it (or use it as a context manager) once the outputs have been
+    encoded or copied: the worker reuses the space afterwards.
+    """
+
+    __slots__ = ("__weakref__", "_release", "outputs")
+
+    def __init__(self, outputs: dict[str, Tensor], release: Any) -> None:
+        self.outputs = outputs
+        self._release = release
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.outputs[name]
+
+    def array(self, name: str) -> npt.NDArray[Any]:
+        return self.outputs[name].array()
+
+    def release(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __enter__(self) -> InferResult:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.release()
+
+
+class ModelClient:
+    """Call models of one appliance tree.
+
+    Args:
+        tree: the tree to talk to.
+        config: its configuration snapshot.
+        status: its status table.
+        slots: the instance slots of each model.
+        publish_slot: the status slot this process reports its in-flight
+            count in (frontends do, so the master knows when a drain is done).
+        ring_bytes: size of this process's request ring.
+    """
+
+    def __init__(
+        self,
+        tree: Tree,
+        config: ApplianceConfig,
+        status: StatusTable,
+        slots: Mapping[str, Sequence[int]],
+        publish_slot: int | None = None,
+        ring_bytes: int | None = None,
+    ) -> None:
+        self.tree = tree
+        self.config = config
+        self.status = status
+        self.router = Router(status, slots)
+        self.inline_threshold = config.shm.inline_threshold_bytes
+        self._publish_slot = publish_slot
+        self._context: zmq.Context[Any] = zmq.Context()
+        self._local = threading.local()
+        self._channels: list[Channel] = []
+        self._lock = threading.Lock()
+        name = tree.ring_name(what=f"req{next(_RING_NUMBERS)}")
+        self._ring = Ring(
+            Segment.create(name, ring_bytes or config.shm.request_ring_bytes),
+            name,
+            config.shm.max_tensor_bytes,
+            config.shm.spill_limit_bytes,
+            limit_hint="shm.request_ring_bytes",
+        )
+        self._reader = SegmentReader(Segment.attach)
+        self._ids = itertools.count(1)
+        self._abandoned: dict[int, tuple[Target, list[Block]]] = {}
+        self._metadata: dict[str, tuple[float, ModelMetadata]] = {}
+        self._inflight = 0
+        self._spin_budget_s = config.server.spin_wait_us / 1e6
+        self._pid = os.getpid()
+        self._closed = False
+
+    @classmethod
+    def connect(cls, run_dir: Path, ring_bytes: int | None = None) -> ModelClient:
+        """Attach to the appliance whose ``run_dir`` is given, from any local process.
+
+        Raises:
+            FileNotFoundError: no appliance is running with that run_dir.
+        """
+        state = orjson.loads((run_dir / "appliance.json").read_bytes())
+        tree = Tree(str(state["tree"]), run_dir)
+        config = read_snapshot(tree.snapshot_path)
+        status = StatusTable.attach(tree.status_name)
+        layout = orjson.loads((tree.dir / "layout.json").read_bytes())
+        return cls(tree, config, status, layout["models"], ring_bytes=ring_bytes)
+
+    # -- the calls -------------------------------------------------------------
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, TensorLike],
+        outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> InferResult:
+        """Run ``model`` on named inputs; return its (requested) outputs.
+
+        Args:
+            model: the model's name.
+            inputs: tensors or numpy arrays by input name.
+            outputs: the outputs wanted, all when None.
+            parameters: request parameters passed to the model.
+            timeout_s: give up after this long (DeadlineExceeded).
+
+        Raises:
+            ApplianceError: any subclass, with a message for the user.
+        """
+        return self._roundtrip(model, "predict", inputs, outputs, parameters, timeout_s, None)
+
+    def stream(
+        self,
+        model: str,
+        inputs: Mapping[str, TensorLike],
+        outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Iterator[InferResult]:
+        """Yield the model's streamed parts as they come.
+
+        Each part is released when the next one is requested; closing the
+        generator early cancels the stream in the worker.
+        """
+        channel = self._channel()
+        target, request_id, blocks, deadline = self._send(
+            channel, model, "stream", inputs, outputs, parameters, timeout_s, None
+        )
+        previous: InferResult | None = None
+        finished = False
+        try:
+            while True:
+                reply = channel.wait(target, request_id, deadline)
+                if previous is not None:
+                    previous.release()
+                    previous = None
+                if reply.kind is Kind.END:
+                    finished = True
+                    _raise_for(reply)
+                    return
+                previous = self._result(target, reply)
+                yield previous
+        finally:
+            if previous is not None:
+                previous.release()
+            if not finished and self.router.is_current(target):
+                cancel = Message(Kind.CANCEL, request_id, self._pid)
+                channel.send(target, cancel)
+            self._finish(channel, target, request_id, blocks, finished)
+
+    def derivative(
+        self,
+        model: str,
+        method: str,
+        inputs: Mapping[str, TensorLike],
+        *,
+        out_wrt: str,
+        in_wrt: str | None = None,
+        in_wrt2: str | None = None,
+        sens: npt.ArrayLike | None = None,
+        vec: npt.ArrayLike | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> npt.NDArray[np.float64]:
+        """Run ``gradient``, ``apply_jacobian`` or ``apply_hessian``.
+
+        For ``apply_hessian``, ``in_wrt`` is the first input and ``in_wrt2``
+        the second. Returns a private float64 copy of the model's result.
+        """
+        tensors: dict[str, TensorLike] = dict(inputs)
+        if sens is not None:
+            tensors["__sens__"] = np.asarray(sens, dtype=np.float64)
+        if vec is not None:
+            tensors["__vec__"] = np.asarray(vec, dtype=np.float64)
+        args: dict[str, Any] = {"out_wrt": out_wrt}
+        if method == "apply_hessian":
+            args.update(in_wrt1=in_wrt, in_wrt2=in_wrt2)
+        else:
+            args["in_wrt"] = in_wrt
+        with self._roundtrip(model, method, tensors, None, parameters, timeout_s, args) as result:
+            return np.array(result.array("output"), dtype=np.float64)
+
+    # -- what is served --------------------------------------------------------
+
+    def models(self) -> list[str]:
+        """Return the configured model names, in config order."""
+        return [model.name for model in self.config.models]
+
+    def metadata(self, model: str) -> ModelMetadata:
+        """Return a model's declared interface.
+
+        Raises:
+            ModelNotFound: no such model is configured.
+            ModelNotReady: it has not loaded yet.
+        """
+        if model not in self.router.slots:
+            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+        path = self.tree.metadata_path(model)
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            raise ModelNotReady(
+                f"model {model} has not loaded yet; {self.router.why_not_ready(model)}"
+            ) from None
+        cached = self._metadata.get(model)
+        if cached is None or cached[0] != mtime:
+            cached = (mtime, ModelMetadata.read(path))
+            self._metadata[model] = cached
+        return cached[1]
+
+    def model_ready(self, model: str) -> bool:
+        return self.router.ready(model)
+
+    def server_live(self) -> bool:
+        return pid_alive(self.status.master_pid)
+
+    def server_ready(self) -> bool:
+        """Online, and every configured model has a ready instance."""
+        return self.status.online and all(self.router.ready(model) for model in self.router.slots)
+
+    def counters(self, model: str) -> dict[Counter, int]:
+        """Sum a model's counters over its instances."""
+        totals = dict.fromkeys(Counter, 0)
+        for slot in self.router.slots.get(model, ()):
+            values = self.status.read(slot).counters
+            for counter in Counter:
+                if counter is Counter.LAST_INFERENCE_MS:
+                    totals[counter] = max(totals[counter], values[counter])
+                else:
+                    totals[counter] += values[counter]
+        return totals
+
+    # -- plumbing --------------------------------------------------------------
+
+    def _channel(self) -> Channel:
+        channel: Channel | None = getattr(self._local, "channel", None)
+        if channel is None:
+            channel = Channel(
+                self._context, self.tree.model_endpoint, self.router, self._stray, self._spin_s
+            )
+            self._local.channel = channel
+            with self._lock:
+                self._channels.append(channel)
+            weakref.finalize(threading.current_thread(), channel.close)
+        return channel
+
+    def _roundtrip(
+        self,
+        model: str,
+        method: str,
+        inputs: Mapping[str, TensorLike],
+        outputs: Sequence[str] | None,
+        parameters: Mapping[str, Any] | None,
+        timeout_s: float | None,
+        args: dict[str, Any] | None,
+    ) -> InferResult:
+        channel = self._channel()
+        target, request_id, blocks, deadline = self._send(
+            channel, model, method, inputs, outputs, parameters, timeout_s, args
+        )
+        finished = False
+        try:
+            reply = channel.wait(target, request_id, deadline)
+            finished = True
+            _raise_for(reply)
+            return self._result(target, reply)
+        finally:
+            self._finish(channel, target, request_id, blocks, finished)
+
+    def _send(
+        self,
+        channel: Channel,
+        model: str,
+        method: str,
+        inputs: Mapping[str, TensorLike],
+        outputs: Sequence[str] | None,
+        parameters: Mapping[str, Any] | None,
+        timeout_s: float | None,
+        args: dict[str, Any] | None,
+    ) -> tuple[Target, int, list[Block], float]:
+        target = self.router.pick(model)
+        tensors = {name: _tensor(name, value) for name, value in inputs.items()}
+        payloads: list[Any] = []
+        blocks: list[Block] = []
+        try:
+            entries = place_tensors(tensors, self, self.inline_threshold, payloads, blocks)
+        except BaseException:
+            self._release_local(blocks)
+            raise
+        body: dict[str, Any] = {"model": model, "method": method, "tensors": entries}
+        if parameters:
+            body["params"] = dict(parameters)
+        if outputs is not None:
+            body["outputs"] = list(outputs)
+        if args is not None:
+            body["args"] = args
+        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
+        request_id = next(self._ids)
+        message = Message(Kind.INFER, request_id, self._pid, body, payloads, deadline=deadline)
+        channel.expect(request_id)
+        self._adjust_inflight(+1)
+        self.router.begin(target.slot)
+        channel.send(target, message)
+        return target, request_id, blocks, deadline
+
+    def _finish(
+        self,
+        channel: Channel,
+        target: Target,
+        request_id: int,
+        blocks: list[Block],
+        answered: bool,
+    ) -> None:
+        channel.forget(request_id)
+        self.router.end(target.slot)
+        self._adjust_inflight(-1)
+        if answered or not self.router.is_current(target):
+            self._release_local(blocks)
+        elif blocks:
+            # SAFETY: the worker may still read these blocks; keep them until
+            # its late reply arrives (see _stray) or it dies.
+            with self._lock:
+                self._abandoned[request_id] = (target, blocks)
+
+    def _result(self, target: Target, reply: Message) -> InferResult:
+        entries = reply.body.get("tensors", [])
+        with self._lock:
+            outputs = read_tensors(entries, reply.payloads, self._reader)
+        remote = ring_blocks(entries)
+        if not remote:
+            return InferResult(outputs, None)
+        return InferResult(outputs, lambda: self._release_remote(target, remote))
+
+    def _release_remote(self, target: Target, blocks: list[Block]) -> None:
+        if self._closed or not self.router.is_current(target):
+            return
+        message = Message(Kind.RELEASE, 0, self._pid, {"blocks": block_list(blocks)})
+        with contextlib.suppress(zmq.ZMQError):
+            self._channel().socket(target).send(to_frame(message), zmq.NOBLOCK)
+
+    def _stray(self, target: Target, message: Message) -> None:
+        """Take back what a reply nobody waits for still holds."""
+        self._release_remote(target, ring_blocks(message.body.get("tensors", [])))
+        if message.kind in (Kind.REPLY, Kind.END):
+            with self._lock:
+                abandoned = self._abandoned.pop(message.request_id, None)
+            if abandoned is not None:
+                self._release_local(abandoned[1])
+        self._sweep_abandoned()
+
+    def _sweep_abandoned(self) -> None:
+        with self._lock:
+            gone = [
+                rid for rid, (t, _b) in self._abandoned.items() if not self.router.is_current(t)
+            ]
+            released = [self._abandoned.pop(rid)[1] for rid in gone]
+            dead = [name for name in self._reader.names() if not _owner_alive(name)]
+            for name in dead:
+                self._reader.forget(name)
+        for blocks in released:
+            self._release_local(blocks)
+
+    # The two methods below make the client its own thread-safe allocator
+    # for place_tensors.
+
+    def alloc(self, nbytes: int) -> Block:
+        with self._lock:
+            return self._ring.alloc(nbytes)
+
+    def view(self, block: Block) -> memoryview:
+        with self._lock:
+            return self._ring.view(block)
+
+    def _release_local(self, blocks: list[Block]) -> None:
+        if blocks:
+            with self._lock:
+                for block in blocks:
+                    self._ring.release(block)
+
+    def _spin_s(self) -> float:
+        """How long a waiting thread may poll before it blocks (see channel)."""
+        return self._spin_budget_s if self._inflight <= 1 else 0.0
+
+    def _adjust_inflight(self, delta: int) -> None:
+        with self._lock:
+            self._inflight += delta
+            inflight = self._inflight
+        if self._publish_slot is not None:
+            self.status.set_depth(self._publish_slot, inflight)
+
+    def close(self) -> None:
+        """Close every socket and unlink this process's ring."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            channels, self._channels = self._channels, []
+        for channel in channels:
+            channel.close()
+        self._context.destroy(linger=0)
+        self._reader.close()
+        self._ring.close()
+
+
+def _raise_for(reply: Message) -> None:
+    if reply.code:
+        raise error_from_code(reply.code, reply.error_message)
+
+
+def _tensor(name: str, value: TensorLike) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    try:
+        return Tensor.from_array(value)
+    except (ValueError, TypeError) as ex:
+        raise BadRequest(f"input {name}: {ex}") from None
+
+
+def _owner_alive(segment_name: str) -> bool:
+    pid = owner_pid(segment_name)
+    return pid is None or pid_alive(pid)
+
+
+__all__ = ["ApplianceError", "InferResult", "ModelClient"]

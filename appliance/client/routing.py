@@ -1,0 +1,97 @@
+"""Pick the least-loaded ready instance of a model.
+
+The load of an instance is the queue depth its worker publishes in the
+status table plus the requests this process has sent it and not yet seen
+answered; the second term keeps a burst from one process from piling onto
+an instance whose published depth has not caught up yet.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from appliance.core.status import SlotState, StatusTable
+from appliance.errors import ModelNotFound, ModelNotReady
+
+_READY = int(SlotState.READY)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """An instance chosen for a request: its slot, generation and pid."""
+
+    slot: int
+    generation: int
+    pid: int
+
+
+class Router:
+    """Route requests by model name to instance slots.
+
+    Args:
+        status: the tree's status table.
+        slots: the slots of each configured model, from the snapshot.
+    """
+
+    def __init__(self, status: StatusTable, slots: Mapping[str, Sequence[int]]) -> None:
+        self.status = status
+        self.slots = {name: tuple(indexes) for name, indexes in slots.items()}
+        self._sent: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def pick(self, model: str) -> Target:
+        """Return the least-loaded ready instance of ``model``.
+
+        Raises:
+            ModelNotFound: no such model is configured.
+            ModelNotReady: no instance of it is ready now.
+        """
+        slots = self.slots.get(model)
+        if slots is None:
+            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+        best: Target | None = None
+        best_load = 0
+        hot = self.status.hot
+        sent = self._sent
+        for slot in slots:
+            state, _role, _instance, pid, generation, depth = hot(slot)
+            if state != _READY:
+                continue
+            load = depth + sent.get(slot, 0)
+            if best is None or load < best_load:
+                best, best_load = Target(slot, generation, pid), load
+        if best is None:
+            raise ModelNotReady(self.why_not_ready(model))
+        return best
+
+    def begin(self, slot: int) -> None:
+        with self._lock:
+            self._sent[slot] = self._sent.get(slot, 0) + 1
+
+    def end(self, slot: int) -> None:
+        with self._lock:
+            self._sent[slot] = max(0, self._sent.get(slot, 0) - 1)
+
+    def ready(self, model: str) -> bool:
+        return any(self.status.hot(slot)[0] == _READY for slot in self.slots.get(model, ()))
+
+    def is_current(self, target: Target) -> bool:
+        """Return False once the instance died or was replaced."""
+        state, _role, _instance, _pid, generation, _depth = self.status.hot(target.slot)
+        return generation == target.generation and state not in (
+            SlotState.DEAD,
+            SlotState.FAILED,
+            SlotState.EMPTY,
+        )
+
+    def why_not_ready(self, model: str) -> str:
+        slots = self.slots.get(model, ())
+        infos = [self.status.read(slot) for slot in slots]
+        notes = sorted({info.note for info in infos if info.note})
+        states = ", ".join(sorted({info.state.name.lower() for info in infos})) or "none"
+        text = f"model {model} has no ready instance (0 of {len(slots)} ready; {states})"
+        if notes:
+            text += f": {notes[0]}"
+        return text

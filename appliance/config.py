@@ -1,0 +1,316 @@
+"""The appliance's configuration: TOML in, frozen dataclasses out.
+
+Every value is checked once, here; an error names the file, the key and what
+was expected, e.g. ``config.toml: models[1].instances: expected an integer
+>= 1, got 0``. The master hands children a JSON snapshot of the resolved
+configuration (:func:`to_dict` / :func:`from_dict`), so a child never sees a
+file that changed on disk after the master read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import orjson
+
+DEFAULT_CONFIG = Path(__file__).with_name("default.toml")
+MiB = 1 << 20
+MAX_INLINE_BYTES = 64 * 1024
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message says where and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    run_dir: str = ""
+    start_online: bool = True
+    grace_s: float = 1.0
+    drain_timeout_s: float = 30.0
+    stop_timeout_s: float = 10.0
+    default_model: str = ""
+    log_level: str = "info"
+    python_path: tuple[str, ...] = ()
+    spin_wait_us: int = 200
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    port: int = 8000
+    workers: int = 2
+    threads: int = 8
+    timeout_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcConfig:
+    port: int = 8001
+    workers: int = 1
+    threads: int = 8
+    max_message_bytes: int = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class MipConfig:
+    port: int = 8002
+    workers: int = 1
+    model: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ShmConfig:
+    request_ring_bytes: int = 32 * MiB
+    response_ring_bytes: int = 32 * MiB
+    inline_threshold_bytes: int = 16 * 1024
+    max_tensor_bytes: int = 1 << 30
+    spill_limit_bytes: int = 2 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    cls: str
+    instances: int = 1
+    max_batch_size: int | None = None
+    max_queue_delay_ms: float = 0.0
+    response_ring_bytes: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ApplianceConfig:
+    source: str
+    server: ServerConfig
+    http: HttpConfig
+    grpc: GrpcConfig
+    mip: MipConfig
+    shm: ShmConfig
+    models: tuple[ModelConfig, ...]
+
+    def model(self, name: str) -> ModelConfig | None:
+        for model in self.models:
+            if model.name == name:
+                return model
+        return None
+
+    def resolved_run_dir(self) -> Path:
+        if self.server.run_dir:
+            return Path(self.server.run_dir)
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        if runtime:
+            return Path(runtime) / "appliance"
+        return Path(f"/tmp/appliance-{os.getuid()}")
+
+
+# -- loading ------------------------------------------------------------------
+
+
+def load(path: Path | None = None) -> ApplianceConfig:
+    """Read and check a TOML config; the packaged default when ``path`` is None.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or a value is invalid.
+    """
+    path = path or DEFAULT_CONFIG
+    try:
+        with path.open("rb") as stream:
+            data = tomllib.load(stream)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as ex:
+        raise ConfigError(f"{path}: not valid TOML: {ex}") from None
+    return from_dict(data, str(path))
+
+
+def from_dict(data: Mapping[str, Any], source: str) -> ApplianceConfig:
+    """Check a config mapping (from TOML or a snapshot) and build it.
+
+    Raises:
+        ConfigError: a value is invalid.
+    """
+    reader = _Reader(source)
+    known = {"server", "http", "grpc", "mip", "shm", "models", "source"}
+    reader.no_extra(data, known, "")
+    config = ApplianceConfig(
+        source=source,
+        server=reader.section(ServerConfig, data.get("server", {}), "server"),
+        http=reader.section(HttpConfig, data.get("http", {}), "http"),
+        grpc=reader.section(GrpcConfig, data.get("grpc", {}), "grpc"),
+        mip=reader.section(MipConfig, data.get("mip", {}), "mip"),
+        shm=reader.section(ShmConfig, data.get("shm", {}), "shm"),
+        models=tuple(reader.models(data.get("models", []))),
+    )
+    _check(config, reader)
+    return config
+
+
+def to_dict(config: ApplianceConfig) -> dict[str, Any]:
+    """Return a JSON-able mapping that :func:`from_dict` reads back."""
+    data = dataclasses.asdict(config)
+    data["models"] = [
+        {("class" if key == "cls" else key): value for key, value in model.items()}
+        for model in data["models"]
+    ]
+    data["server"]["python_path"] = list(config.server.python_path)
+    return data
+
+
+def _check(config: ApplianceConfig, reader: _Reader) -> None:
+    names = [model.name for model in config.models]
+    for name in names:
+        if names.count(name) > 1:
+            reader.fail("models", f"model name {name!r} appears more than once")
+    for key, value in (
+        ("server.default_model", config.server.default_model),
+        ("mip.model", config.mip.model),
+    ):
+        if value and value not in names:
+            reader.fail(key, f"names model {value!r}, which is not configured")
+    if config.shm.inline_threshold_bytes > MAX_INLINE_BYTES:
+        reader.fail(
+            "shm.inline_threshold_bytes",
+            f"must be at most {MAX_INLINE_BYTES} (tensor bytes above 64 KiB never "
+            "travel through a socket)",
+        )
+    for port_key, port in (
+        ("http.port", config.http.port),
+        ("grpc.port", config.grpc.port),
+        ("mip.port", config.mip.port),
+    ):
+        if not 0 <= port <= 65535:
+            reader.fail(port_key, f"expected a port 0..65535, got {port}")
+    if config.server.log_level.lower() not in ("debug", "info", "warning", "error"):
+        reader.fail("server.log_level", "expected one of debug, info, warning, error")
+
+
+class _Reader:
+    """Check values against the dataclasses' field types, naming keys."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, message: str) -> NoReturn:
+        raise ConfigError(f"{self.source}: {key}: {message}")
+
+    def no_extra(self, data: Mapping[str, Any], known: set[str], where: str) -> None:
+        if not isinstance(data, Mapping):
+            self.fail(where or "(top level)", f"expected a table, got {type(data).__name__}")
+        for key in data:
+            if key not in known:
+                prefix = f"{where}." if where else ""
+                allowed = ", ".join(sorted(known - {"source"}))
+                self.fail(f"{prefix}{key}", f"unknown key; expected one of {allowed}")
+
+    def section(self, cls: Any, data: Mapping[str, Any], where: str) -> Any:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        self.no_extra(data, set(fields), where)
+        values = {
+            name: self.value(f"{where}.{name}", data[name], fields[name].type)
+            for name in fields
+            if name in data
+        }
+        return cls(**values)
+
+    def value(self, key: str, raw: Any, kind: Any) -> Any:
+        kind = str(kind)
+        if kind == "bool":
+            if not isinstance(raw, bool):
+                self.fail(key, f"expected true or false, got {raw!r}")
+            return raw
+        if kind in ("int", "int | None"):
+            if raw is None and "None" in kind:
+                return None
+            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+                self.fail(key, f"expected an integer >= 0, got {raw!r}")
+            return raw
+        if kind == "float":
+            if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < 0:
+                self.fail(key, f"expected a number >= 0, got {raw!r}")
+            return float(raw)
+        if kind == "str":
+            if not isinstance(raw, str):
+                self.fail(key, f"expected a string, got {raw!r}")
+            return raw
+        if kind == "tuple[str, ...]":
+            if not isinstance(raw, list | tuple) or not all(isinstance(s, str) for s in raw):
+                self.fail(key, f"expected a list of strings, got {raw!r}")
+            return tuple(raw)
+        raise AssertionError(f"no reader for {kind}")
+
+    def models(self, raw: Any) -> list[ModelConfig]:
+        if not isinstance(raw, list):
+            self.fail("models", "expected an array of tables ([[models]])")
+        return [self.model(f"models[{index}]", entry) for index, entry in enumerate(raw)]
+
+    def model(self, where: str, data: Any) -> ModelConfig:
+        known = {
+            "name",
+            "class",
+            "instances",
+            "max_batch_size",
+            "max_queue_delay_ms",
+            "response_ring_bytes",
+            "options",
+        }
+        self.no_extra(data, known, where)
+        for required in ("name", "class"):
+            if required not in data:
+                self.fail(f"{where}.{required}", "missing; every model needs a name and a class")
+        name = self.value(f"{where}.name", data["name"], "str")
+        if not _NAME.match(name):
+            self.fail(f"{where}.name", f"{name!r}: use 1-63 letters, digits, '_', '.' or '-'")
+        cls = self.value(f"{where}.class", data["class"], "str")
+        if ":" not in cls:
+            self.fail(f"{where}.class", f"expected 'module:Class', got {cls!r}")
+        instances = self.value(f"{where}.instances", data.get("instances", 1), "int")
+        if instances < 1:
+            self.fail(f"{where}.instances", f"expected an integer >= 1, got {instances}")
+        options = data.get("options", {})
+        if not isinstance(options, Mapping):
+            self.fail(f"{where}.options", "expected a table")
+        return ModelConfig(
+            name=name,
+            cls=cls,
+            instances=instances,
+            max_batch_size=self.value(
+                f"{where}.max_batch_size", data.get("max_batch_size"), "int | None"
+            ),
+            max_queue_delay_ms=self.value(
+                f"{where}.max_queue_delay_ms", data.get("max_queue_delay_ms", 0.0), "float"
+            ),
+            response_ring_bytes=self.value(
+                f"{where}.response_ring_bytes", data.get("response_ring_bytes"), "int | None"
+            ),
+            options=dict(options),
+        )
+
+
+def write_snapshot(config: ApplianceConfig, path: Path) -> None:
+    """Write the resolved config as JSON for the children to read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_suffix(".tmp")
+    temp.write_bytes(orjson.dumps(to_dict(config), option=orjson.OPT_INDENT_2))
+    temp.replace(path)
+
+
+def read_snapshot(path: Path) -> ApplianceConfig:
+    """Read a snapshot written by :func:`write_snapshot`.
+
+    Raises:
+        ConfigError: the snapshot is missing or invalid.
+    """
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as ex:
+        raise ConfigError(f"{path}: cannot read the config snapshot: {ex}") from None
+    return from_dict(data, str(data.get("source", path)))

@@ -1,0 +1,1 @@
+"""The shared-memory data plane: segments, rings, descriptors, status. No wire formats."""

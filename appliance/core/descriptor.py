@@ -1,0 +1,275 @@
+"""Descriptors: the only format that crosses a ZeroMQ socket.
+
+A message is one ZeroMQ frame::
+
+    +-------------------------------+-----------------+-----------------------+
+    | header, struct '<2sBBHHIQdI'  | body (JSON)     | inline payloads, in   |
+    | 32 bytes                      | body length B   | the order of "inline" |
+    +-------------------------------+-----------------+-----------------------+
+
+    header: 'AP' | version u8 | kind u8 | code u16 | flags u16 | pid u32 |
+            request id u64 | deadline f64 | body length u32
+
+One frame, not one per part: every frame is a separate call into libzmq,
+and on this machine kind each costs more than the bytes it carries.
+
+``deadline`` is CLOCK_MONOTONIC seconds (the same clock in every process on a
+host), 0 for none. ``code`` is an :class:`~appliance.errors.ErrorCode`; a
+non-zero code carries ``{"message": ...}`` as its body.
+
+In a body, each tensor is ``[name, dtype, shape, place]`` where ``place`` is
+an int (the index of its inline payload; the body's ``"inline"`` lists the
+payloads' lengths) or ``[segment, offset, nbytes]`` (its bytes in a
+shared-memory segment). Tensor bytes above the inline threshold never travel
+through a socket.
+
+SAFETY: payloads are sent with copying sends; a view of a ring is never
+handed to ``send(copy=False)``, where libzmq would hold it while the ring
+reuses the space.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+
+from appliance.core.dtypes import DType, to_numpy
+from appliance.core.ring import Block
+from appliance.core.tensor import Tensor
+from appliance.errors import BadRequest, ErrorCode
+
+HEADER = struct.Struct("<2sBBHHIQdI")
+MAGIC = b"AP"
+VERSION = 1
+
+
+class Kind(enum.IntEnum):
+    """Message kinds; see the module docstring for their bodies."""
+
+    INFER = 1  # client -> worker: {model, method, params, outputs, tensors, args}
+    REPLY = 2  # worker -> client: {tensors} or an error
+    PART = 3  # worker -> client: one streamed part {tensors}
+    END = 4  # worker -> client: the stream is over (or failed)
+    RELEASE = 5  # client -> worker: {blocks: [[segment, offset, nbytes], ...]}
+    CANCEL = 6  # client -> worker: stop the stream request_id
+
+
+@dataclass(slots=True)
+class Message:
+    """A decoded message: header fields, body and inline payloads."""
+
+    kind: Kind
+    request_id: int
+    pid: int
+    body: dict[str, Any] = field(default_factory=dict)
+    payloads: list[Any] = field(default_factory=list)
+    code: int = 0
+    deadline: float = 0.0
+
+    @property
+    def error_message(self) -> str:
+        return str(self.body.get("message", "unknown error"))
+
+
+class DescriptorError(ValueError):
+    """A frame that is not a valid message (a bug or a foreign peer)."""
+
+
+def to_frame(message: Message) -> bytes:
+    """Encode a message as the single frame to send."""
+    body = message.body
+    payloads = message.payloads
+    if payloads:
+        body = {**body, "inline": [memoryview(p).nbytes for p in payloads]}
+    encoded = orjson.dumps(body)
+    header = HEADER.pack(
+        MAGIC,
+        VERSION,
+        message.kind,
+        message.code,
+        0,
+        message.pid,
+        message.request_id,
+        message.deadline,
+        len(encoded),
+    )
+    if not payloads:
+        return header + encoded
+    return b"".join((header, encoded, *payloads))
+
+
+_KINDS = {int(kind): kind for kind in Kind}
+
+
+def from_frame(frame: bytes) -> Message:
+    """Decode a frame received with ``recv``.
+
+    Raises:
+        DescriptorError: the frame is not a message of this version.
+    """
+    if len(frame) < HEADER.size:
+        raise DescriptorError(f"a message needs {HEADER.size} header bytes, got {len(frame)}")
+    magic, version, kind, code, _flags, pid, request_id, deadline, length = HEADER.unpack_from(
+        frame
+    )
+    message_kind = _KINDS.get(kind)
+    if magic != MAGIC or version != VERSION or message_kind is None:
+        raise DescriptorError(f"unknown descriptor {magic!r} version {version} kind {kind}")
+    end = HEADER.size + length
+    view = memoryview(frame)
+    try:
+        body = orjson.loads(view[HEADER.size : end])
+        payloads: list[Any] = []
+        for size in body.pop("inline", None) or ():
+            payloads.append(view[end : end + size])
+            end += size
+    except (orjson.JSONDecodeError, TypeError, AttributeError) as ex:
+        raise DescriptorError(f"bad descriptor body: {ex}") from None
+    if end != len(frame):
+        raise DescriptorError(f"descriptor frame has {len(frame) - end} stray bytes")
+    return Message(message_kind, request_id, pid, body, payloads, code, deadline)
+
+
+def error_message(kind: Kind, request_id: int, pid: int, code: ErrorCode, text: str) -> Message:
+    """Build a reply that carries an error instead of tensors."""
+    return Message(kind, request_id, pid, {"message": text}, code=int(code))
+
+
+# -- tensors in messages ----------------------------------------------------
+
+
+class Allocator(Protocol):
+    """Where tensor bytes go: a :class:`~appliance.core.ring.Ring` or a wrapper."""
+
+    def alloc(self, nbytes: int) -> Block: ...
+
+    def view(self, block: Block) -> memoryview: ...
+
+
+def place_tensors(
+    tensors: Mapping[str, Tensor],
+    ring: Allocator,
+    inline_threshold: int,
+    payloads: list[Any],
+    blocks: list[Block],
+) -> list[list[Any]]:
+    """Write tensors into a message: small ones inline, the rest into ``ring``.
+
+    Appends inline payloads to ``payloads`` and the ring blocks used to
+    ``blocks`` (the caller releases them when the peer is done).
+
+    Raises:
+        TooLarge, Overloaded: from the ring.
+    """
+    entries: list[list[Any]] = []
+    for name, tensor in tensors.items():
+        raw = tensor.raw()
+        nbytes = raw.nbytes
+        place: Any
+        if nbytes <= inline_threshold:
+            place = len(payloads)
+            payloads.append(raw)
+        else:
+            block = ring.alloc(nbytes)
+            blocks.append(block)
+            ring.view(block)[:] = raw
+            place = [block.segment, block.offset, block.nbytes]
+        entries.append([name, tensor.dtype.value, list(tensor.shape), place])
+    return entries
+
+
+class SegmentReader:
+    """Read tensors out of other processes' segments, mapping each once.
+
+    Args:
+        attach: maps a segment by name (read-only); raising
+            FileNotFoundError if it is gone.
+    """
+
+    def __init__(self, attach: Any) -> None:
+        self._attach = attach
+        self._segments: dict[str, Any] = {}
+
+    def view(self, segment: str, offset: int, nbytes: int) -> memoryview:
+        mapped = self._segments.get(segment)
+        if mapped is None:
+            mapped = self._attach(segment)
+            self._segments[segment] = mapped
+        if offset < 0 or nbytes < 0 or offset + nbytes > mapped.size:
+            raise DescriptorError(
+                f"block [{offset}, {offset + nbytes}) lies outside segment {segment}"
+            )
+        return memoryview(mapped.buffer)[offset : offset + nbytes]
+
+    def forget(self, segment: str) -> bool:
+        """Unmap one segment; return False if views of it are still alive."""
+        mapped = self._segments.get(segment)
+        if mapped is None:
+            return True
+        if mapped.close():
+            del self._segments[segment]
+            return True
+        return False
+
+    def names(self) -> list[str]:
+        return list(self._segments)
+
+    def close(self) -> None:
+        for name in list(self._segments):
+            self.forget(name)
+
+
+def read_tensors(
+    entries: Iterable[Sequence[Any]], payloads: Sequence[Any], reader: SegmentReader
+) -> dict[str, Tensor]:
+    """Rebuild tensors from body entries; ring data is viewed, not copied.
+
+    Raises:
+        BadRequest: an entry is malformed or its bytes do not fit its shape.
+    """
+    tensors: dict[str, Tensor] = {}
+    for entry in entries:
+        try:
+            name, dtype_name, shape, place = entry
+            dtype = DType(dtype_name)
+            if isinstance(place, int):
+                data: Any = payloads[place]
+            else:
+                data = reader.view(str(place[0]), int(place[1]), int(place[2]))
+            tensors[str(name)] = _tensor(dtype, shape, data)
+        except (ValueError, TypeError, IndexError, FileNotFoundError) as ex:
+            raise BadRequest(f"tensor descriptor {entry!r:.120} is invalid: {ex}") from None
+    return tensors
+
+
+def _tensor(dtype: DType, shape: Sequence[int], data: Any) -> Tensor:
+    if dtype is DType.BYTES:
+        return Tensor(dtype, shape, memoryview(data).cast("B"))
+    array = np.frombuffer(data, dtype=to_numpy(dtype))
+    return Tensor(dtype, shape, array.reshape(tuple(shape)))
+
+
+def block_list(blocks: Iterable[Block]) -> list[list[Any]]:
+    return [[block.segment, block.offset, block.nbytes] for block in blocks]
+
+
+def blocks_from(entries: Iterable[Sequence[Any]]) -> list[Block]:
+    """Parse ``[[segment, offset, nbytes], ...]``; malformed entries are skipped."""
+    blocks = []
+    for entry in entries:
+        try:
+            blocks.append(Block(str(entry[0]), int(entry[1]), int(entry[2])))
+        except (TypeError, ValueError, IndexError):
+            continue
+    return blocks
+
+
+def ring_blocks(entries: Iterable[Sequence[Any]]) -> list[Block]:
+    """Return the ring blocks (not inline payloads) named by tensor entries."""
+    return blocks_from(entry[3] for entry in entries if not isinstance(entry[3], int))

@@ -1,0 +1,251 @@
+"""The status table: one shared-memory segment every process of a tree maps.
+
+It holds what the master decides (online, draining) and what each process
+reports about itself (state, pid, queue depth, heartbeat, counters), so a
+frontend can answer readiness and route requests without asking anyone.
+
+Layout (little-endian)::
+
+    header, 256 bytes
+      0  magic 'APST'      4s
+      4  version           u32
+      8  online            u8     written by the master only
+      9  draining          u8     written by the master only
+     12  slot count        u32
+     16  master pid        u32
+     24  master heartbeat  f64    CLOCK_MONOTONIC seconds
+    slot i at 256 + 512*i
+      0  state             u8     SlotState
+      1  role              u8     Role
+      2  instance          u16
+      4  pid               u32
+      8  generation        u32    bumped by the master at every (re)start
+     12  depth             u32    model: requests queued or running;
+                                  frontend: requests in flight
+     16  heartbeat         f64
+     24  busy since        f64    model: start of the running batch, 0 idle
+     32  counters          12 x u64, see Counter
+    128  name              64 bytes UTF-8, NUL padded (the model's name)
+    192  note              256 bytes UTF-8, NUL padded (why it last failed)
+
+SAFETY: every field has one writer at a time. The master writes a slot's
+state, generation and name before it starts the slot's process and after it
+has reaped it; the process writes everything else while it runs. Readers may
+see a field a moment late, never a field half-written by two processes.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import time
+from dataclasses import dataclass
+
+from appliance.core.segment import Segment
+
+MAGIC = b"APST"
+VERSION = 1
+HEADER_SIZE = 256
+SLOT_SIZE = 512
+N_COUNTERS = 12
+
+_HEADER = struct.Struct("<4sIBBxxIIxxxxd")
+_HOT = struct.Struct("<BBHIII")  # state, role, instance, pid, generation, depth
+_TIMES = struct.Struct("<dd")
+_COUNTERS = struct.Struct(f"<{N_COUNTERS}Q")
+_NAME_LEN = 64
+_NOTE_LEN = 256
+_OFF_HEARTBEAT = 16
+_OFF_COUNTERS = 32
+_OFF_NAME = 128
+_OFF_NOTE = 192
+
+
+class SlotState(enum.IntEnum):
+    EMPTY = 0
+    STARTING = 1
+    READY = 2
+    DEAD = 3
+    STOPPING = 4
+    FAILED = 5
+
+
+class Role(enum.IntEnum):
+    NONE = 0
+    MODEL = 1
+    HTTP = 2
+    HTTP_WORKER = 3
+    GRPC = 4
+    MIP = 5
+    CLIENT = 6
+
+
+class Counter(enum.IntEnum):
+    """Per-slot counters; model slots fill them, summed per model on read."""
+
+    SUCCESS = 0
+    FAIL = 1
+    BATCHES = 2
+    BATCH_ROWS = 3
+    QUEUE_NS = 4
+    COMPUTE_NS = 5
+    LAST_INFERENCE_MS = 6  # wall clock, ms since the epoch
+    RESTARTS = 7
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """A snapshot of one slot."""
+
+    index: int
+    state: SlotState
+    role: Role
+    instance: int
+    pid: int
+    generation: int
+    depth: int
+    heartbeat: float
+    busy_since: float
+    counters: tuple[int, ...]
+    name: str
+    note: str
+
+
+class StatusTable:
+    """Read and write the status table of one tree."""
+
+    def __init__(self, segment: Segment) -> None:
+        self.segment = segment
+        self._buf = segment.buffer
+        magic, version, *_rest = _HEADER.unpack_from(self._buf, 0)
+        if magic != MAGIC or version != VERSION:
+            raise ValueError(f"segment {segment.name} is not a status table of version {VERSION}")
+        self.n_slots = _HEADER.unpack_from(self._buf, 0)[4]
+
+    @classmethod
+    def create(cls, name: str, n_slots: int, master_pid: int) -> StatusTable:
+        segment = Segment.create(name, HEADER_SIZE + SLOT_SIZE * n_slots)
+        _HEADER.pack_into(segment.buffer, 0, MAGIC, VERSION, 0, 0, n_slots, master_pid, 0.0)
+        return cls(segment)
+
+    @classmethod
+    def attach(cls, name: str) -> StatusTable:
+        return cls(Segment.attach(name, writable=True))
+
+    # -- header: the master's decisions --------------------------------------
+
+    @property
+    def online(self) -> bool:
+        return bool(self._buf[8])
+
+    @online.setter
+    def online(self, value: bool) -> None:
+        self._buf[8] = int(value)
+
+    @property
+    def draining(self) -> bool:
+        return bool(self._buf[9])
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._buf[9] = int(value)
+
+    @property
+    def master_pid(self) -> int:
+        return int(_HEADER.unpack_from(self._buf, 0)[5])
+
+    def beat_master(self) -> None:
+        struct.pack_into("<d", self._buf, 24, time.monotonic())
+
+    # -- slots ---------------------------------------------------------------
+
+    def _at(self, index: int) -> int:
+        if not 0 <= index < self.n_slots:
+            raise IndexError(f"slot {index} outside 0..{self.n_slots - 1}")
+        return HEADER_SIZE + SLOT_SIZE * index
+
+    def hot(self, index: int) -> tuple[int, int, int, int, int, int]:
+        """Return (state, role, instance, pid, generation, depth) quickly."""
+        result: tuple[int, int, int, int, int, int] = _HOT.unpack_from(self._buf, self._at(index))
+        return result
+
+    def read(self, index: int) -> SlotInfo:
+        base = self._at(index)
+        state, role, instance, pid, generation, depth = _HOT.unpack_from(self._buf, base)
+        heartbeat, busy = _TIMES.unpack_from(self._buf, base + _OFF_HEARTBEAT)
+        counters = _COUNTERS.unpack_from(self._buf, base + _OFF_COUNTERS)
+        return SlotInfo(
+            index,
+            SlotState(state),
+            Role(role),
+            instance,
+            pid,
+            generation,
+            depth,
+            heartbeat,
+            busy,
+            counters,
+            self._text(base + _OFF_NAME, _NAME_LEN),
+            self._text(base + _OFF_NOTE, _NOTE_LEN),
+        )
+
+    def _text(self, offset: int, length: int) -> str:
+        raw = bytes(self._buf[offset : offset + length])
+        return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+    def _put_text(self, offset: int, length: int, text: str) -> None:
+        data = text.encode()[: length - 1]
+        self._buf[offset : offset + length] = data.ljust(length, b"\0")
+
+    def assign(
+        self, index: int, role: Role, name: str = "", instance: int = 0, bump: bool = True
+    ) -> int:
+        """Prepare a slot for a (re)start; return its new generation (master)."""
+        base = self._at(index)
+        _state, _role, _inst, _pid, generation, _depth = _HOT.unpack_from(self._buf, base)
+        if bump:
+            generation += 1
+        _HOT.pack_into(self._buf, base, SlotState.STARTING, role, instance, 0, generation, 0)
+        _TIMES.pack_into(self._buf, base + _OFF_HEARTBEAT, time.monotonic(), 0.0)
+        self._put_text(base + _OFF_NAME, _NAME_LEN, name)
+        return int(generation)
+
+    def set_state(self, index: int, state: SlotState, pid: int | None = None) -> None:
+        base = self._at(index)
+        self._buf[base] = int(state)
+        if pid is not None:
+            struct.pack_into("<I", self._buf, base + 4, pid)
+
+    def set_note(self, index: int, note: str) -> None:
+        self._put_text(self._at(index) + _OFF_NOTE, _NOTE_LEN, note)
+
+    def set_depth(self, index: int, depth: int) -> None:
+        struct.pack_into("<I", self._buf, self._at(index) + 12, max(0, depth))
+
+    def beat(self, index: int, busy_since: float = 0.0) -> None:
+        _TIMES.pack_into(self._buf, self._at(index) + _OFF_HEARTBEAT, time.monotonic(), busy_since)
+
+    def add(self, index: int, counter: Counter, amount: int = 1) -> None:
+        offset = self._at(index) + _OFF_COUNTERS + 8 * counter
+        (value,) = struct.unpack_from("<Q", self._buf, offset)
+        struct.pack_into("<Q", self._buf, offset, value + amount)
+
+    def add_all(self, index: int, amounts: list[int]) -> None:
+        """Add to every counter at once; LAST_INFERENCE_MS is set to now."""
+        offset = self._at(index) + _OFF_COUNTERS
+        values = list(_COUNTERS.unpack_from(self._buf, offset))
+        for counter, amount in enumerate(amounts):
+            values[counter] += amount
+        if amounts[Counter.SUCCESS] or amounts[Counter.FAIL]:
+            values[Counter.LAST_INFERENCE_MS] = int(time.time() * 1000)
+        _COUNTERS.pack_into(self._buf, offset, *values)
+
+    def put(self, index: int, counter: Counter, value: int) -> None:
+        struct.pack_into("<Q", self._buf, self._at(index) + _OFF_COUNTERS + 8 * counter, value)
+
+    def clear(self, index: int) -> None:
+        base = self._at(index)
+        self._buf[base : base + SLOT_SIZE] = bytes(SLOT_SIZE)
+
+    def close(self) -> None:
+        self.segment.close()

@@ -1,0 +1,46 @@
+"""The client side of the control socket, used by ``appliance ctl``."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+class ControlError(Exception):
+    """The appliance could not be reached or refused the command."""
+
+
+def request(path: Path, command: str, timeout_s: float = 10.0, **fields: Any) -> dict[str, Any]:
+    """Send one command to the master listening at ``path``; return its reply.
+
+    Raises:
+        ControlError: nothing listens there, or the command failed.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout_s)
+        try:
+            conn.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise ControlError(
+                f"no appliance is running with control socket {path} (start one with "
+                "`appliance serve`, or pass --socket / --config)"
+            ) from None
+        conn.sendall(orjson.dumps({"cmd": command, **fields}) + b"\n")
+        data = bytearray()
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    try:
+        reply: dict[str, Any] = orjson.loads(bytes(data))
+    except orjson.JSONDecodeError:
+        raise ControlError(
+            f"the appliance sent an unreadable reply: {bytes(data)[:200]!r}"
+        ) from None
+    if not reply.get("ok"):
+        raise ControlError(str(reply.get("error", "command failed")))
+    return reply

@@ -1,0 +1,49 @@
+"""Render ``appliance ctl status`` replies as a table for people."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_COLUMNS = ("pid", "role", "model", "state", "restarts", "rss", "cpu")
+
+
+def format_status(reply: dict[str, Any]) -> str:
+    """Return a header line and one row per process."""
+    online = "online" if reply.get("online") else "offline"
+    ready = "ready" if reply.get("ready") else "not ready"
+    draining = ", draining" if reply.get("draining") else ""
+    ports = reply.get("ports", {})
+    lines = [
+        f"appliance tree {reply.get('tree')} (master pid {reply.get('pid')}): {online}, "
+        f"{ready}{draining}; up {reply.get('uptime_s', 0):.0f} s; "
+        + ", ".join(f"{name} {port}" for name, port in ports.items()),
+        "",
+    ]
+    rows = [_COLUMNS]
+    for process in reply.get("processes", []):
+        rows.append(
+            (
+                str(process.get("pid") or "-"),
+                str(process.get("role", "")),
+                str(process.get("model") or "-"),
+                str(process.get("state", "")),
+                str(process.get("restarts", 0)),
+                _megabytes(process.get("rss_bytes")),
+                _percent(process.get("cpu_percent")),
+            )
+        )
+    widths = [max(len(row[index]) for row in rows) for index in range(len(_COLUMNS))]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    notes = [p for p in reply.get("processes", []) if p.get("note")]
+    for process in notes:
+        lines.append(f"{process['role']}: {process['note']}")
+    return "\n".join(lines) + "\n"
+
+
+def _megabytes(value: Any) -> str:
+    return "-" if value is None else f"{value / 1e6:.1f} MB"
+
+
+def _percent(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f} %"

@@ -1,0 +1,1 @@
+"""Demo models served by the default config."""

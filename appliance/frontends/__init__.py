@@ -1,0 +1,1 @@
+"""Frontend processes: they own the sockets and mount every protocol."""

@@ -1,0 +1,47 @@
+"""What a frontend process reads at start: the tree, its config and layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from appliance.client.api import ModelClient
+from appliance.config import ApplianceConfig, read_snapshot
+from appliance.core.status import StatusTable
+from appliance.core.tree import Tree
+
+
+@dataclass(slots=True)
+class FrontendContext:
+    """The tree a frontend serves, and how to build its model client."""
+
+    tree: Tree
+    config: ApplianceConfig
+    status: StatusTable
+    layout: dict[str, Any]
+
+    @classmethod
+    def open(cls, tree_dir: Path) -> FrontendContext:
+        """Read the snapshot and layout and attach the status table.
+
+        Raises:
+            ConfigError: the snapshot is unreadable.
+            OSError: the tree's files are gone.
+        """
+        tree = Tree(tree_dir.name, tree_dir.parent)
+        config = read_snapshot(tree.snapshot_path)
+        layout = orjson.loads((tree.dir / "layout.json").read_bytes())
+        return cls(tree, config, StatusTable.attach(tree.status_name), layout)
+
+    def client(self, publish_slot: int | None) -> ModelClient:
+        """Build this process's model client; call only after any fork."""
+        return ModelClient(
+            self.tree,
+            self.config,
+            self.status,
+            self.layout["models"],
+            publish_slot=publish_slot,
+        )

@@ -1,0 +1,68 @@
+"""The gRPC frontend: one grpcio server per process, sharing the port.
+
+Several of these processes bind the same port with SO_REUSEPORT and the
+kernel spreads connections over them. The server is created after the
+process started (gRPC does not survive fork). Every protocol's servicer is
+registered here; each talks to models through this process's model client.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import types
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+
+from appliance import logs
+from appliance.core.status import SlotState
+from appliance.exitcodes import ExitCode
+from appliance.frontends.context import FrontendContext
+from appliance.process import become_child
+from appliance.protocols import health_grpc
+
+log = logging.getLogger("appliance.grpc")
+
+
+def run(tree_dir: Path, master_pid: int, slot: int, port: int, index: int) -> int:
+    """Serve gRPC on ``port`` until SIGTERM, then finish what is in flight."""
+    context = FrontendContext.open(tree_dir)
+    config = context.config
+    title = f"grpc[{index}]"
+    logs.setup(title, config.server.log_level)
+    become_child(title, master_pid)
+    client = context.client(publish_slot=slot)
+    limit = config.grpc.max_message_bytes
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=config.grpc.threads, thread_name_prefix="grpc"),
+        options=[
+            ("grpc.so_reuseport", 1),
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ],
+    )
+    health_grpc.add_to_server(server, client)
+    address = f"{config.server.host}:{port}"
+    if server.add_insecure_port(address) != port:
+        log.error("cannot listen on %s", address)
+        client.close()
+        return ExitCode.BOOT_ERROR
+    stop = threading.Event()
+
+    def handle_term(_signum: int, _frame: types.FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle_term)
+    server.start()
+    context.status.set_state(slot, SlotState.READY, os.getpid())
+    log.info("listening on %s", address)
+    while not stop.wait(1.0):
+        pass
+    context.status.set_state(slot, SlotState.STOPPING)
+    server.stop(grace=config.server.stop_timeout_s).wait()
+    client.close()
+    return ExitCode.OK

@@ -1,0 +1,98 @@
+"""The HTTP frontend: a gunicorn arbiter whose workers serve one falcon app.
+
+The master starts this process; gunicorn then forks its workers. Nothing
+that must not cross a fork exists before that: each worker builds its model
+client (ZeroMQ context, request ring) in ``load()``, after the fork. Workers
+use the gthread class, so one worker holds several requests in flight and
+keeps HTTP/1.1 connections alive (tritonclient reuses them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import falcon
+from gunicorn.app.base import BaseApplication
+
+from appliance import logs
+from appliance.client.api import ModelClient
+from appliance.core.status import Role, SlotState
+from appliance.frontends.context import FrontendContext
+from appliance.frontends.slots import claim_slot
+from appliance.process import become_child
+from appliance.protocols.kserve import rest as kserve_rest
+from appliance.protocols.web import App
+
+log = logging.getLogger("appliance.http")
+
+
+def create_app(client: ModelClient) -> App:
+    """Assemble the falcon app every protocol's REST routes mount into."""
+    app = falcon.App()
+    kserve_rest.add_routes(app, client)
+    return app
+
+
+class HttpApplication(BaseApplication):  # type: ignore[misc]
+    """gunicorn, embedded; its settings come from the appliance config."""
+
+    def __init__(self, context: FrontendContext, slot: int, port: int, worker_slots: str) -> None:
+        self.context = context
+        self.slot = slot
+        self.port = port
+        first, count = (int(part) for part in worker_slots.split(":"))
+        self.worker_slots = (first, count)
+        self.client: ModelClient | None = None
+        super().__init__()
+
+    def load_config(self) -> None:
+        config = self.context.config
+        settings: dict[str, Any] = {
+            "bind": [f"{config.server.host}:{self.port}"],
+            "workers": config.http.workers,
+            "worker_class": "gthread",
+            "threads": config.http.threads,
+            "reuse_port": True,
+            "timeout": int(config.http.timeout_s),
+            "graceful_timeout": int(config.server.stop_timeout_s),
+            "keepalive": 30,
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": config.server.log_level,
+            "proc_name": "appliance: http",
+            "control_socket_disable": True,
+            "when_ready": self._when_ready,
+            "worker_exit": self._worker_exit,
+        }
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> App:
+        """Build this worker's client and app; runs in the worker, after fork."""
+        logs.setup("http-worker", self.context.config.server.log_level)
+        first, count = self.worker_slots
+        slot = claim_slot(
+            self.context.status, first, count, self.context.tree.dir, Role.HTTP_WORKER
+        )
+        self.client = self.context.client(publish_slot=slot)
+        return create_app(self.client)
+
+    def _when_ready(self, _server: Any) -> None:
+        self.context.status.set_state(self.slot, SlotState.READY, os.getpid())
+        log.info("listening on %s:%d", self.context.config.server.host, self.port)
+
+    def _worker_exit(self, _server: Any, _worker: Any) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+def run(tree_dir: Path, master_pid: int, slot: int, port: int, worker_slots: str) -> int:
+    """Run the gunicorn arbiter until it is told to stop."""
+    context = FrontendContext.open(tree_dir)
+    logs.setup("http", context.config.server.log_level)
+    become_child("http", master_pid)
+    HttpApplication(context, slot, port, worker_slots).run()
+    return 0

@@ -1,0 +1,1 @@
+"""The master process: supervises children, owns online/offline, drains, cleans up."""

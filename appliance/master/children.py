@@ -1,0 +1,144 @@
+"""The master's children: what to start (ChildSpec) and what is running (Child).
+
+Every child is a fresh interpreter (``python -m appliance child <role> ...``):
+gRPC does not survive fork, and a ZeroMQ context must not cross one. Each
+runs in its own session so a terminal's Ctrl-C reaches only the master.
+The master learns of a child's exit through a pidfd in its selector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from appliance.core.status import Role, SlotState, StatusTable
+from appliance.core.tree import Tree
+from appliance.exitcodes import ExitCode
+
+log = logging.getLogger("appliance.master")
+
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 30.0
+# A child that ran at least this long before dying restarts at once again.
+HEALTHY_RUN_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    """What to start: a role, its status slot and its arguments."""
+
+    role: str
+    title: str
+    slot: int
+    status_role: Role
+    model: str = ""
+    instance: int = 0
+    extra: tuple[str, ...] = ()
+
+    @property
+    def is_model(self) -> bool:
+        return self.status_role is Role.MODEL
+
+
+class Child:
+    """A child process and its restart bookkeeping."""
+
+    def __init__(self, spec: ChildSpec) -> None:
+        self.spec = spec
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pidfd: int | None = None
+        self.generation = 0
+        self.restarts = 0
+        self.failures = 0
+        self.started_at = 0.0
+        self.next_start: float | None = 0.0
+        self.stopping = False
+        self.last_exit: str = ""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None
+
+    def spawn(self, tree: Tree, status: StatusTable) -> int:
+        """Start the process; return the pidfd to watch for its exit."""
+        spec = self.spec
+        self.generation = status.assign(spec.slot, spec.status_role, spec.model, spec.instance)
+        argv = [
+            sys.executable,
+            "-m",
+            "appliance",
+            "child",
+            spec.role,
+            "--tree-dir",
+            str(tree.dir),
+            "--master-pid",
+            str(os.getpid()),
+            "--slot",
+            str(spec.slot),
+            "--generation",
+            str(self.generation),
+            *spec.extra,
+        ]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.started_at = time.monotonic()
+        self.next_start = None
+        self.pidfd = os.pidfd_open(self.proc.pid)
+        log.info("started %s (pid %d)", spec.title, self.proc.pid)
+        return self.pidfd
+
+    def reap(self, status: StatusTable) -> int:
+        """Collect the exit status of a child whose pidfd became readable."""
+        assert self.proc is not None
+        code = self.proc.wait()
+        pid = self.proc.pid
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+        self.proc, self.pidfd = None, None
+        self.last_exit = describe_exit(code)
+        ran = time.monotonic() - self.started_at
+        level = logging.INFO if self.stopping or code == 0 else logging.WARNING
+        log.log(level, "%s (pid %d) %s after %.1f s", self.spec.title, pid, self.last_exit, ran)
+        failed = code == ExitCode.MODEL_LOAD_ERROR
+        status.set_state(self.spec.slot, SlotState.FAILED if failed else SlotState.DEAD)
+        if not self.stopping:
+            self.failures = 0 if ran >= HEALTHY_RUN_S else self.failures + 1
+            delay = 0.0 if self.failures == 0 else self.backoff_s()
+            self.next_start = time.monotonic() + delay
+            self.restarts += 1
+            if delay:
+                log.info("restarting %s in %.1f s", self.spec.title, delay)
+        return pid
+
+    def backoff_s(self) -> float:
+        return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** (self.failures - 1))
+
+    def send(self, signum: int) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signum)
+
+    def stop(self) -> None:
+        """Ask the child to stop gracefully, and never restart it."""
+        self.stopping = True
+        self.next_start = None
+        self.send(signal.SIGTERM)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        return f"was killed by {name}"
+    try:
+        return f"exited with {code} ({ExitCode(code).name})"
+    except ValueError:
+        return f"exited with {code}"

@@ -1,0 +1,90 @@
+"""From a config to the list of children and the status-table layout.
+
+Slots are laid out as: every model instance (in config order), then the HTTP
+arbiter, then room for its gunicorn workers (twice the worker count, so a
+restarting worker never waits for its predecessor's slot), then the gRPC and
+MIP frontend processes. Spare slots are left for models added by a reload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from appliance.config import ApplianceConfig
+from appliance.core.status import Role
+from appliance.master.children import ChildSpec
+
+SPARE_SLOTS = 64
+
+
+@dataclass(slots=True)
+class Plan:
+    specs: list[ChildSpec] = field(default_factory=list)
+    model_slots: dict[str, list[int]] = field(default_factory=dict)
+    http_worker_slots: tuple[int, int] = (0, 0)
+    n_slots: int = 0
+
+    def layout(self) -> dict[str, object]:
+        """Return what clients need to find instances (``layout.json``)."""
+        return {
+            "models": self.model_slots,
+            "http_worker_slots": list(self.http_worker_slots),
+        }
+
+
+def make_plan(config: ApplianceConfig, ports: dict[str, int]) -> Plan:
+    """Lay out slots and child specs for ``config`` with resolved ``ports``."""
+    plan = Plan()
+    slot = 0
+    for model in config.models:
+        plan.model_slots[model.name] = []
+        for instance in range(model.instances):
+            plan.specs.append(
+                ChildSpec(
+                    role="model",
+                    title=f"model[{model.name}#{instance}]",
+                    slot=slot,
+                    status_role=Role.MODEL,
+                    model=model.name,
+                    instance=instance,
+                    extra=("--model", model.name),
+                )
+            )
+            plan.model_slots[model.name].append(slot)
+            slot += 1
+    http_slot = slot
+    worker_count = 2 * config.http.workers
+    plan.http_worker_slots = (http_slot + 1, worker_count)
+    plan.specs.append(
+        ChildSpec(
+            role="http",
+            title="http",
+            slot=http_slot,
+            status_role=Role.HTTP,
+            extra=(
+                "--port",
+                str(ports["http"]),
+                "--worker-slots",
+                f"{http_slot + 1}:{worker_count}",
+            ),
+        )
+    )
+    slot = http_slot + 1 + worker_count
+    for role, status_role, count in (
+        ("grpc", Role.GRPC, config.grpc.workers),
+        ("mip", Role.MIP, config.mip.workers),
+    ):
+        for index in range(count):
+            plan.specs.append(
+                ChildSpec(
+                    role=role,
+                    title=f"{role}[{index}]",
+                    slot=slot,
+                    status_role=status_role,
+                    instance=index,
+                    extra=("--port", str(ports[role]), "--index", str(index)),
+                )
+            )
+            slot += 1
+    plan.n_slots = slot + SPARE_SLOTS
+    return plan

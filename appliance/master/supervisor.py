@@ -1,0 +1,349 @@
+"""The master: start every child, watch them, restart them, drain, clean up.
+
+:meth:`Supervisor.run` is one loop over one selector, which wakes for a
+signal (through ``signal.set_wakeup_fd``), a control-socket connection or a
+child's exit (one pidfd per child), and otherwise for the next timer: a
+restart whose backoff ran out, a drain step, or the periodic housekeeping.
+Signal handlers do nothing but wake the loop, so no work runs in signal
+context. The master imports no frontend, protocol or worker code: it starts
+them by argv and reads what they report in the status table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from appliance.config import ApplianceConfig, write_snapshot
+from appliance.core.status import Role, SlotState, StatusTable
+from appliance.core.tree import Tree, new_tree_id
+from appliance.ctl import ControlError, request
+from appliance.master import commands, sweep
+from appliance.master.children import Child
+from appliance.master.control import ControlServer
+from appliance.master.drain import Drain
+from appliance.master.plan import Plan, make_plan
+from appliance.master.ports import PortError, reserve
+from appliance.master.stats import ProcessStats
+
+log = logging.getLogger("appliance.master")
+
+HOUSEKEEPING_S = 2.0
+_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_FRONTEND_ROLES = (Role.HTTP, Role.GRPC, Role.MIP)
+
+
+class StartError(Exception):
+    """The appliance cannot start; the message says why."""
+
+
+class Supervisor:
+    """Run one appliance process tree from a config."""
+
+    def __init__(self, config: ApplianceConfig) -> None:
+        self.config = config
+        self.tree = Tree(new_tree_id(), config.resolved_run_dir())
+        self.selector = selectors.DefaultSelector()
+        self.children: list[Child] = []
+        self.plan = Plan()
+        self.ports: dict[str, int] = {}
+        self.stats = ProcessStats()
+        self.started_at = time.time()
+        self.ready = False
+        self.settled = False
+        self.drain = Drain(config.server, self.go_offline, self.in_flight)
+        self._placeholders: list[Any] = []
+        self._lock_fd: int | None = None
+        self._control: ControlServer | None = None
+        self._status: StatusTable | None = None
+        self._wakeup: tuple[int, int] | None = None
+        self._housekeeping_at = 0.0
+        self._drain_wake = 0.0
+
+    @property
+    def status(self) -> StatusTable:
+        assert self._status is not None
+        return self._status
+
+    # -- the loop -------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start the tree and supervise it until it has drained; return 0."""
+        try:
+            self.start()
+            while not self.drain.done:
+                for key, _events in self.selector.select(self._timeout()):
+                    callback: Callable[[], None] = key.data
+                    callback()
+                self._tick()
+        finally:
+            self.cleanup()
+        log.info("stopped")
+        return 0
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        waits = [self._housekeeping_at - now]
+        waits += [c.next_start - now for c in self.children if c.next_start is not None]
+        if self.drain.active:
+            waits.append(self._drain_wake - now)
+        return max(0.0, min([*waits, 1.0]))
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if not self.drain.active:
+            for child in self.children:
+                if child.next_start is not None and now >= child.next_start:
+                    self._spawn(child)
+        else:
+            self._drain_wake = now + self.drain.advance(self.frontends(), self.models())
+        if now >= self._housekeeping_at:
+            self._housekeeping_at = now + HOUSEKEEPING_S
+            self._housekeeping()
+        self._update_readiness()
+
+    # -- start and stop ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Prepare the tree's files and segments, then start every child.
+
+        Raises:
+            StartError: another appliance uses the run_dir, or a port is taken.
+        """
+        tree = self.tree
+        self._refuse_second_instance()
+        try:
+            tree.check_paths()
+        except ValueError as ex:
+            raise StartError(str(ex)) from None
+        tree.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock_fd = sweep.lock_tree(tree)
+        sweep.sweep_stale(tree.id)
+        self._sweep_stale_dirs()
+        tree.dir.mkdir(mode=0o700)
+        self._reserve_ports()
+        self.plan = make_plan(self.config, self.ports)
+        self._status = StatusTable.create(tree.status_name, self.plan.n_slots, os.getpid())
+        self.status.online = self.config.server.start_online
+        write_snapshot(self.config, tree.snapshot_path)
+        (tree.dir / "layout.json").write_bytes(orjson.dumps(self.plan.layout()))
+        self._install_signals()
+        self._control = ControlServer(tree.control_path, commands.handlers(self), self.selector)
+        self.children = [Child(spec) for spec in self.plan.specs]
+        log.info(
+            "starting tree %s: %d models, HTTP %s:%d, gRPC %s:%d, MIP %s:%d (%s)",
+            tree.id,
+            len(self.config.models),
+            self.config.server.host,
+            self.ports["http"],
+            self.config.server.host,
+            self.ports["grpc"],
+            self.config.server.host,
+            self.ports["mip"],
+            "online" if self.status.online else "offline",
+        )
+        for child in self.children:
+            self._spawn(child)
+        self._write_state()
+
+    def _refuse_second_instance(self) -> None:
+        path = self.tree.control_path
+        if not path.exists():
+            return
+        with contextlib.suppress(ControlError, OSError):
+            reply = request(path, "status", timeout_s=2.0)
+            raise StartError(
+                f"another appliance (pid {reply.get('pid')}) is running with run_dir "
+                f"{self.tree.run_dir}; stop it or set server.run_dir"
+            )
+
+    def _sweep_stale_dirs(self) -> None:
+        for entry in self.tree.run_dir.iterdir():
+            if entry.is_dir() and not (Path("/dev/shm") / f"appliance-{entry.name}-lock").exists():
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def _reserve_ports(self) -> None:
+        host = self.config.server.host
+        for role, port in (
+            ("http", self.config.http.port),
+            ("grpc", self.config.grpc.port),
+            ("mip", self.config.mip.port),
+        ):
+            try:
+                placeholder, actual = reserve(host, port, f"{role}.port")
+            except PortError as ex:
+                raise StartError(str(ex)) from None
+            self._placeholders.append(placeholder)
+            self.ports[role] = actual
+
+    def _install_signals(self) -> None:
+        read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wakeup = (read_fd, write_fd)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        for signum in _HANDLED:
+            signal.signal(signum, _wake_only)
+        self.selector.register(read_fd, selectors.EVENT_READ, self._on_signals)
+
+    def _on_signals(self) -> None:
+        assert self._wakeup is not None
+        try:
+            data = os.read(self._wakeup[0], 512)
+        except BlockingIOError:
+            return
+        for signum in data:
+            handler = getattr(self, f"handle_{signal.Signals(signum).name[3:].lower()}", None)
+            if handler is not None:
+                handler()
+
+    def handle_term(self) -> None:
+        self.drain.begin("SIGTERM")
+
+    def handle_int(self) -> None:
+        self.drain.begin("SIGINT")
+
+    def handle_hup(self) -> None:
+        log.warning("SIGHUP: reloading the config is not supported yet; nothing changed")
+
+    def cleanup(self) -> None:
+        """Kill what still runs, then remove every file and segment of the tree."""
+        for child in self.children:
+            if child.running:
+                child.send(signal.SIGKILL)
+                assert child.proc is not None
+                child.proc.wait()
+        if self._control is not None:
+            self._control.close()
+        if self._status is not None:
+            self._status.close()
+        for placeholder in self._placeholders:
+            placeholder.close()
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(-1)
+            for fd in self._wakeup:
+                os.close(fd)
+        removed = sweep.sweep_tree(self.tree)
+        shutil.rmtree(self.tree.dir, ignore_errors=True)
+        self.tree.state_path.unlink(missing_ok=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+        log.debug("removed %d shared-memory segments", removed)
+
+    # -- children -------------------------------------------------------------
+
+    def _spawn(self, child: Child) -> None:
+        pidfd = child.spawn(self.tree, self.status)
+        self.selector.register(pidfd, selectors.EVENT_READ, lambda: self._on_exit(child))
+
+    def _on_exit(self, child: Child) -> None:
+        assert child.pidfd is not None
+        self.selector.unregister(child.pidfd)
+        pid = child.reap(self.status)
+        sweep.sweep_process(self.tree, pid)
+
+    def frontends(self) -> list[Child]:
+        return [c for c in self.children if c.spec.status_role in _FRONTEND_ROLES]
+
+    def models(self) -> list[Child]:
+        return [c for c in self.children if c.spec.is_model]
+
+    def http_worker_pids(self) -> list[int]:
+        first, count = self.plan.http_worker_slots
+        pids = []
+        for slot in range(first, first + count):
+            info = self.status.read(slot)
+            if info.state is SlotState.READY and info.pid:
+                pids.append(info.pid)
+        return pids
+
+    # -- health -----------------------------------------------------------------
+
+    def go_offline(self) -> None:
+        self.status.online = False
+        self.status.draining = True
+        self._write_state()
+
+    def set_online(self, online: bool) -> None:
+        if self.drain.active and online:
+            raise RuntimeError("the appliance is draining; it cannot go online again")
+        self.status.online = online
+        log.info("now %s", "online" if online else "offline")
+        self._write_state()
+
+    def in_flight(self) -> int:
+        """Requests queued in model workers or in flight in frontends."""
+        total = 0
+        for slot in range(self.plan.n_slots):
+            state, role, _instance, _pid, _generation, depth = self.status.hot(slot)
+            if state in (SlotState.READY, SlotState.STOPPING) and role != Role.NONE:
+                total += depth
+        return total
+
+    def is_ready(self, or_failed: bool = False) -> bool:
+        """Every frontend listens and every model has a ready instance.
+
+        With ``or_failed``, a model whose instances all failed to load also
+        counts: the tree has settled, even if not everything serves.
+        """
+        for child in self.frontends():
+            if self.status.hot(child.spec.slot)[0] != SlotState.READY:
+                return False
+        accepted = {SlotState.READY, SlotState.FAILED} if or_failed else {SlotState.READY}
+        for slots in self.plan.model_slots.values():
+            if not any(self.status.hot(slot)[0] in accepted for slot in slots):
+                return False
+        return True
+
+    def _update_readiness(self) -> None:
+        ready = self.is_ready()
+        settled = ready or self.is_ready(or_failed=True)
+        if ready != self.ready or settled != self.settled:
+            self.ready, self.settled = ready, settled
+            log.info(
+                "%s",
+                "all models and frontends are ready"
+                if ready
+                else "not ready" + (" (a model failed to load)" if settled else ""),
+            )
+            self._write_state()
+
+    def _write_state(self) -> None:
+        """Write ``<run_dir>/appliance.json``: how to find this tree."""
+        state = {
+            "tree": self.tree.id,
+            "pid": os.getpid(),
+            "host": self.config.server.host,
+            "ports": self.ports,
+            "control_socket": str(self.tree.control_path),
+            "ready": self.ready,
+            "settled": self.settled,
+            "online": self.status.online if self._status else False,
+        }
+        temp = self.tree.state_path.with_suffix(".tmp")
+        temp.write_bytes(orjson.dumps(state, option=orjson.OPT_INDENT_2))
+        temp.replace(self.tree.state_path)
+
+    def sample_stats(self) -> list[int]:
+        """Refresh RSS and CPU of every process of the tree; return their pids."""
+        pids = [os.getpid(), *(c.pid for c in self.children if c.pid)]
+        pids += self.http_worker_pids()
+        self.stats.sample(pids)
+        return pids
+
+    def _housekeeping(self) -> None:
+        self.status.beat_master()
+        pids = self.sample_stats()
+        sweep.sweep_dead_processes(self.tree, set(pids))
+
+
+def _wake_only(_signum: int, _frame: object) -> None:
+    """Do nothing: the wakeup fd already told the loop which signal came."""

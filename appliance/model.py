@@ -1,0 +1,145 @@
+"""What a model author imports: the :class:`Model` base class.
+
+A model declares its inputs and outputs, optionally a maximum batch size, and
+implements :meth:`Model.predict`. The appliance runs each instance in its own
+process, batches requests from every protocol, and calls ``predict`` with
+named numpy arrays. This module depends on ``appliance.core`` only; a model
+never imports a frontend or a protocol.
+
+Example:
+    A model that adds two vectors, batched up to 8 rows at a time::
+
+        import numpy as np
+        from appliance.model import Model, spec
+
+        class Add(Model):
+            inputs = [spec("A", "FP32", [-1, 4]), spec("B", "FP32", [-1, 4])]
+            outputs = [spec("SUM", "FP32", [-1, 4])]
+            max_batch_size = 8
+
+            def predict(self, inputs, parameters):
+                return {"SUM": inputs["A"] + inputs["B"]}
+
+    and in the config::
+
+        [[models]]
+        name = "add"
+        class = "mypackage.add:Add"
+        instances = 2
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from appliance.core.tensor import TensorSpec, spec
+
+__all__ = ["Arrays", "Model", "Outputs", "TensorSpec", "spec"]
+
+Arrays = dict[str, npt.NDArray[Any]]
+Outputs = Mapping[str, npt.ArrayLike]
+
+
+class Model:
+    """Base class of every served model.
+
+    Class attributes:
+        inputs: the declared inputs, in order. ``None`` accepts any named
+            tensors (a generic model such as ``echo``).
+        outputs: the declared outputs, in order; ``None`` for generic models.
+        max_batch_size: rows per batch; 0 disables batching. When above 0,
+            every input's and output's first dimension is the batch (-1) and
+            requests from all clients are concatenated along it.
+        platform, version, description: reported in metadata.
+
+    Request tensors are read-only views into shared memory, valid only during
+    the call: copy what you keep. BYTES tensors arrive as object arrays of
+    ``bytes``; return str or bytes elements for BYTES outputs.
+    """
+
+    inputs: ClassVar[Sequence[TensorSpec] | None] = ()
+    outputs: ClassVar[Sequence[TensorSpec] | None] = ()
+    max_batch_size: ClassVar[int] = 0
+    platform: ClassVar[str] = "python"
+    version: ClassVar[str] = "1"
+    description: ClassVar[str] = ""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        """Keep the config's ``options`` table; do heavy work in :meth:`load`."""
+        self.options = dict(options)
+
+    def load(self) -> None:
+        """Load weights or state; runs once in the worker before serving."""
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        """Return named outputs for named inputs.
+
+        Args:
+            inputs: the request's (or batch's) inputs by name.
+            parameters: request parameters from the protocol (may be empty).
+
+        Returns:
+            A mapping of output name to array; for a batched model each
+            output's first dimension equals the inputs' first dimension.
+
+        Raises:
+            Exception: any error fails the request (or batch) with its message.
+        """
+        raise NotImplementedError
+
+    def predict_stream(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Iterator[Outputs]:
+        """Yield partial outputs; streaming protocols send each as it comes."""
+        raise NotImplementedError
+
+    def gradient(
+        self,
+        out_wrt: str,
+        in_wrt: str,
+        inputs: Arrays,
+        sens: npt.NDArray[np.float64],
+        parameters: Mapping[str, Any],
+    ) -> npt.ArrayLike:
+        """Return sens^T J: the gradient of <sens, output out_wrt> w.r.t. in_wrt."""
+        raise NotImplementedError
+
+    def apply_jacobian(
+        self,
+        out_wrt: str,
+        in_wrt: str,
+        inputs: Arrays,
+        vec: npt.NDArray[np.float64],
+        parameters: Mapping[str, Any],
+    ) -> npt.ArrayLike:
+        """Return J vec, with J the Jacobian of output out_wrt w.r.t. in_wrt."""
+        raise NotImplementedError
+
+    def apply_hessian(
+        self,
+        out_wrt: str,
+        in_wrt1: str,
+        in_wrt2: str,
+        inputs: Arrays,
+        sens: npt.NDArray[np.float64],
+        vec: npt.NDArray[np.float64],
+        parameters: Mapping[str, Any],
+    ) -> npt.ArrayLike:
+        """Return the Hessian of <sens, out_wrt> w.r.t. in_wrt1, in_wrt2, applied to vec."""
+        raise NotImplementedError
+
+    @classmethod
+    def supports(cls) -> dict[str, bool]:
+        """Return which optional methods this model implements."""
+        return {
+            method: getattr(cls, method) is not getattr(Model, method)
+            for method in (
+                "predict",
+                "predict_stream",
+                "gradient",
+                "apply_jacobian",
+                "apply_hessian",
+            )
+        }

@@ -1,0 +1,51 @@
+"""What every child process does first: name itself and tie its life to the master.
+
+Children run in their own session (the master starts them that way), so a
+Ctrl-C in the terminal reaches only the master, which then drains the tree in
+order. If the master dies, even by SIGKILL, the kernel sends each direct
+child SIGTERM (``PR_SET_PDEATHSIG``), so no orphan keeps serving.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+import setproctitle
+
+_PR_SET_PDEATHSIG = 1
+
+
+def become_child(title: str, master_pid: int) -> None:
+    """Set the process title, and exit with the master.
+
+    Args:
+        title: e.g. ``model[simple#0]``; shown as ``appliance: <title>``.
+        master_pid: the master's pid, to catch a master that died before the
+            death signal was armed.
+    """
+    setproctitle.setproctitle(f"appliance: {title}")
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if master_pid and os.getppid() != master_pid:
+        sys.exit(0)
+    # The master decides when the tree stops; a stray SIGINT must not.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def pid_alive(pid: int) -> bool:
+    """Return True if a process with this pid exists (any owner)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,1 @@
+"""MIP, KubeMo's Model Invocation Protocol, over TCP."""

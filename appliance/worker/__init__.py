@@ -1,0 +1,1 @@
+"""The model worker process: loads one model instance and serves it."""

@@ -1,0 +1,291 @@
+"""Dynamic batching: check requests, gather them into batches, split outputs.
+
+Requests for a batchable model (``max_batch_size`` > 0) whose inputs have the
+same trailing shapes and whose parameters are equal are concatenated along
+the first dimension, up to ``max_batch_size`` rows, waiting at most
+``max_queue_delay`` for the batch to fill. Everything else (streams,
+derivatives, unbatched models) runs one request at a time, in arrival order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from appliance.core.descriptor import Message
+from appliance.core.dtypes import DType, to_numpy
+from appliance.core.metadata import ModelMetadata
+from appliance.core.tensor import Tensor, TensorSpec
+from appliance.errors import BadRequest, ModelFailed
+
+Array = npt.NDArray[Any]
+PREDICT = "predict"
+STREAM = "stream"
+DERIVATIVES = ("gradient", "apply_jacobian", "apply_hessian")
+SENS, VEC = "__sens__", "__vec__"
+
+
+@dataclass(slots=True)
+class Pending:
+    """One request waiting in (or running on) a model worker."""
+
+    identity: bytes
+    message: Message
+    arrays: dict[str, Array]
+    method: str
+    parameters: dict[str, Any]
+    outputs: list[str] | None
+    rows: int = 0
+    key: bytes | None = None
+    arrived: float = field(default_factory=time.monotonic)
+
+    @property
+    def request_id(self) -> int:
+        return self.message.request_id
+
+
+def check_request(
+    metadata: ModelMetadata, identity: bytes, message: Message, tensors: dict[str, Tensor]
+) -> Pending:
+    """Check a request against the model's declarations and build its arrays.
+
+    Raises:
+        BadRequest: unknown method, names, dtypes, shapes or batch size.
+    """
+    body = message.body
+    method = str(body.get("method", PREDICT))
+    if method not in (PREDICT, STREAM, *DERIVATIVES):
+        raise BadRequest(f"unknown method {method!r}")
+    parameters = body.get("params") or {}
+    if not isinstance(parameters, dict):
+        raise BadRequest("request parameters must be a mapping")
+    outputs = body.get("outputs")
+    if outputs is not None:
+        outputs = [str(name) for name in outputs]
+        _check_output_names(metadata, outputs)
+    extras = {name: tensors.pop(name) for name in (SENS, VEC) if name in tensors}
+    arrays = _check_inputs(metadata, tensors)
+    rows = 0
+    if metadata.max_batch_size > 0 and metadata.inputs is not None:
+        rows = _batch_rows(metadata, arrays)
+    key = _batch_key(arrays, parameters) if rows and method == PREDICT else None
+    for name, tensor in extras.items():
+        arrays[name] = _array(name, tensor)
+    return Pending(identity, message, arrays, method, parameters, outputs, rows, key)
+
+
+def _check_output_names(metadata: ModelMetadata, names: list[str]) -> None:
+    if metadata.outputs is None:
+        return
+    declared = [spec.name for spec in metadata.outputs]
+    for name in names:
+        if name not in declared:
+            raise BadRequest(
+                f"model {metadata.name} has no output named {name!r}; "
+                f"its outputs are {', '.join(declared)}"
+            )
+
+
+def _check_inputs(metadata: ModelMetadata, tensors: dict[str, Tensor]) -> dict[str, Array]:
+    if metadata.inputs is None:
+        return {name: _array(name, tensor) for name, tensor in tensors.items()}
+    declared = {spec.name: spec for spec in metadata.inputs}
+    for name in tensors:
+        if name not in declared:
+            raise BadRequest(
+                f"model {metadata.name} has no input named {name!r}; "
+                f"its inputs are {', '.join(declared)}"
+            )
+    arrays = {}
+    for name, spec in declared.items():
+        tensor = tensors.get(name)
+        if tensor is None:
+            raise BadRequest(
+                f"model {metadata.name}: missing input {name!r} (it expects {', '.join(declared)})"
+            )
+        _check_spec(metadata.name, spec, tensor)
+        arrays[name] = _array(name, tensor)
+    return arrays
+
+
+def _check_spec(model: str, spec: TensorSpec, tensor: Tensor) -> None:
+    if tensor.dtype is not spec.dtype:
+        raise BadRequest(
+            f"model {model} input {spec.name}: expected datatype {spec.dtype.value}, "
+            f"got {tensor.dtype.value}"
+        )
+    if not spec.matches_shape(tensor.shape):
+        raise BadRequest(
+            f"model {model} input {spec.name}: shape {list(tensor.shape)} does not match "
+            f"the declared shape {list(spec.shape)} (-1 means any size)"
+        )
+
+
+def _array(name: str, tensor: Tensor) -> Array:
+    try:
+        return tensor.array()
+    except ValueError as ex:
+        raise BadRequest(f"input {name}: {ex}") from None
+
+
+def _batch_rows(metadata: ModelMetadata, arrays: dict[str, Array]) -> int:
+    rows = {name: array.shape[0] for name, array in arrays.items() if array.ndim > 0}
+    counts = set(rows.values())
+    if len(counts) > 1:
+        detail = ", ".join(f"{name}: {count}" for name, count in rows.items())
+        raise BadRequest(
+            f"model {metadata.name}: inputs disagree on the batch size (first dimension): {detail}"
+        )
+    count = counts.pop() if counts else 0
+    if count > metadata.max_batch_size:
+        raise BadRequest(
+            f"model {metadata.name}: a batch of {count} rows exceeds its max_batch_size "
+            f"of {metadata.max_batch_size}"
+        )
+    return count
+
+
+def _batch_key(arrays: dict[str, Array], parameters: dict[str, Any]) -> bytes:
+    shapes = [(name, array.shape[1:]) for name, array in sorted(arrays.items())]
+    return repr(shapes).encode() + orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS)
+
+
+class Batcher:
+    """A FIFO of pending requests that hands out due batches."""
+
+    def __init__(self, max_batch_size: int, max_queue_delay_s: float) -> None:
+        self.max_batch_size = max_batch_size
+        self.max_delay = max_queue_delay_s
+        self.queue: deque[Pending] = deque()
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def add(self, pending: Pending) -> None:
+        self.queue.append(pending)
+
+    def wait_s(self, now: float) -> float | None:
+        """Return seconds until the next batch is due; None if nothing waits."""
+        if not self.queue:
+            return None
+        head = self.queue[0]
+        if head.key is None or self._rows_like(head) >= self.max_batch_size:
+            return 0.0
+        return max(0.0, head.arrived + self.max_delay - now)
+
+    def take(self, now: float) -> list[Pending]:
+        """Remove and return the next batch if it is due, else []."""
+        wait = self.wait_s(now)
+        if wait is None or wait > 0:
+            return []
+        head = self.queue.popleft()
+        if head.key is None:
+            return [head]
+        batch, rows, keep = [head], head.rows, deque[Pending]()
+        while self.queue:
+            item = self.queue.popleft()
+            if item.key == head.key and rows + item.rows <= self.max_batch_size:
+                batch.append(item)
+                rows += item.rows
+            else:
+                keep.append(item)
+        self.queue = keep
+        return batch
+
+    def _rows_like(self, head: Pending) -> int:
+        return sum(item.rows for item in self.queue if item.key == head.key)
+
+    def drop(self, predicate: Any) -> list[Pending]:
+        """Remove and return the pending requests ``predicate`` selects."""
+        dropped = [item for item in self.queue if predicate(item)]
+        if dropped:
+            self.queue = deque(item for item in self.queue if not predicate(item))
+        return dropped
+
+
+def batch_inputs(batch: list[Pending]) -> dict[str, Array]:
+    """Concatenate a batch's inputs; a batch of one is passed through as views."""
+    if len(batch) == 1:
+        return batch[0].arrays
+    return {name: np.concatenate([item.arrays[name] for item in batch]) for name in batch[0].arrays}
+
+
+def split_outputs(
+    metadata: ModelMetadata, produced: Mapping[str, Any], batch: list[Pending]
+) -> list[dict[str, Tensor]]:
+    """Check a model's outputs and cut them into one set per request.
+
+    Raises:
+        ModelFailed: an output is missing, of the wrong type or shape, or
+            has the wrong number of rows for the batch.
+    """
+    if not isinstance(produced, Mapping):
+        raise ModelFailed(
+            f"model {metadata.name} returned {type(produced).__name__}, expected a mapping "
+            "of output names to arrays"
+        )
+    arrays = _check_outputs(metadata, produced)
+    if len(batch) == 1 and batch[0].key is None:
+        return [_select(arrays, batch[0].outputs)]
+    total = sum(item.rows for item in batch)
+    for name, array in arrays.items():
+        if array.ndim == 0 or array.shape[0] != total:
+            raise ModelFailed(
+                f"model {metadata.name} output {name} has shape {list(array.shape)}, expected "
+                f"{total} rows for a batch of {total}"
+            )
+    results, start = [], 0
+    for item in batch:
+        stop = start + item.rows
+        results.append(_select({n: a[start:stop] for n, a in arrays.items()}, item.outputs))
+        start = stop
+    return results
+
+
+def _check_outputs(metadata: ModelMetadata, produced: Mapping[str, Any]) -> dict[str, Array]:
+    if metadata.outputs is None:
+        return {str(name): np.asarray(value) for name, value in produced.items()}
+    arrays = {}
+    for spec in metadata.outputs:
+        if spec.name not in produced:
+            raise ModelFailed(f"model {metadata.name} did not return its output {spec.name}")
+        arrays[spec.name] = conform(metadata.name, spec, produced[spec.name])
+    return arrays
+
+
+def conform(model: str, spec: TensorSpec, value: Any) -> Array:
+    array = np.asarray(value)
+    if spec.dtype is DType.BYTES:
+        if array.dtype.kind not in "OSU":
+            raise ModelFailed(
+                f"model {model} output {spec.name}: expected BYTES (str or bytes), got "
+                f"{array.dtype}"
+            )
+        array = array.astype(object) if array.dtype != object else array
+    else:
+        want = to_numpy(spec.dtype)
+        if array.dtype != want:
+            if not np.can_cast(array.dtype, want, casting="same_kind"):
+                raise ModelFailed(
+                    f"model {model} output {spec.name}: cannot convert {array.dtype} to "
+                    f"{spec.dtype.value} safely"
+                )
+            array = array.astype(want)
+    if not spec.matches_shape(array.shape):
+        raise ModelFailed(
+            f"model {model} output {spec.name}: shape {list(array.shape)} does not match "
+            f"the declared {list(spec.shape)}"
+        )
+    return array
+
+
+def _select(arrays: dict[str, Array], names: list[str] | None) -> dict[str, Tensor]:
+    chosen = arrays if names is None else {name: arrays[name] for name in names if name in arrays}
+    return {name: Tensor.from_array(array) for name, array in chosen.items()}

@@ -1,0 +1,102 @@
+"""Import, build and load one configured model, and describe what it declares.
+
+Every failure is a :class:`LoadError` whose message names the config entry,
+so ``appliance ctl status`` and the logs say which model broke and why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from appliance.config import ModelConfig
+from appliance.core.metadata import ModelMetadata
+from appliance.core.tensor import TensorSpec
+from appliance.model import Model
+
+
+class LoadError(Exception):
+    """The model could not be imported, built or loaded."""
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A loaded model and the interface it is served with."""
+
+    model: Model
+    metadata: ModelMetadata
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.metadata.max_batch_size
+
+
+def load_model(config: ModelConfig, python_path: Sequence[str] = ()) -> Loaded:
+    """Import ``config.cls``, instantiate it with its options and load it.
+
+    Raises:
+        LoadError: import, construction, ``load()`` or declarations failed.
+    """
+    for entry in python_path:
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    cls = _import(config)
+    where = f"model {config.name!r} ({config.cls})"
+    try:
+        model = cls(config.options)
+        model.load()
+    except Exception as ex:
+        raise LoadError(f"{where}: load failed: {type(ex).__name__}: {ex}") from ex
+    max_batch = cls.max_batch_size if config.max_batch_size is None else config.max_batch_size
+    inputs = _specs(where, "inputs", cls.inputs)
+    outputs = _specs(where, "outputs", cls.outputs)
+    if max_batch > 0:
+        for spec in (*(inputs or ()), *(outputs or ())):
+            if not spec.shape or spec.shape[0] != -1:
+                raise LoadError(
+                    f"{where}: max_batch_size is {max_batch} but {spec.name} has no leading "
+                    f"batch dimension (-1) in its shape {list(spec.shape)}"
+                )
+    metadata = ModelMetadata(
+        name=config.name,
+        versions=(cls.version,),
+        platform=cls.platform,
+        inputs=inputs,
+        outputs=outputs,
+        max_batch_size=max_batch,
+        supports=cls.supports(),
+        description=cls.description or (cls.__doc__ or "").strip().split("\n")[0],
+    )
+    return Loaded(model, metadata)
+
+
+def _import(config: ModelConfig) -> type[Model]:
+    module_name, _, class_name = config.cls.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as ex:
+        raise LoadError(
+            f"model {config.name!r}: cannot import module {module_name!r}: "
+            f"{type(ex).__name__}: {ex}"
+        ) from ex
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise LoadError(f"model {config.name!r}: module {module_name!r} has no {class_name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Model)):
+        raise LoadError(
+            f"model {config.name!r}: {config.cls} is not a subclass of appliance.model.Model"
+        )
+    return cls
+
+
+def _specs(where: str, what: str, specs: object) -> tuple[TensorSpec, ...] | None:
+    if specs is None:
+        return None
+    if not isinstance(specs, list | tuple) or not all(isinstance(s, TensorSpec) for s in specs):
+        raise LoadError(f"{where}: {what} must be a list of spec(...) declarations or None")
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise LoadError(f"{where}: {what} declares a name twice: {names}")
+    return tuple(specs)

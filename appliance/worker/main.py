@@ -1,0 +1,99 @@
+"""Entry of a model worker process: load one model instance, then serve it.
+
+Started by the master as ``python -m appliance child model ...``. Everything
+long-lived (the ZeroMQ context, the response ring) is created here, after
+the process started, never inherited.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import types
+from pathlib import Path
+
+import zmq
+
+from appliance import logs
+from appliance.config import ConfigError, read_snapshot
+from appliance.core.ring import Ring
+from appliance.core.segment import Segment
+from appliance.core.status import SlotState, StatusTable
+from appliance.core.tree import Tree
+from appliance.exitcodes import ExitCode
+from appliance.process import become_child
+from appliance.worker.loader import LoadError, load_model
+from appliance.worker.server import WorkerServer
+
+log = logging.getLogger("appliance.worker")
+
+
+def run(tree_dir: Path, master_pid: int, slot: int, generation: int, model: str) -> int:
+    """Load ``model`` and serve it in ``slot``; return the exit code."""
+    tree = Tree(tree_dir.name, tree_dir.parent)
+    try:
+        config = read_snapshot(tree.snapshot_path)
+    except ConfigError as ex:
+        logs.setup(f"model[{model}]")
+        log.error("%s", ex)
+        return ExitCode.CONFIG_ERROR
+    model_config = config.model(model)
+    if model_config is None:
+        logs.setup(f"model[{model}]")
+        log.error("model %r is not in the config snapshot %s", model, tree.snapshot_path)
+        return ExitCode.CONFIG_ERROR
+    status = StatusTable.attach(tree.status_name)
+    instance = status.read(slot).instance
+    title = f"model[{model}#{instance}]"
+    logs.setup(title, config.server.log_level)
+    become_child(title, master_pid)
+    try:
+        loaded = load_model(model_config, config.server.python_path)
+    except LoadError as ex:
+        log.error("%s", ex)
+        status.set_note(slot, str(ex))
+        return ExitCode.MODEL_LOAD_ERROR
+    loaded.metadata.write(tree.metadata_path(model))
+    status.set_note(slot, "")
+
+    ring_bytes = model_config.response_ring_bytes or config.shm.response_ring_bytes
+    ring_name = tree.ring_name(what="out")
+    ring = Ring(
+        Segment.create(ring_name, ring_bytes),
+        ring_name,
+        config.shm.max_tensor_bytes,
+        config.shm.spill_limit_bytes,
+        limit_hint=f"models[{model}].response_ring_bytes",
+    )
+    context = zmq.Context()
+    socket = context.socket(zmq.ROUTER)
+    socket.setsockopt(zmq.LINGER, 0)
+    # An unroutable reply raises instead of vanishing, so its ring space is
+    # taken back at once (see WorkerServer._send).
+    socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    server = WorkerServer(
+        loaded,
+        socket,
+        ring,
+        status,
+        slot,
+        config.shm.inline_threshold_bytes,
+        model_config.max_queue_delay_ms / 1000.0,
+    )
+
+    def handle_term(_signum: int, _frame: types.FrameType | None) -> None:
+        server.stop()
+
+    signal.signal(signal.SIGTERM, handle_term)
+    try:
+        socket.bind(tree.model_endpoint(slot, generation))
+        log.info("serving (max_batch_size %d)", loaded.max_batch_size)
+        server.serve()
+    finally:
+        status.set_state(slot, SlotState.STOPPING)
+        socket.close(0)
+        context.term()
+        server.reader.close()
+        ring.close()
+    log.info("stopped")
+    return ExitCode.OK

@@ -1,0 +1,422 @@
+"""The model worker's serving loop: one thread, one ROUTER socket, one model.
+
+Each turn of the loop:
+
+1. receive every message waiting on the socket (requests, releases, cancels);
+2. run the next due batch and reply to each of its requests, with outputs
+   written once into this worker's response ring;
+3. advance each running stream by one part;
+4. beat the heartbeat, and every second give back the ring space and the
+   mappings held for clients that have died.
+
+One thread means a model never needs locks, and a model that holds the GIL
+slows only its own instance.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import zmq
+
+from appliance.core.descriptor import (
+    Kind,
+    Message,
+    SegmentReader,
+    blocks_from,
+    error_message,
+    from_frame,
+    place_tensors,
+    read_tensors,
+    ring_blocks,
+    to_frame,
+)
+from appliance.core.ring import Block, Ring, is_spill
+from appliance.core.segment import Segment
+from appliance.core.status import N_COUNTERS, Counter, SlotState, StatusTable
+from appliance.core.tensor import Tensor
+from appliance.core.tree import owner_pid
+from appliance.errors import (
+    ApplianceError,
+    BadRequest,
+    DeadlineExceeded,
+    ErrorCode,
+    ModelFailed,
+    Unsupported,
+)
+from appliance.process import pid_alive
+from appliance.worker import methods
+from appliance.worker.batcher import (
+    DERIVATIVES,
+    STREAM,
+    Batcher,
+    Pending,
+    batch_inputs,
+    check_request,
+    split_outputs,
+)
+from appliance.worker.loader import Loaded
+
+log = logging.getLogger("appliance.worker")
+
+HEARTBEAT_S = 0.25
+HOUSEKEEPING_S = 1.0
+COUNTERS_S = 0.1
+MAX_RECEIVE_PER_TURN = 512
+# PERF: plain ints; pyzmq's flag enums cost microseconds per operation.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+
+
+@dataclass(slots=True)
+class Stream:
+    pending: Pending
+    parts: Iterator[Any]
+
+
+class WorkerServer:
+    """Serve one loaded model on one socket until told to stop.
+
+    Args:
+        loaded: the model and its metadata.
+        socket: a bound ROUTER socket.
+        ring: this worker's response ring.
+        status: the tree's status table; ``slot`` is this instance's slot.
+        inline_threshold: outputs up to this many bytes ride in the message.
+    """
+
+    def __init__(
+        self,
+        loaded: Loaded,
+        socket: zmq.Socket[bytes],
+        ring: Ring,
+        status: StatusTable,
+        slot: int,
+        inline_threshold: int,
+        max_queue_delay_s: float,
+    ) -> None:
+        self.model = loaded.model
+        self.metadata = loaded.metadata
+        self.socket = socket
+        self.ring = ring
+        self.status = status
+        self.slot = slot
+        self.inline_threshold = inline_threshold
+        self.batcher = Batcher(loaded.max_batch_size, max_queue_delay_s)
+        self.streams: list[Stream] = []
+        self.reader = SegmentReader(_attach_read_only)
+        self.leases: dict[Block, int] = {}
+        self.unmapped: set[str] = set()
+        self.stopping = False
+        self.pid = os.getpid()
+        self._depth = -1
+        self._beat_at = 0.0
+        self._housekeeping_at = time.monotonic() + HOUSEKEEPING_S
+        self._counts = [0] * N_COUNTERS
+        self._counts_dirty = False
+        self._counts_at = 0.0
+        self._poller = zmq.Poller()
+        self._poller.register(socket, zmq.POLLIN)
+
+    # -- the loop -------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run until :meth:`stop` is called and all accepted work is done."""
+        self.status.set_state(self.slot, SlotState.READY, self.pid)
+        while not (self.stopping and not self.batcher and not self.streams):
+            now = time.monotonic()
+            wait = self.batcher.wait_s(now)
+            if self.streams:
+                wait = 0.0
+            timeout_ms = HEARTBEAT_S * 1000 if wait is None else min(wait, HEARTBEAT_S) * 1000
+            if self._poller.poll(int(timeout_ms) if timeout_ms >= 1 else 0):
+                self._receive()
+            batch = self.batcher.take(time.monotonic())
+            if batch:
+                self._run(batch)
+            self._step_streams()
+            self._tick()
+
+    def stop(self) -> None:
+        """Stop taking new work; the loop ends once queued work is done."""
+        self.stopping = True
+        self.status.set_state(self.slot, SlotState.STOPPING)
+
+    def _tick(self) -> None:
+        depth = len(self.batcher) + len(self.streams)
+        if depth != self._depth:
+            self._depth = depth
+            self.status.set_depth(self.slot, depth)
+        now = time.monotonic()
+        if self._counts_dirty and (depth == 0 or now >= self._counts_at):
+            self._flush_counts(now)
+        if now >= self._beat_at:
+            self.status.beat(self.slot)
+            self._beat_at = now + HEARTBEAT_S
+        if now >= self._housekeeping_at:
+            self._housekeeping_at = now + HOUSEKEEPING_S
+            self._drop_dead_clients()
+
+    # -- messages -------------------------------------------------------------
+
+    def _flush_counts(self, now: float) -> None:
+        self.status.add_all(self.slot, self._counts)
+        self._counts = [0] * N_COUNTERS
+        self._counts_dirty = False
+        self._counts_at = now + COUNTERS_S
+
+    def _receive(self) -> None:
+        socket = self.socket
+        for _ in range(MAX_RECEIVE_PER_TURN):
+            # PERF: ask EVENTS instead of receiving until zmq.Again; an
+            # exception per loop turn costs more than the message.
+            if not cast(int, socket.getsockopt(_EVENTS)) & _POLLIN:
+                return
+            try:
+                identity, frame = socket.recv_multipart(zmq.NOBLOCK)
+                message = from_frame(frame)
+            except (ValueError, zmq.Again) as ex:
+                log.warning("dropped a malformed message: %s", ex)
+                continue
+            if message.kind is Kind.INFER:
+                self._accept(identity, message)
+            elif message.kind is Kind.RELEASE:
+                self._release(message.pid, blocks_from(message.body.get("blocks", [])))
+            elif message.kind is Kind.CANCEL:
+                self._cancel(message.pid, message.request_id)
+
+    def _accept(self, identity: bytes, message: Message) -> None:
+        try:
+            if self.stopping:
+                raise ApplianceError(f"model {self.metadata.name} instance is stopping")
+            tensors = read_tensors(message.body.get("tensors", []), message.payloads, self.reader)
+            pending = check_request(self.metadata, identity, message, tensors)
+        except ApplianceError as ex:
+            self._fail(identity, message, ex)
+            return
+        if pending.method == STREAM and not self.metadata.supports.get("predict_stream"):
+            self._fail_pending(pending, Unsupported(f"model {self.metadata.name} does not stream"))
+            return
+        self.batcher.add(pending)
+
+    def _release(self, pid: int, blocks: list[Block]) -> None:
+        for block in blocks:
+            # SAFETY: only the client a block was leased to may give it back.
+            if self.leases.get(block) == pid:
+                del self.leases[block]
+                self.ring.release(block)
+
+    def _cancel(self, pid: int, request_id: int) -> None:
+        for stream in list(self.streams):
+            if stream.pending.message.pid == pid and stream.pending.request_id == request_id:
+                self._end_stream(stream, None)
+        self.batcher.drop(lambda p: p.message.pid == pid and p.request_id == request_id)
+
+    def _send(self, identity: bytes, outgoing: _Outgoing, blocks: list[Block]) -> None:
+        for block in blocks:
+            self.leases[block] = outgoing.pid_to
+        try:
+            self.socket.send_multipart([identity, to_frame(outgoing.message)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            # The client's socket is gone (ROUTER_MANDATORY) or full: nobody
+            # will release these blocks, so take them back now.
+            self._release(outgoing.pid_to, blocks)
+
+    # -- running work ---------------------------------------------------------
+
+    def _run(self, batch: list[Pending]) -> None:
+        now = time.monotonic()
+        live = []
+        for pending in batch:
+            deadline = pending.message.deadline
+            if deadline and now > deadline:
+                waited_ms = (now - pending.arrived) * 1000
+                self._fail_pending(
+                    pending,
+                    DeadlineExceeded(
+                        f"request to model {self.metadata.name} passed its deadline after "
+                        f"waiting {waited_ms:.1f} ms in the queue"
+                    ),
+                )
+            else:
+                live.append(pending)
+        if not live:
+            return
+        head = live[0]
+        if head.method == STREAM:
+            self._start_stream(head)
+        elif head.method in DERIVATIVES:
+            self._finish(head, lambda: methods.derivative(self.model, self.metadata, head))
+        else:
+            self._predict(live, now)
+
+    def _predict(self, batch: list[Pending], started: float) -> None:
+        self.status.beat(self.slot, busy_since=started)
+        begin = time.perf_counter_ns()
+        try:
+            produced = self.model.predict(batch_inputs(batch), batch[0].parameters)
+            results = split_outputs(self.metadata, produced, batch)
+        except Exception as ex:
+            error = self._as_error(ex)
+            for pending in batch:
+                self._fail_pending(pending, error)
+            return
+        finally:
+            self.status.beat(self.slot)
+        compute_ns = time.perf_counter_ns() - begin
+        for pending, outputs in zip(batch, results, strict=True):
+            self._reply(pending, Kind.REPLY, outputs)
+        self._count(batch, started, compute_ns)
+
+    def _count(self, batch: list[Pending], started: float, compute_ns: int) -> None:
+        counts = self._counts
+        counts[Counter.SUCCESS] += len(batch)
+        counts[Counter.BATCHES] += 1
+        counts[Counter.BATCH_ROWS] += sum(max(p.rows, 1) for p in batch)
+        counts[Counter.QUEUE_NS] += max(0, sum(int((started - p.arrived) * 1e9) for p in batch))
+        counts[Counter.COMPUTE_NS] += compute_ns
+        self._counts_dirty = True
+
+    def _finish(self, pending: Pending, compute: Any) -> None:
+        started = time.monotonic()
+        begin = time.perf_counter_ns()
+        try:
+            outputs = compute()
+        except Exception as ex:
+            self._fail_pending(pending, self._as_error(ex))
+            return
+        self._reply(pending, Kind.REPLY, outputs)
+        self._count([pending], started, time.perf_counter_ns() - begin)
+
+    def _start_stream(self, pending: Pending) -> None:
+        try:
+            parts = iter(self.model.predict_stream(pending.arrays, pending.parameters))
+        except Exception as ex:
+            self._fail_pending(pending, self._as_error(ex))
+            return
+        self.streams.append(Stream(pending, parts))
+
+    def _step_streams(self) -> None:
+        for stream in list(self.streams):
+            try:
+                part = next(stream.parts)
+                outputs = methods.stream_part(self.metadata, part)
+            except StopIteration:
+                self._end_stream(stream, None)
+                continue
+            except Exception as ex:
+                self._end_stream(stream, self._as_error(ex))
+                continue
+            self._reply(stream.pending, Kind.PART, outputs, finished=False)
+
+    def _end_stream(self, stream: Stream, error: ApplianceError | None) -> None:
+        self.streams.remove(stream)
+        close = getattr(stream.parts, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                log.exception("closing the stream of model %s failed", self.metadata.name)
+        pending = stream.pending
+        if error is None:
+            self._reply(pending, Kind.END, {})
+            self._counts[Counter.SUCCESS] += 1
+            self._counts_dirty = True
+        else:
+            self._fail_pending(pending, error, kind=Kind.END)
+
+    def _as_error(self, ex: Exception) -> ApplianceError:
+        if isinstance(ex, ApplianceError):
+            return ex
+        if isinstance(ex, NotImplementedError):
+            return Unsupported(f"model {self.metadata.name} does not implement this method")
+        log.exception("model %s raised", self.metadata.name)
+        return ModelFailed(f"model {self.metadata.name} failed: {type(ex).__name__}: {ex}")
+
+    # -- replies --------------------------------------------------------------
+
+    def _reply(
+        self, pending: Pending, kind: Kind, outputs: dict[str, Tensor], finished: bool = True
+    ) -> None:
+        payloads: list[Any] = []
+        blocks: list[Block] = []
+        try:
+            entries = place_tensors(outputs, self.ring, self.inline_threshold, payloads, blocks)
+        except ApplianceError as ex:
+            for block in blocks:
+                self.ring.release(block)
+            self._fail_pending(pending, ex, kind=Kind.END if kind is Kind.PART else kind)
+            return
+        body = {"tensors": entries}
+        message = Message(kind, pending.request_id, self.pid, body, payloads)
+        self._send(pending.identity, _Outgoing(message, pending.message.pid), blocks)
+        if finished:
+            self._done_with(pending)
+
+    def _fail_pending(
+        self, pending: Pending, error: ApplianceError, kind: Kind = Kind.REPLY
+    ) -> None:
+        self._fail(pending.identity, pending.message, error, kind)
+        self._done_with(pending)
+
+    def _fail(
+        self,
+        identity: bytes,
+        request: Message,
+        error: ApplianceError,
+        kind: Kind = Kind.REPLY,
+    ) -> None:
+        if error.code is not ErrorCode.BAD_REQUEST:
+            self._counts[Counter.FAIL] += 1
+            self._counts_dirty = True
+        reply = error_message(kind, request.request_id, self.pid, error.code, error.message)
+        self._send(identity, _Outgoing(reply, request.pid), [])
+
+    def _done_with(self, pending: Pending) -> None:
+        """Drop a finished request's views and unmap its one-off segments."""
+        spills = [
+            block.segment
+            for block in ring_blocks(pending.message.body.get("tensors", []))
+            if is_spill(block.segment)
+        ]
+        pending.arrays.clear()
+        pending.message.payloads.clear()
+        for name in spills:
+            if not self.reader.forget(name):
+                self.unmapped.add(name)
+
+    # -- clients that died ----------------------------------------------------
+
+    def _drop_dead_clients(self) -> None:
+        for name in list(self.unmapped):
+            if self.reader.forget(name):
+                self.unmapped.discard(name)
+        owners = set(self.leases.values())
+        owners.update(pid for pid in map(owner_pid, self.reader.names()) if pid)
+        for pid in owners:
+            if pid_alive(pid):
+                continue
+            self._release(pid, [b for b, owner in self.leases.items() if owner == pid])
+            for stream in [s for s in self.streams if s.pending.message.pid == pid]:
+                self._end_stream(stream, BadRequest("client went away"))
+            self.batcher.drop(lambda p, dead=pid: p.message.pid == dead)
+            for name in self.reader.names():
+                if owner_pid(name) == pid and not self.reader.forget(name):
+                    self.unmapped.add(name)
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    """A message on its way out, with the pid of the client it is for."""
+
+    message: Message
+    pid_to: int
+
+
+def _attach_read_only(name: str) -> Segment:
+    return Segment.attach(name)

@@ -1,0 +1,51 @@
+"""Models that exist only for tests: they make batching, slowness and failure visible."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from appliance.model import Arrays, Model, Outputs, spec
+
+
+class BatchProbe(Model):
+    """y = 2x, and ``batch`` tells each row how many rows its batch had."""
+
+    inputs = [spec("x", "FP32", [-1, 4])]
+    outputs = [spec("y", "FP32", [-1, 4]), spec("batch", "INT32", [-1, 1])]
+    max_batch_size = 16
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        x = inputs["x"]
+        time.sleep(float(self.options.get("delay_s", 0.0)))
+        batch = np.full((x.shape[0], 1), x.shape[0], dtype=np.int32)
+        return {"y": 2 * x, "batch": batch}
+
+
+class Slow(Model):
+    """Return the input after sleeping ``sleep_s`` (a request parameter)."""
+
+    inputs = [spec("x", "FP32", [-1])]
+    outputs = [spec("y", "FP32", [-1])]
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        time.sleep(float(parameters.get("sleep_s", self.options.get("sleep_s", 0.0))))
+        if parameters.get("fail"):
+            raise ValueError("asked to fail")
+        if parameters.get("abort"):
+            os.abort()
+        return {"y": inputs["x"]}
+
+
+class BrokenLoad(Model):
+    """A model whose load() always fails."""
+
+    inputs = [spec("x", "FP32", [-1])]
+    outputs = [spec("y", "FP32", [-1])]
+
+    def load(self) -> None:
+        raise FileNotFoundError("weights.bin is missing")

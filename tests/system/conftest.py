@@ -1,0 +1,22 @@
+"""Fixtures that run real appliances over loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from appliance.client.api import ModelClient
+from tests.system.harness import Appliance, demo_models, running
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[Appliance]:
+    """An appliance serving every demo model, shared by a module's tests."""
+    with running(demo_models(), http={"workers": 1}) as appliance:
+        yield appliance
+
+
+@pytest.fixture(scope="module")
+def client(demo: Appliance) -> ModelClient:
+    return demo.client()

@@ -1,0 +1,229 @@
+"""Start a real appliance for a test, and stop it by PID afterwards.
+
+The appliance runs with ports 0 in a fresh short run_dir; the test learns
+the ports and the tree from ``<run_dir>/appliance.json``. On teardown the
+master gets SIGTERM (then SIGKILL after a bound); the test then fails if any
+process it saw is still alive or any segment of the tree is left in
+/dev/shm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import tomli_w
+
+from appliance.client.api import ModelClient
+from appliance.ctl import request
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 60.0
+
+DEMO_MODELS = {
+    "simple": "appliance.demos.simple:Simple",
+    "simple_string": "appliance.demos.simple:SimpleString",
+    "simple_identity": "appliance.demos.simple:SimpleIdentity",
+    "identity": "appliance.demos.identity:Identity",
+    "forward": "appliance.demos.forward:Forward",
+    "rosenbrock": "appliance.demos.rosenbrock:Rosenbrock",
+    "digits": "appliance.demos.digits:Digits",
+    "echo": "appliance.demos.echo:Echo",
+}
+
+
+def make_config(run_dir: Path, models: list[dict[str, Any]], **sections: Any) -> dict[str, Any]:
+    """A test config: loopback, ports 0, small rings, quick drain."""
+    config: dict[str, Any] = {
+        "server": {
+            "run_dir": str(run_dir),
+            "grace_s": 0.2,
+            "drain_timeout_s": 20.0,
+            "stop_timeout_s": 10.0,
+            "python_path": [str(ROOT)],
+            "log_level": "info",
+        },
+        "http": {"port": 0, "workers": 1, "threads": 4},
+        "grpc": {"port": 0, "workers": 1, "threads": 4},
+        "mip": {"port": 0, "workers": 1},
+        "shm": {"request_ring_bytes": 8 << 20, "response_ring_bytes": 8 << 20},
+        "models": models,
+    }
+    for name, values in sections.items():
+        config.setdefault(name, {}).update(values)
+    return config
+
+
+def demo_models(*names: str, **overrides: dict[str, Any]) -> list[dict[str, Any]]:
+    models = []
+    for name in names or tuple(DEMO_MODELS):
+        entry: dict[str, Any] = {"name": name, "class": DEMO_MODELS[name]}
+        entry.update(overrides.get(name, {}))
+        models.append(entry)
+    return models
+
+
+@dataclass
+class Appliance:
+    """A running appliance started by a test."""
+
+    run_dir: Path
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    state: dict[str, Any] = field(default_factory=dict)
+    pids: set[int] = field(default_factory=set)
+    clients: list[ModelClient] = field(default_factory=list)
+
+    @property
+    def tree(self) -> str:
+        return str(self.state["tree"])
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return dict(self.state["ports"])
+
+    @property
+    def control(self) -> Path:
+        return Path(self.state["control_socket"])
+
+    def ctl(self, command: str) -> dict[str, Any]:
+        return request(self.control, command)
+
+    def client(self, **kwargs: Any) -> ModelClient:
+        client = ModelClient.connect(self.run_dir, **kwargs)
+        self.clients.append(client)
+        return client
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def processes(self) -> list[dict[str, Any]]:
+        return list(self.ctl("status")["processes"])
+
+    def pid_of(self, role: str) -> int:
+        for process in self.processes():
+            if process["role"] == role and process["pid"]:
+                return int(process["pid"])
+        raise LookupError(f"no running process {role!r}")
+
+    def remember_pids(self) -> None:
+        with contextlib.suppress(Exception):
+            self.pids.update(p["pid"] for p in self.processes() if p["pid"])
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        state_path = self.run_dir / "appliance.json"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"appliance exited with {self.process.returncode}:\n{self.log()}"
+                )
+            with contextlib.suppress(FileNotFoundError, orjson.JSONDecodeError):
+                self.state = orjson.loads(state_path.read_bytes())
+                if self.state.get("settled"):
+                    self.remember_pids()
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(f"appliance not ready after {timeout_s} s:\n{self.log()}")
+
+    def segments(self) -> list[str]:
+        return sorted(p.name for p in Path("/dev/shm").glob(f"appliance-{self.tree}-*"))
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Stop the master by PID and wait; return its exit code."""
+        self.remember_pids()
+        for client in self.clients:
+            client.close()
+        self.clients.clear()
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def assert_clean(self) -> None:
+        """Every process seen is gone and no segment of the tree remains."""
+        deadline = time.monotonic() + 10.0
+        alive = self.pids
+        while time.monotonic() < deadline:
+            alive = {pid for pid in self.pids if _alive(pid)}
+            if not alive:
+                break
+            time.sleep(0.05)
+        leftover = self.segments() if self.state else []
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert not alive, f"processes still alive after stop: {sorted(alive)}"
+        assert not leftover, f"shared-memory segments left: {leftover}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def start(config: dict[str, Any], wait: bool = True) -> Appliance:
+    run_dir = Path(config["server"]["run_dir"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.toml"
+    config_path.write_text(tomli_w.dumps(config))
+    log_path = run_dir / "appliance.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "appliance", "serve", "--config", str(config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+    appliance = Appliance(run_dir, process, log_path)
+    if wait:
+        try:
+            appliance.wait_ready()
+        except BaseException:
+            appliance.stop(signal.SIGKILL)
+            raise
+    return appliance
+
+
+def new_run_dir() -> Path:
+    # Short, because unix socket paths under it are limited to 107 bytes.
+    return Path(tempfile.mkdtemp(prefix="ap-", dir="/tmp"))
+
+
+@contextlib.contextmanager
+def running(models: list[dict[str, Any]], **sections: Any) -> Iterator[Appliance]:
+    """Run an appliance for the duration of a ``with`` block."""
+    run_dir = new_run_dir()
+    appliance = start(make_config(run_dir, models, **sections))
+    try:
+        yield appliance
+    finally:
+        try:
+            appliance.stop()
+            appliance.assert_clean()
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,0 +1,61 @@
+"""Config loading: the default config is valid; errors name file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from appliance.config import ConfigError, from_dict, load, read_snapshot, write_snapshot
+
+
+def test_the_default_config_serves_the_demo_models() -> None:
+    config = load()
+    names = [model.name for model in config.models]
+    for name in (
+        "simple",
+        "simple_string",
+        "simple_identity",
+        "identity",
+        "forward",
+        "digits",
+        "echo",
+    ):
+        assert name in names
+    assert (config.http.port, config.grpc.port, config.mip.port) == (8000, 8001, 8002)
+    assert config.server.host == "127.0.0.1"
+    assert config.server.default_model == "echo"
+
+
+def test_a_snapshot_reads_back_the_same_config(tmp_path: Path) -> None:
+    config = load()
+    write_snapshot(config, tmp_path / "snap.json")
+    assert read_snapshot(tmp_path / "snap.json") == config
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"htp": {}}, "htp: unknown key"),
+        ({"http": {"port": "80"}}, "http.port: expected an integer >= 0"),
+        ({"http": {"port": 70000}}, "http.port: expected a port 0..65535"),
+        ({"models": [{"name": "a"}]}, "models[0].class: missing"),
+        ({"models": [{"name": "a b", "class": "m:C"}]}, "models[0].name"),
+        ({"models": [{"name": "a", "class": "m:C", "instances": 0}]}, "instances: expected"),
+        ({"models": [{"name": "a", "class": "m:C"}] * 2}, "appears more than once"),
+        ({"server": {"default_model": "zz"}}, "server.default_model: names model 'zz'"),
+        ({"server": {"log_level": "loud"}}, "server.log_level"),
+    ],
+)
+def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        from_dict(data, "my.toml")
+
+
+def test_missing_and_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such config file"):
+        load(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(bad)

@@ -1,0 +1,116 @@
+"""The descriptor codec: round trips, placement of tensor bytes, and fuzzing."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from appliance.config import MAX_INLINE_BYTES, ConfigError, from_dict
+from appliance.core.descriptor import (
+    DescriptorError,
+    Kind,
+    Message,
+    SegmentReader,
+    from_frame,
+    place_tensors,
+    read_tensors,
+    to_frame,
+)
+from appliance.core.dtypes import DType, to_numpy
+from appliance.core.ring import Ring
+from appliance.core.segment import Segment
+from appliance.core.tensor import Tensor
+
+
+@pytest.fixture
+def ring() -> Ring:
+    name = f"appliance-unittest-p{__import__('os').getpid()}-ring"
+    segment = Segment.create(name, 1 << 20)
+    ring = Ring(segment, name, 8 << 20, 8 << 20)
+    yield ring
+    ring.close()
+
+
+def roundtrip(tensors: dict[str, Tensor], ring: Ring, threshold: int) -> dict[str, Tensor]:
+    payloads: list[object] = []
+    blocks: list[object] = []
+    entries = place_tensors(tensors, ring, threshold, payloads, blocks)  # type: ignore[arg-type]
+    message = Message(Kind.INFER, 7, 42, {"tensors": entries}, payloads, deadline=1.5)
+    decoded = from_frame(to_frame(message))
+    assert (decoded.kind, decoded.request_id, decoded.pid, decoded.deadline) == (
+        Kind.INFER,
+        7,
+        42,
+        1.5,
+    )
+    reader = SegmentReader(Segment.attach)
+    return read_tensors(decoded.body["tensors"], decoded.payloads, reader)
+
+
+numeric = st.sampled_from([d for d in DType if d is not DType.BYTES])
+
+
+@given(
+    dtype=numeric,
+    data=st.data(),
+    threshold=st.sampled_from([0, 16, MAX_INLINE_BYTES]),
+)
+def test_numeric_tensors_round_trip(dtype: DType, data: st.DataObject, threshold: int) -> None:
+    name = f"appliance-unittest-p{__import__('os').getpid()}-hyp"
+    ring = Ring(Segment.create(name, 1 << 16), name, 8 << 20, 8 << 20)
+    try:
+        array = data.draw(hnp.arrays(to_numpy(dtype), hnp.array_shapes(min_dims=0, max_side=20)))
+        out = roundtrip({"t": Tensor.from_array(array)}, ring, threshold)["t"]
+        assert out.dtype is dtype
+        np.testing.assert_array_equal(out.array(), array)
+    finally:
+        ring.close()
+
+
+@given(st.lists(st.binary(max_size=40), max_size=12))
+def test_bytes_tensors_round_trip(elements: list[bytes]) -> None:
+    array = np.array([*elements, b""], dtype=object)
+    name = f"appliance-unittest-p{__import__('os').getpid()}-hypb"
+    ring = Ring(Segment.create(name, 1 << 16), name, 8 << 20, 8 << 20)
+    try:
+        out = roundtrip({"s": Tensor.from_array(array)}, ring, 8)["s"]
+        assert out.array().tolist() == array.tolist()
+    finally:
+        ring.close()
+
+
+def test_tensor_bytes_above_the_threshold_never_ride_in_the_message(ring: Ring) -> None:
+    payloads: list[object] = []
+    blocks: list[object] = []
+    big = Tensor.from_array(np.zeros(MAX_INLINE_BYTES // 4 + 1, np.float32))
+    small = Tensor.from_array(np.zeros(4, np.float32))
+    entries = place_tensors({"big": big, "small": small}, ring, MAX_INLINE_BYTES, payloads, blocks)  # type: ignore[arg-type]
+    frame = to_frame(Message(Kind.INFER, 1, 1, {"tensors": entries}, payloads))
+    assert len(frame) < 1024
+    assert isinstance(entries[0][3], list)
+    assert entries[1][3] == 0
+
+
+def test_the_inline_threshold_cannot_exceed_64_kib() -> None:
+    with pytest.raises(ConfigError, match="inline_threshold_bytes: must be at most 65536"):
+        from_dict({"shm": {"inline_threshold_bytes": MAX_INLINE_BYTES + 1}}, "t.toml")
+
+
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_decode_or_raise_descriptor_error(frame: bytes) -> None:
+    with contextlib.suppress(DescriptorError):
+        from_frame(frame)
+
+
+@given(st.binary(max_size=120))
+def test_corrupted_real_frames_decode_or_raise_descriptor_error(noise: bytes) -> None:
+    frame = bytearray(to_frame(Message(Kind.REPLY, 3, 9, {"tensors": []}, [b"abc"])))
+    for index, value in enumerate(noise):
+        frame[(index * 7) % len(frame)] = value
+    with contextlib.suppress(DescriptorError):
+        from_frame(bytes(frame))
