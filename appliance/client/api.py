@@ -49,6 +49,7 @@ from appliance.core.segment import Segment
 from appliance.core.status import Counter, StatusTable
 from appliance.core.tensor import Tensor
 from appliance.core.tree import Tree, owner_pid
+from appliance.ctl import request
 from appliance.errors import (
     ApplianceError,
     BadRequest,
@@ -293,6 +294,14 @@ class ModelClient:
     def server_ready(self) -> bool:
         """Online, and every configured model has a ready instance."""
         return self.status.online and all(self.router.ready(model) for model in self.router.slots)
+
+    def set_online(self, online: bool) -> None:
+        """Ask the master to turn the host's readiness on or off, for all protocols.
+
+        Raises:
+            ControlError: the master cannot be reached.
+        """
+        request(self.tree.control_path, "online" if online else "offline")
 
     def counters(self, model: str) -> dict[Counter, int]:
         """Sum a model's counters over its instances."""

@@ -24,6 +24,11 @@ from appliance.exitcodes import ExitCode
 from appliance.frontends.context import FrontendContext
 from appliance.process import become_child
 from appliance.protocols import health_grpc
+from appliance.protocols.grps import grpc as grps_grpc
+from appliance.protocols.kserve import grpc as kserve_grpc
+
+# Every protocol's gRPC services, registered on one server.
+PROTOCOLS = (health_grpc, kserve_grpc, grps_grpc)
 
 log = logging.getLogger("appliance.grpc")
 
@@ -45,7 +50,8 @@ def run(tree_dir: Path, master_pid: int, slot: int, port: int, index: int) -> in
             ("grpc.max_send_message_length", limit),
         ],
     )
-    health_grpc.add_to_server(server, client)
+    for protocol in PROTOCOLS:
+        protocol.add_to_server(server, client)
     address = f"{config.server.host}:{port}"
     if server.add_insecure_port(address) != port:
         log.error("cannot listen on %s", address)

@@ -23,8 +23,14 @@ from appliance.core.status import Role, SlotState
 from appliance.frontends.context import FrontendContext
 from appliance.frontends.slots import claim_slot
 from appliance.process import become_child
+from appliance.protocols.graphpipe import rest as graphpipe_rest
+from appliance.protocols.grps import rest as grps_rest
 from appliance.protocols.kserve import rest as kserve_rest
+from appliance.protocols.umbridge import rest as umbridge_rest
 from appliance.protocols.web import App
+
+# Every protocol's REST routes, mounted into one app; each renders its own errors.
+PROTOCOLS = (kserve_rest, grps_rest, umbridge_rest, graphpipe_rest)
 
 log = logging.getLogger("appliance.http")
 
@@ -32,7 +38,8 @@ log = logging.getLogger("appliance.http")
 def create_app(client: ModelClient) -> App:
     """Assemble the falcon app every protocol's REST routes mount into."""
     app = falcon.App()
-    kserve_rest.add_routes(app, client)
+    for protocol in PROTOCOLS:
+        protocol.add_routes(app, client)
     return app
 
 

@@ -1,0 +1,1 @@
+"""GraphPipe: flatbuffers over HTTP."""

@@ -1,0 +1,1 @@
+"""GRPS (NetEase) over REST and gRPC."""

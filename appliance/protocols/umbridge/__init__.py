@@ -1,0 +1,1 @@
+"""UM-Bridge over HTTP (JSON)."""
