@@ -68,9 +68,17 @@ def main() -> int:
                 )
                 return 1
             return 0
+        # Swap the new tree in with renames, so a concurrent reader never
+        # sees a half-written package.
+        staged = args.out.with_name(f".{args.out.name}.new")
+        old = args.out.with_name(f".{args.out.name}.old")
+        shutil.rmtree(staged, ignore_errors=True)
+        shutil.copytree(fresh, staged)
         if args.out.exists():
-            shutil.rmtree(args.out)
-        shutil.copytree(fresh, args.out)
+            shutil.rmtree(old, ignore_errors=True)
+            args.out.rename(old)
+        staged.rename(args.out)
+        shutil.rmtree(old, ignore_errors=True)
     return 0
 
 
