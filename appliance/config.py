@@ -84,6 +84,7 @@ class ModelConfig:
     max_batch_size: int | None = None
     max_queue_delay_ms: float = 0.0
     response_ring_bytes: int | None = None
+    passthrough: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -260,6 +261,7 @@ class _Reader:
             "max_batch_size",
             "max_queue_delay_ms",
             "response_ring_bytes",
+            "passthrough",
             "options",
         }
         self.no_extra(data, known, where)
@@ -291,6 +293,7 @@ class _Reader:
             response_ring_bytes=self.value(
                 f"{where}.response_ring_bytes", data.get("response_ring_bytes"), "int | None"
             ),
+            passthrough=self.value(f"{where}.passthrough", data.get("passthrough", True), "bool"),
             options=dict(options),
         )
 

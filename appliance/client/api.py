@@ -215,7 +215,8 @@ class ModelClient:
                     finished = True
                     _raise_for(reply)
                     return
-                previous = self._result(target, reply)
+                # Parts may borrow request blocks; those stay until the stream ends.
+                previous = self._result(target, reply, blocks)[0]
                 yield previous
         finally:
             if previous is not None:
@@ -344,13 +345,16 @@ class ModelClient:
             channel, model, method, inputs, outputs, parameters, timeout_s, args
         )
         finished = False
+        kept: list[Block] = []
         try:
             reply = channel.wait(target, request_id, deadline)
             finished = True
             _raise_for(reply)
-            return self._result(target, reply)
+            result, kept = self._result(target, reply, blocks, keep=True)
+            return result
         finally:
-            self._finish(channel, target, request_id, blocks, finished)
+            released = [block for block in blocks if block not in kept] if kept else blocks
+            self._finish(channel, target, request_id, released, finished)
 
     def _send(
         self,
@@ -407,14 +411,36 @@ class ModelClient:
             with self._lock:
                 self._abandoned[request_id] = (target, blocks)
 
-    def _result(self, target: Target, reply: Message) -> InferResult:
+    def _result(
+        self, target: Target, reply: Message, sent: list[Block], keep: bool = False
+    ) -> tuple[InferResult, list[Block]]:
+        """Wrap a reply's outputs; return it and the request blocks it borrows.
+
+        Outputs in the worker's ring are given back to it on release. Outputs
+        that lie in this client's own request blocks (a model that passed an
+        input through, see worker/passthrough.py) keep those blocks alive
+        until release when ``keep`` is set.
+        """
         entries = reply.body.get("tensors", [])
         with self._lock:
             outputs = read_tensors(entries, reply.payloads, self._reader)
-        remote = ring_blocks(entries)
-        if not remote:
-            return InferResult(outputs, None)
-        return InferResult(outputs, lambda: self._release_remote(target, remote))
+        mine = {block.segment for block in sent}
+        remote: list[Block] = []
+        kept: list[Block] = []
+        for block in ring_blocks(entries):
+            if block.segment not in mine:
+                remote.append(block)
+            elif keep:
+                kept += [b for b in sent if _contains(b, block) and b not in kept]
+        if not remote and not kept:
+            return InferResult(outputs, None), kept
+
+        def release() -> None:
+            if remote:
+                self._release_remote(target, remote)
+            self._release_local(kept)
+
+        return InferResult(outputs, release), kept
 
     def _release_remote(self, target: Target, blocks: list[Block]) -> None:
         if self._closed or not self.router.is_current(target):
@@ -485,6 +511,14 @@ class ModelClient:
         self._context.destroy(linger=0)
         self._reader.close()
         self._ring.close()
+
+
+def _contains(outer: Block, inner: Block) -> bool:
+    return (
+        outer.segment == inner.segment
+        and outer.offset <= inner.offset
+        and inner.offset + inner.nbytes <= outer.offset + outer.nbytes
+    )
 
 
 def _raise_for(reply: Message) -> None:

@@ -45,6 +45,8 @@ class Pending:
     rows: int = 0
     key: bytes | None = None
     arrived: float = field(default_factory=time.monotonic)
+    # Where the inputs lie in shared memory (see passthrough.py).
+    spans: list[tuple[int, int, str, int]] = field(default_factory=list)
 
     @property
     def request_id(self) -> int:

@@ -79,6 +79,7 @@ def run(tree_dir: Path, master_pid: int, slot: int, generation: int, model: str)
         slot,
         config.shm.inline_threshold_bytes,
         model_config.max_queue_delay_ms / 1000.0,
+        model_config.passthrough,
     )
 
     def handle_term(_signum: int, _frame: types.FrameType | None) -> None:

@@ -61,6 +61,7 @@ from appliance.worker.batcher import (
     split_outputs,
 )
 from appliance.worker.loader import Loaded
+from appliance.worker.passthrough import borrowed_entries, input_spans
 
 log = logging.getLogger("appliance.worker")
 
@@ -99,6 +100,7 @@ class WorkerServer:
         slot: int,
         inline_threshold: int,
         max_queue_delay_s: float,
+        passthrough: bool = True,
     ) -> None:
         self.model = loaded.model
         self.metadata = loaded.metadata
@@ -107,6 +109,7 @@ class WorkerServer:
         self.status = status
         self.slot = slot
         self.inline_threshold = inline_threshold
+        self.passthrough = passthrough
         self.batcher = Batcher(loaded.max_batch_size, max_queue_delay_s)
         self.streams: list[Stream] = []
         self.reader = SegmentReader(_attach_read_only)
@@ -196,6 +199,8 @@ class WorkerServer:
                 raise ApplianceError(f"model {self.metadata.name} instance is stopping")
             tensors = read_tensors(message.body.get("tensors", []), message.payloads, self.reader)
             pending = check_request(self.metadata, identity, message, tensors)
+            if self.passthrough:
+                pending.spans = input_spans(message.body.get("tensors", []), pending.arrays)
         except ApplianceError as ex:
             self._fail(identity, message, ex)
             return
@@ -345,13 +350,18 @@ class WorkerServer:
     ) -> None:
         payloads: list[Any] = []
         blocks: list[Block] = []
+        borrowed = borrowed_entries(outputs, pending.spans) if pending.spans else {}
+        copied = {n: t for n, t in outputs.items() if n not in borrowed} if borrowed else outputs
         try:
-            entries = place_tensors(outputs, self.ring, self.inline_threshold, payloads, blocks)
+            entries = place_tensors(copied, self.ring, self.inline_threshold, payloads, blocks)
         except ApplianceError as ex:
             for block in blocks:
                 self.ring.release(block)
             self._fail_pending(pending, ex, kind=Kind.END if kind is Kind.PART else kind)
             return
+        if borrowed:
+            placed = iter(entries)
+            entries = [borrowed.get(name) or next(placed) for name in outputs]
         body = {"tensors": entries}
         message = Message(kind, pending.request_id, self.pid, body, payloads)
         self._send(pending.identity, _Outgoing(message, pending.message.pid), blocks)

@@ -36,3 +36,24 @@ def test_tensors_larger_than_the_rings_and_ring_reuse() -> None:
         with client.infer("echo", {"x": np.arange(3)}) as result:
             assert result.array("x").tolist() == [0, 1, 2]
         assert not [name for name in appliance.segments() if "-x" in name]
+
+
+def test_held_results_stay_intact_while_the_rings_are_reused() -> None:
+    """With and without pass-through, a result's views survive later requests."""
+    models = [
+        {"name": "identity", "class": "appliance.demos.identity:Identity"},
+        {"name": "copying", "class": "appliance.demos.identity:Identity", "passthrough": False},
+    ]
+    shm = {"request_ring_bytes": 1 * MiB, "response_ring_bytes": 1 * MiB}
+    with running(models, shm=shm) as appliance:
+        client = appliance.client()
+        rng = np.random.default_rng(3)
+        for model in ("identity", "copying"):
+            first = rng.random((1, 64 << 10), dtype=np.float32)  # 256 KiB
+            held = client.infer(model, {"INPUT0": first})
+            for _ in range(12):  # three times the ring's size
+                other = rng.random((1, 64 << 10), dtype=np.float32)
+                with client.infer(model, {"INPUT0": other}) as result:
+                    np.testing.assert_array_equal(result.array("OUTPUT0"), other)
+            np.testing.assert_array_equal(held.array("OUTPUT0"), first)
+            held.release()
