@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tomli_w
 
 from appliance.core.segment import SHM_DIR
@@ -28,7 +29,8 @@ from tests.system.test_health import http_status
 SLOW = {"name": "slow", "class": "tests.models:Slow"}
 
 
-def test_sigterm_drains_requests_in_flight_then_exits_0() -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_drains_requests_in_flight_then_exits_0(signum: int) -> None:
     with running([SLOW], server={"grace_s": 0.5}) as appliance:
         client = appliance.client()
         calls = [
@@ -42,7 +44,7 @@ def test_sigterm_drains_requests_in_flight_then_exits_0() -> None:
             for _ in range(3)
         ]
         time.sleep(0.1)
-        appliance.process.send_signal(signal.SIGTERM)
+        appliance.process.send_signal(signum)
         time.sleep(0.1)
         # Offline at once, still serving during the grace period.
         assert http_status(appliance, "/v2/health/ready") == 503
@@ -52,7 +54,7 @@ def test_sigterm_drains_requests_in_flight_then_exits_0() -> None:
             assert outcome.get("result") == [1.0, 1.0, 1.0], outcome
         assert appliance.process.wait(60) == 0
         log = appliance.log()
-        assert "SIGTERM: draining" in log
+        assert f"{signal.Signals(signum).name}: draining" in log
         assert "drain timeout" not in log
 
 
