@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import asyncio
 import itertools
 import os
 import threading
@@ -30,6 +31,7 @@ import numpy.typing as npt
 import orjson
 import zmq
 
+from appliance.client.aio import AsyncChannel
 from appliance.client.channel import Channel
 from appliance.client.routing import Router, Target
 from appliance.config import ApplianceConfig, read_snapshot
@@ -130,6 +132,9 @@ class ModelClient:
         self._context: zmq.Context[Any] = zmq.Context()
         self._local = threading.local()
         self._channels: list[Channel] = []
+        self._async_channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncChannel] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
         name = tree.ring_name(what=f"req{next(_RING_NUMBERS)}")
         self._ring = Ring(
@@ -258,6 +263,43 @@ class ModelClient:
         with self._roundtrip(model, method, tensors, None, parameters, timeout_s, args) as result:
             return np.array(result.array("output"), dtype=np.float64)
 
+    # -- the same calls for asyncio frontends ---------------------------------
+
+    async def infer_async(
+        self,
+        model: str,
+        inputs: Mapping[str, TensorLike],
+        outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> InferResult:
+        """:meth:`infer` for code running in an event loop (no thread hop)."""
+        channel = self._async_channel()
+        target, request_id, blocks, deadline = self._send(
+            channel, model, "predict", inputs, outputs, parameters, timeout_s, None
+        )
+        finished = False
+        kept: list[Block] = []
+        try:
+            reply = await channel.wait(target, request_id, deadline)
+            finished = True
+            _raise_for(reply)
+            result, kept = self._result(target, reply, blocks, keep=True)
+            return result
+        finally:
+            released = [block for block in blocks if block not in kept] if kept else blocks
+            self._finish(channel, target, request_id, released, finished)
+
+    def _async_channel(self) -> AsyncChannel:
+        loop = asyncio.get_running_loop()
+        channel = self._async_channels.get(loop)
+        if channel is None:
+            channel = AsyncChannel(
+                self._context, self.tree.model_endpoint, self.router, self._stray
+            )
+            self._async_channels[loop] = channel
+        return channel
+
     # -- what is served --------------------------------------------------------
 
     def models(self) -> list[str]:
@@ -358,7 +400,7 @@ class ModelClient:
 
     def _send(
         self,
-        channel: Channel,
+        channel: Channel | AsyncChannel,
         model: str,
         method: str,
         inputs: Mapping[str, TensorLike],
@@ -394,7 +436,7 @@ class ModelClient:
 
     def _finish(
         self,
-        channel: Channel,
+        channel: Channel | AsyncChannel,
         target: Target,
         request_id: int,
         blocks: list[Block],
@@ -508,6 +550,8 @@ class ModelClient:
             channels, self._channels = self._channels, []
         for channel in channels:
             channel.close()
+        for async_channel in list(self._async_channels.values()):
+            async_channel.close()
         self._context.destroy(linger=0)
         self._reader.close()
         self._ring.close()
