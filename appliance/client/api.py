@@ -15,8 +15,8 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import asyncio
+import contextlib
 import itertools
 import os
 import threading
