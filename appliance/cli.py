@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     child.add_argument("--port", type=int, default=0)
     child.add_argument("--worker-slots", default="0:0")
     child.add_argument("--index", type=int, default=0)
+    child.add_argument("--listeners", default="", help="MIP: port=model,...")
     return parser
 
 
@@ -110,4 +111,4 @@ def _child(args: argparse.Namespace) -> int:
         return grpc.run(*common, args.port, args.index)
     from appliance.frontends import mip
 
-    return mip.run(*common, args.port, args.index)
+    return mip.run(*common, mip.parse_listeners(args.listeners), args.index)

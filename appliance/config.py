@@ -61,10 +61,17 @@ class GrpcConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class MipConfig:
-    port: int = 8002
-    workers: int = 1
+class MipListener:
+    """One MIP port and the model it serves ("" = server.default_model)."""
+
+    port: int
     model: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MipConfig:
+    workers: int = 1
+    listeners: tuple[MipListener, ...] = (MipListener(8002),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +104,14 @@ class ApplianceConfig:
     mip: MipConfig
     shm: ShmConfig
     models: tuple[ModelConfig, ...]
+
+    def mip_model(self, listener: MipListener) -> str:
+        """The model a MIP listener serves: its own, the default, or the first."""
+        if listener.model:
+            return listener.model
+        if self.server.default_model:
+            return self.server.default_model
+        return self.models[0].name if self.models else ""
 
     def model(self, name: str) -> ModelConfig | None:
         for model in self.models:
@@ -147,7 +162,7 @@ def from_dict(data: Mapping[str, Any], source: str) -> ApplianceConfig:
         server=reader.section(ServerConfig, data.get("server", {}), "server"),
         http=reader.section(HttpConfig, data.get("http", {}), "http"),
         grpc=reader.section(GrpcConfig, data.get("grpc", {}), "grpc"),
-        mip=reader.section(MipConfig, data.get("mip", {}), "mip"),
+        mip=reader.mip(data.get("mip", {})),
         shm=reader.section(ShmConfig, data.get("shm", {}), "shm"),
         models=tuple(reader.models(data.get("models", []))),
     )
@@ -163,6 +178,7 @@ def to_dict(config: ApplianceConfig) -> dict[str, Any]:
         for model in data["models"]
     ]
     data["server"]["python_path"] = list(config.server.python_path)
+    data["mip"]["listeners"] = [dataclasses.asdict(item) for item in config.mip.listeners]
     return data
 
 
@@ -171,10 +187,12 @@ def _check(config: ApplianceConfig, reader: _Reader) -> None:
     for name in names:
         if names.count(name) > 1:
             reader.fail("models", f"model name {name!r} appears more than once")
-    for key, value in (
-        ("server.default_model", config.server.default_model),
-        ("mip.model", config.mip.model),
-    ):
+    named = [("server.default_model", config.server.default_model)]
+    named += [
+        (f"mip.listeners[{index}].model", listener.model)
+        for index, listener in enumerate(config.mip.listeners)
+    ]
+    for key, value in named:
         if value and value not in names:
             reader.fail(key, f"names model {value!r}, which is not configured")
     if config.shm.inline_threshold_bytes > MAX_INLINE_BYTES:
@@ -183,11 +201,12 @@ def _check(config: ApplianceConfig, reader: _Reader) -> None:
             f"must be at most {MAX_INLINE_BYTES} (tensor bytes above 64 KiB never "
             "travel through a socket)",
         )
-    for port_key, port in (
-        ("http.port", config.http.port),
-        ("grpc.port", config.grpc.port),
-        ("mip.port", config.mip.port),
-    ):
+    ports = [("http.port", config.http.port), ("grpc.port", config.grpc.port)]
+    ports += [
+        (f"mip.listeners[{index}].port", listener.port)
+        for index, listener in enumerate(config.mip.listeners)
+    ]
+    for port_key, port in ports:
         if not 0 <= port <= 65535:
             reader.fail(port_key, f"expected a port 0..65535, got {port}")
     if config.server.log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -247,6 +266,23 @@ class _Reader:
                 self.fail(key, f"expected a list of strings, got {raw!r}")
             return tuple(raw)
         raise AssertionError(f"no reader for {kind}")
+
+    def mip(self, data: Any) -> MipConfig:
+        self.no_extra(data, {"workers", "listeners"}, "mip")
+        workers = self.value("mip.workers", data.get("workers", 1), "int")
+        raw = data.get("listeners", [{"port": 8002}])
+        if not isinstance(raw, list) or not raw:
+            self.fail("mip.listeners", "expected a non-empty array of {port, model} tables")
+        listeners = []
+        for index, item in enumerate(raw):
+            where = f"mip.listeners[{index}]"
+            self.no_extra(item, {"port", "model"}, where)
+            if "port" not in item:
+                self.fail(f"{where}.port", "missing")
+            port = self.value(f"{where}.port", item["port"], "int")
+            model = self.value(f"{where}.model", item.get("model", ""), "str")
+            listeners.append(MipListener(port, model))
+        return MipConfig(workers, tuple(listeners))
 
     def models(self, raw: Any) -> list[ModelConfig]:
         if not isinstance(raw, list):

@@ -1,9 +1,11 @@
-"""The MIP frontend: asyncio TCP servers sharing the port with SO_REUSEPORT.
+"""The MIP frontend: asyncio TCP servers sharing their ports with SO_REUSEPORT.
 
-A connection may carry one request (as KubeMo's client sends) or many in a
-row. A ping is answered with a pong while the host is ready (online, every
-model with a ready instance) and with an INTERNAL error frame otherwise, so
-a TCP health check that pings sees a draining host as down.
+MIP has no model field, so each configured listener (a port) serves one
+model; every MIP process listens on every port. A connection may carry one
+request (as KubeMo's client sends) or many in a row. A ping is answered with
+a pong while the host is ready (online, every model with a ready instance)
+and with an INTERNAL error frame otherwise, so a TCP health check that pings
+sees a draining host as down.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ READ_TIMEOUT_S = 30.0
 
 
 class MipServer:
-    """Serve MIP connections with one model client."""
+    """Serve MIP connections for one model."""
 
-    def __init__(self, client: ModelClient) -> None:
+    def __init__(self, client: ModelClient, model: str) -> None:
         self.client = client
+        self.model = model
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -64,30 +67,43 @@ class MipServer:
         return codec.encode_error(codec.ErrorCode.METHOD), False
 
 
-async def serve(context: FrontendContext, slot: int, port: int) -> None:
+def parse_listeners(text: str) -> list[tuple[int, str]]:
+    """Parse the master's ``port=model,...`` argument."""
+    listeners = []
+    for item in filter(None, text.split(",")):
+        port, _, model = item.partition("=")
+        listeners.append((int(port), model))
+    return listeners
+
+
+async def serve(context: FrontendContext, slot: int, listeners: list[tuple[int, str]]) -> None:
     client = context.client(publish_slot=slot)
-    mip = MipServer(client)
-    server = await asyncio.start_server(
-        mip.handle, context.config.server.host, port, reuse_port=True
-    )
+    host = context.config.server.host
+    servers = []
+    for port, model in listeners:
+        mip = MipServer(client, model)
+        servers.append(await asyncio.start_server(mip.handle, host, port, reuse_port=True))
+        log.info("listening on %s:%d for model %s", host, port, model)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     context.status.set_state(slot, SlotState.READY, os.getpid())
-    log.info("listening on %s:%d", context.config.server.host, port)
     try:
         await stop.wait()
     finally:
         context.status.set_state(slot, SlotState.STOPPING)
-        server.close()
-        await server.wait_closed()
+        for server in servers:
+            server.close()
+            await server.wait_closed()
         client.close()
 
 
-def run(tree_dir: Path, master_pid: int, slot: int, port: int, index: int) -> int:
-    """Serve MIP on ``port`` until SIGTERM."""
+def run(
+    tree_dir: Path, master_pid: int, slot: int, listeners: list[tuple[int, str]], index: int
+) -> int:
+    """Serve every MIP listener until SIGTERM."""
     context = FrontendContext.open(tree_dir)
     title = f"mip[{index}]"
     logs.setup(title, context.config.server.log_level)
     become_child(title, master_pid)
-    asyncio.run(serve(context, slot, port))
+    asyncio.run(serve(context, slot, listeners))
     return ExitCode.OK

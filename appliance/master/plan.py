@@ -32,8 +32,10 @@ class Plan:
         }
 
 
-def make_plan(config: ApplianceConfig, ports: dict[str, int]) -> Plan:
-    """Lay out slots and child specs for ``config`` with resolved ``ports``."""
+def make_plan(
+    config: ApplianceConfig, ports: dict[str, int], mip_listeners: list[tuple[int, str]]
+) -> Plan:
+    """Lay out slots and child specs for ``config`` with resolved ports."""
     plan = Plan()
     slot = 0
     for model in config.models:
@@ -70,9 +72,10 @@ def make_plan(config: ApplianceConfig, ports: dict[str, int]) -> Plan:
         )
     )
     slot = http_slot + 1 + worker_count
-    for role, status_role, count in (
-        ("grpc", Role.GRPC, config.grpc.workers),
-        ("mip", Role.MIP, config.mip.workers),
+    listeners = ",".join(f"{port}={model}" for port, model in mip_listeners)
+    for role, status_role, count, where in (
+        ("grpc", Role.GRPC, config.grpc.workers, ("--port", str(ports["grpc"]))),
+        ("mip", Role.MIP, config.mip.workers, ("--listeners", listeners)),
     ):
         for index in range(count):
             plan.specs.append(
@@ -82,7 +85,7 @@ def make_plan(config: ApplianceConfig, ports: dict[str, int]) -> Plan:
                     slot=slot,
                     status_role=status_role,
                     instance=index,
-                    extra=("--port", str(ports[role]), "--index", str(index)),
+                    extra=(*where, "--index", str(index)),
                 )
             )
             slot += 1

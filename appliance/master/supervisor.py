@@ -57,6 +57,7 @@ class Supervisor:
         self.children: list[Child] = []
         self.plan = Plan()
         self.ports: dict[str, int] = {}
+        self.mip_listeners: list[tuple[int, str]] = []
         self.stats = ProcessStats()
         self.started_at = time.time()
         self.ready = False
@@ -132,7 +133,7 @@ class Supervisor:
         self._sweep_stale_dirs()
         tree.dir.mkdir(mode=0o700)
         self._reserve_ports()
-        self.plan = make_plan(self.config, self.ports)
+        self.plan = make_plan(self.config, self.ports, self.mip_listeners)
         self._status = StatusTable.create(tree.status_name, self.plan.n_slots, os.getpid())
         self.status.online = self.config.server.start_online
         write_snapshot(self.config, tree.snapshot_path)
@@ -141,15 +142,13 @@ class Supervisor:
         self._control = ControlServer(tree.control_path, commands.handlers(self), self.selector)
         self.children = [Child(spec) for spec in self.plan.specs]
         log.info(
-            "starting tree %s: %d models, HTTP %s:%d, gRPC %s:%d, MIP %s:%d (%s)",
+            "starting tree %s: %d models on %s, HTTP %d, gRPC %d, MIP %s (%s)",
             tree.id,
             len(self.config.models),
             self.config.server.host,
             self.ports["http"],
-            self.config.server.host,
             self.ports["grpc"],
-            self.config.server.host,
-            self.ports["mip"],
+            ", ".join(f"{port} -> {model}" for port, model in self.mip_listeners),
             "online" if self.status.online else "offline",
         )
         for child in self.children:
@@ -173,18 +172,26 @@ class Supervisor:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def _reserve_ports(self) -> None:
-        host = self.config.server.host
-        for role, port in (
-            ("http", self.config.http.port),
-            ("grpc", self.config.grpc.port),
-            ("mip", self.config.mip.port),
-        ):
+        config = self.config
+        wanted = [("http", config.http.port, "http.port"), ("grpc", config.grpc.port, "grpc.port")]
+        wanted += [
+            (f"mip{index}", listener.port, f"mip.listeners[{index}].port")
+            for index, listener in enumerate(config.mip.listeners)
+        ]
+        for name, port, key in wanted:
             try:
-                placeholder, actual = reserve(host, port, f"{role}.port")
+                placeholder, actual = reserve(config.server.host, port, key)
             except PortError as ex:
                 raise StartError(str(ex)) from None
             self._placeholders.append(placeholder)
-            self.ports[role] = actual
+            self.ports[name] = actual
+        self.ports["mip"] = self.ports["mip0"]
+        self.mip_listeners = [
+            (self.ports[f"mip{index}"], config.mip_model(listener))
+            for index, listener in enumerate(config.mip.listeners)
+        ]
+        for index in range(len(config.mip.listeners)):
+            del self.ports[f"mip{index}"]
 
     def _install_signals(self) -> None:
         read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -323,6 +330,7 @@ class Supervisor:
             "pid": os.getpid(),
             "host": self.config.server.host,
             "ports": self.ports,
+            "mip_listeners": [{"port": port, "model": model} for port, model in self.mip_listeners],
             "control_socket": str(self.tree.control_path),
             "ready": self.ready,
             "settled": self.settled,

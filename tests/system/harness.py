@@ -57,7 +57,7 @@ def make_config(run_dir: Path, models: list[dict[str, Any]], **sections: Any) ->
         },
         "http": {"port": 0, "workers": 1, "threads": 4},
         "grpc": {"port": 0, "workers": 1, "threads": 4},
-        "mip": {"port": 0, "workers": 1},
+        "mip": {"workers": 1, "listeners": [{"port": 0}]},
         "shm": {"request_ring_bytes": 8 << 20, "response_ring_bytes": 8 << 20},
         "models": models,
     }

@@ -22,7 +22,8 @@ def test_the_default_config_serves_the_demo_models() -> None:
         "echo",
     ):
         assert name in names
-    assert (config.http.port, config.grpc.port, config.mip.port) == (8000, 8001, 8002)
+    assert (config.http.port, config.grpc.port) == (8000, 8001)
+    assert [(m.port, m.model) for m in config.mip.listeners] == [(8002, "echo")]
     assert config.server.host == "127.0.0.1"
     assert config.server.default_model == "echo"
 
@@ -45,6 +46,8 @@ def test_a_snapshot_reads_back_the_same_config(tmp_path: Path) -> None:
         ({"models": [{"name": "a", "class": "m:C"}] * 2}, "appears more than once"),
         ({"server": {"default_model": "zz"}}, "server.default_model: names model 'zz'"),
         ({"server": {"log_level": "loud"}}, "server.log_level"),
+        ({"mip": {"listeners": []}}, "mip.listeners: expected a non-empty array"),
+        ({"mip": {"listeners": [{"port": 1, "model": "zz"}]}}, "mip.listeners[0].model"),
     ],
 )
 def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
