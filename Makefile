@@ -9,7 +9,13 @@ STAMP := $(VENV)/.installed
 CONFIG ?=
 GENERATED := appliance/_generated
 
-.PHONY: help install run test test-unit lint fmt generate generate-check bench clean
+.PHONY: help install run test test-unit lint fmt generate generate-check bench clean install-systemd
+
+# install-systemd: a virtual environment of its own under PREFIX, the unit, and
+# an example config (never overwritten). DESTDIR stages it elsewhere.
+PREFIX ?= /opt/appliance
+SYSCONF ?= /etc/appliance
+UNITDIR ?= /etc/systemd/system
 
 help:
 	@echo "make run       serve the demo models (HTTP 8000, gRPC 8001, MIP 8002)"
@@ -18,6 +24,7 @@ help:
 	@echo "make bench     run the benchmarks; results in bench/results/"
 	@echo "make generate  regenerate protobuf/gRPC code from protos/"
 	@echo "make clean     remove build outputs and stale shared memory"
+	@echo "make install-systemd  install as a systemd service (PREFIX=/opt/appliance)"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +64,19 @@ generate-check: $(STAMP)
 
 bench: $(STAMP)
 	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
+
+install-systemd:
+	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)
+	$(DESTDIR)$(PREFIX)/bin/pip install --quiet --upgrade pip
+	$(DESTDIR)$(PREFIX)/bin/pip install --quiet .
+	install -m 0644 README.md $(DESTDIR)$(PREFIX)/README.md
+	install -d $(DESTDIR)$(SYSCONF) $(DESTDIR)$(UNITDIR)
+	test -e $(DESTDIR)$(SYSCONF)/config.toml || install -m 0644 systemd/config.toml $(DESTDIR)$(SYSCONF)/config.toml
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CONFIG@|$(SYSCONF)/config.toml|g' \
+		systemd/appliance.service > $(DESTDIR)$(UNITDIR)/appliance.service
+	@if [ -z "$(DESTDIR)" ] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then \
+		systemctl daemon-reload && echo "installed: systemctl enable --now appliance"; \
+	else echo "installed in $(DESTDIR)$(PREFIX); run systemctl daemon-reload where systemd runs"; fi
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--socket", type=Path, help="the control socket")
     where.add_argument("--config", type=Path, help="find the control socket from this config")
     ctl.add_argument("--json", action="store_true", help="print the raw JSON reply")
-    ctl.add_argument("action", choices=["status", "online", "offline", "stop"])
+    ctl.add_argument("action", choices=["status", "online", "offline", "reload", "stop"])
 
     child = commands.add_parser("child", help="(internal) how the master starts its children")
     child.add_argument("role", choices=["model", "http", "grpc", "mip"])
@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     child.add_argument("--slot", type=int, required=True)
     child.add_argument("--generation", type=int, required=True)
     child.add_argument("--model", default="")
+    child.add_argument("--snapshot", type=Path, help="model: the config snapshot to load")
     child.add_argument("--port", type=int, default=0)
     child.add_argument("--worker-slots", default="0:0")
     child.add_argument("--index", type=int, default=0)
@@ -70,7 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     logs.setup("master", config.server.log_level)
     try:
-        return Supervisor(config).run()
+        return Supervisor(config, args.config).run()
     except StartError as ex:
         log.error("cannot start: %s", ex)
         return 1
@@ -91,8 +92,18 @@ def _ctl(args: argparse.Namespace) -> int:
     elif args.action == "status":
         sys.stdout.write(format_status(reply))
     else:
-        print({"online": "online", "offline": "offline", "stop": "draining"}[args.action])
+        print(_summary(args.action, reply))
     return 0
+
+
+def _summary(action: str, reply: dict[str, object]) -> str:
+    if action == "reload":
+        parts = [
+            f"{key}: {', '.join(map(str, reply[key])) or '-'}"  # type: ignore[call-overload]
+            for key in ("added", "changed", "removed", "unchanged")
+        ]
+        return "reload started; " + "; ".join(parts)
+    return {"online": "online", "offline": "offline", "stop": "draining"}[action]
 
 
 def _child(args: argparse.Namespace) -> int:
@@ -100,7 +111,7 @@ def _child(args: argparse.Namespace) -> int:
     if args.role == "model":
         from appliance.worker import main as worker
 
-        return worker.run(*common, args.generation, args.model)
+        return worker.run(*common, args.generation, args.model, args.snapshot)
     if args.role == "http":
         from appliance.frontends import http
 

@@ -49,3 +49,15 @@ class BrokenLoad(Model):
 
     def load(self) -> None:
         raise FileNotFoundError("weights.bin is missing")
+
+
+class Tagged(Model):
+    """Return ``x`` and the ``tag`` option, so a reload's effect is visible."""
+
+    inputs = [spec("x", "FP32", [-1])]
+    outputs = [spec("y", "FP32", [-1]), spec("tag", "BYTES", [1])]
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        time.sleep(float(self.options.get("delay_s", 0.0)))
+        tag = np.array([str(self.options.get("tag", ""))], dtype=object)
+        return {"y": inputs["x"], "tag": tag}

@@ -108,7 +108,6 @@ class ModelClient:
         tree: the tree to talk to.
         config: its configuration snapshot.
         status: its status table.
-        slots: the instance slots of each model.
         publish_slot: the status slot this process reports its in-flight
             count in (frontends do, so the master knows when a drain is done).
         ring_bytes: size of this process's request ring.
@@ -119,14 +118,13 @@ class ModelClient:
         tree: Tree,
         config: ApplianceConfig,
         status: StatusTable,
-        slots: Mapping[str, Sequence[int]],
         publish_slot: int | None = None,
         ring_bytes: int | None = None,
     ) -> None:
         self.tree = tree
         self.config = config
         self.status = status
-        self.router = Router(status, slots)
+        self.router = Router(status, self._read_layout)
         self.inline_threshold = config.shm.inline_threshold_bytes
         self._publish_slot = publish_slot
         self._context: zmq.Context[Any] = zmq.Context()
@@ -164,8 +162,13 @@ class ModelClient:
         tree = Tree(str(state["tree"]), run_dir)
         config = read_snapshot(tree.snapshot_path)
         status = StatusTable.attach(tree.status_name)
-        layout = orjson.loads((tree.dir / "layout.json").read_bytes())
-        return cls(tree, config, status, layout["models"], ring_bytes=ring_bytes)
+        return cls(tree, config, status, ring_bytes=ring_bytes)
+
+    def _read_layout(self) -> dict[str, list[int]]:
+        layout: dict[str, list[int]] = orjson.loads(
+            (self.tree.dir / "layout.json").read_bytes()
+        )["models"]
+        return layout
 
     # -- the calls -------------------------------------------------------------
 
@@ -303,8 +306,8 @@ class ModelClient:
     # -- what is served --------------------------------------------------------
 
     def models(self) -> list[str]:
-        """Return the configured model names, in config order."""
-        return [model.name for model in self.config.models]
+        """Return the served model names, in config order (follows reloads)."""
+        return list(self.router.slots)
 
     def metadata(self, model: str) -> ModelMetadata:
         """Return a model's declared interface.

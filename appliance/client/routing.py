@@ -9,7 +9,7 @@ an instance whose published depth has not caught up yet.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from appliance.core.status import SlotState, StatusTable
@@ -32,14 +32,28 @@ class Router:
 
     Args:
         status: the tree's status table.
-        slots: the slots of each configured model, from the snapshot.
+        layout: reads the current model -> slots layout; read again whenever
+            the master bumps the layout generation (a reload).
     """
 
-    def __init__(self, status: StatusTable, slots: Mapping[str, Sequence[int]]) -> None:
+    def __init__(
+        self, status: StatusTable, layout: Callable[[], Mapping[str, Sequence[int]]]
+    ) -> None:
         self.status = status
-        self.slots = {name: tuple(indexes) for name, indexes in slots.items()}
+        self._layout = layout
+        self._generation = -1
+        self._slots: dict[str, tuple[int, ...]] = {}
         self._sent: dict[int, int] = {}
         self._lock = threading.Lock()
+
+    @property
+    def slots(self) -> dict[str, tuple[int, ...]]:
+        """The instance slots of every served model, in config order."""
+        generation = self.status.layout_generation
+        if generation != self._generation:
+            fresh = {name: tuple(indexes) for name, indexes in self._layout().items()}
+            self._slots, self._generation = fresh, generation
+        return self._slots
 
     def pick(self, model: str) -> Target:
         """Return the least-loaded ready instance of ``model``.

@@ -13,6 +13,7 @@ Layout (little-endian)::
       9  draining          u8     written by the master only
      12  slot count        u32
      16  master pid        u32
+     20  layout generation u32    bumped by the master when model -> slots changes
      24  master heartbeat  f64    CLOCK_MONOTONIC seconds
     slot i at 256 + 512*i
       0  state             u8     SlotState
@@ -49,7 +50,8 @@ HEADER_SIZE = 256
 SLOT_SIZE = 512
 N_COUNTERS = 12
 
-_HEADER = struct.Struct("<4sIBBxxIIxxxxd")
+_HEADER = struct.Struct("<4sIBBxxIIId")
+_LAYOUT = struct.Struct("<I")
 _HOT = struct.Struct("<BBHIII")  # state, role, instance, pid, generation, depth
 _TIMES = struct.Struct("<dd")
 _COUNTERS = struct.Struct(f"<{N_COUNTERS}Q")
@@ -125,7 +127,7 @@ class StatusTable:
     @classmethod
     def create(cls, name: str, n_slots: int, master_pid: int) -> StatusTable:
         segment = Segment.create(name, HEADER_SIZE + SLOT_SIZE * n_slots)
-        _HEADER.pack_into(segment.buffer, 0, MAGIC, VERSION, 0, 0, n_slots, master_pid, 0.0)
+        _HEADER.pack_into(segment.buffer, 0, MAGIC, VERSION, 0, 0, n_slots, master_pid, 0, 0.0)
         return cls(segment)
 
     @classmethod
@@ -153,6 +155,14 @@ class StatusTable:
     @property
     def master_pid(self) -> int:
         return int(_HEADER.unpack_from(self._buf, 0)[5])
+
+    @property
+    def layout_generation(self) -> int:
+        return int(_LAYOUT.unpack_from(self._buf, 20)[0])
+
+    def bump_layout(self) -> None:
+        """Tell every client to re-read the model -> slots layout (master)."""
+        _LAYOUT.pack_into(self._buf, 20, self.layout_generation + 1)
 
     def beat_master(self) -> None:
         struct.pack_into("<d", self._buf, 24, time.monotonic())

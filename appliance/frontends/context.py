@@ -1,12 +1,9 @@
-"""What a frontend process reads at start: the tree, its config and layout."""
+"""What a frontend process reads at start: the tree and its config."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import orjson
 
 from appliance.client.api import ModelClient
 from appliance.config import ApplianceConfig, read_snapshot
@@ -21,11 +18,10 @@ class FrontendContext:
     tree: Tree
     config: ApplianceConfig
     status: StatusTable
-    layout: dict[str, Any]
 
     @classmethod
     def open(cls, tree_dir: Path) -> FrontendContext:
-        """Read the snapshot and layout and attach the status table.
+        """Read the config snapshot and attach the status table.
 
         Raises:
             ConfigError: the snapshot is unreadable.
@@ -33,8 +29,7 @@ class FrontendContext:
         """
         tree = Tree(tree_dir.name, tree_dir.parent)
         config = read_snapshot(tree.snapshot_path)
-        layout = orjson.loads((tree.dir / "layout.json").read_bytes())
-        return cls(tree, config, StatusTable.attach(tree.status_name), layout)
+        return cls(tree, config, StatusTable.attach(tree.status_name))
 
     def client(self, publish_slot: int | None) -> ModelClient:
         """Build this process's model client; call only after any fork."""
@@ -42,6 +37,5 @@ class FrontendContext:
             self.tree,
             self.config,
             self.status,
-            self.layout["models"],
             publish_slot=publish_slot,
         )

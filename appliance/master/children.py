@@ -60,6 +60,9 @@ class Child:
         self.next_start: float | None = 0.0
         self.stopping = False
         self.last_exit: str = ""
+        # Retired by a reload: SIGTERM at retire_at, forgotten once it exits.
+        self.retired = False
+        self.retire_at: float | None = None
 
     @property
     def pid(self) -> int | None:
@@ -89,7 +92,9 @@ class Child:
             str(self.generation),
             *spec.extra,
         ]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, start_new_session=True, env=child_environment()
+        )
         self.started_at = time.monotonic()
         self.next_start = None
         self.pidfd = os.pidfd_open(self.proc.pid)
@@ -132,6 +137,15 @@ class Child:
         self.stopping = True
         self.next_start = None
         self.send(signal.SIGTERM)
+
+
+def child_environment() -> dict[str, str]:
+    """The master's environment without systemd's notify socket.
+
+    Only the master speaks for the service; gunicorn, for one, would
+    otherwise announce its own readiness.
+    """
+    return {key: value for key, value in os.environ.items() if key != "NOTIFY_SOCKET"}
 
 
 def describe_exit(code: int) -> str:

@@ -20,6 +20,7 @@ def handlers(supervisor: Supervisor) -> dict[str, Handler]:
         "online": lambda _request: cmd_online(supervisor, True),
         "offline": lambda _request: cmd_online(supervisor, False),
         "stop": lambda _request: cmd_stop(supervisor),
+        "reload": lambda _request: cmd_reload(supervisor),
     }
 
 
@@ -73,6 +74,7 @@ def cmd_status(supervisor: Supervisor) -> dict[str, Any]:
         "online": status.online,
         "ready": supervisor.ready,
         "draining": supervisor.drain.active,
+        "reloading": supervisor.reloading.summary() if supervisor.reloading else None,
         "ports": supervisor.ports,
         "processes": processes,
     }
@@ -81,6 +83,11 @@ def cmd_status(supervisor: Supervisor) -> dict[str, Any]:
 def cmd_online(supervisor: Supervisor, online: bool) -> dict[str, Any]:
     supervisor.set_online(online)
     return {"online": online}
+
+
+def cmd_reload(supervisor: Supervisor) -> dict[str, Any]:
+    """Read the config again; changed models are swapped in once ready."""
+    return supervisor.reload()
 
 
 def cmd_stop(supervisor: Supervisor) -> dict[str, Any]:

@@ -9,8 +9,9 @@ MIP frontend processes. Spare slots are left for models added by a reload.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from appliance.config import ApplianceConfig
+from appliance.config import ApplianceConfig, ModelConfig
 from appliance.core.status import Role
 from appliance.master.children import ChildSpec
 
@@ -23,6 +24,7 @@ class Plan:
     model_slots: dict[str, list[int]] = field(default_factory=dict)
     http_worker_slots: tuple[int, int] = (0, 0)
     n_slots: int = 0
+    first_spare: int = 0
 
     def layout(self) -> dict[str, object]:
         """Return what clients need to find instances (``layout.json``)."""
@@ -32,28 +34,39 @@ class Plan:
         }
 
 
+def model_specs(
+    model: ModelConfig, slots: list[int], snapshot: Path, reload: int = 0
+) -> list[ChildSpec]:
+    """The children of one model's instances, in the given slots."""
+    suffix = f"@r{reload}" if reload else ""
+    return [
+        ChildSpec(
+            role="model",
+            title=f"model[{model.name}#{instance}{suffix}]",
+            slot=slot,
+            status_role=Role.MODEL,
+            model=model.name,
+            instance=instance,
+            extra=("--model", model.name, "--snapshot", str(snapshot)),
+        )
+        for instance, slot in enumerate(slots)
+    ]
+
+
 def make_plan(
-    config: ApplianceConfig, ports: dict[str, int], mip_listeners: list[tuple[int, str]]
+    config: ApplianceConfig,
+    ports: dict[str, int],
+    mip_listeners: list[tuple[int, str]],
+    snapshot: Path,
 ) -> Plan:
     """Lay out slots and child specs for ``config`` with resolved ports."""
     plan = Plan()
     slot = 0
     for model in config.models:
-        plan.model_slots[model.name] = []
-        for instance in range(model.instances):
-            plan.specs.append(
-                ChildSpec(
-                    role="model",
-                    title=f"model[{model.name}#{instance}]",
-                    slot=slot,
-                    status_role=Role.MODEL,
-                    model=model.name,
-                    instance=instance,
-                    extra=("--model", model.name),
-                )
-            )
-            plan.model_slots[model.name].append(slot)
-            slot += 1
+        slots = list(range(slot, slot + model.instances))
+        plan.model_slots[model.name] = slots
+        plan.specs += model_specs(model, slots, snapshot)
+        slot += model.instances
     http_slot = slot
     worker_count = 2 * config.http.workers
     plan.http_worker_slots = (http_slot + 1, worker_count)
@@ -89,5 +102,6 @@ def make_plan(
                 )
             )
             slot += 1
+    plan.first_spare = slot
     plan.n_slots = slot + SPARE_SLOTS
     return plan

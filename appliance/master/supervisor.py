@@ -12,6 +12,7 @@ them by argv and reads what they report in the status table.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import selectors
@@ -24,21 +25,25 @@ from typing import Any
 
 import orjson
 
-from appliance.config import ApplianceConfig, write_snapshot
+from appliance.config import ApplianceConfig, ConfigError, load, write_snapshot
 from appliance.core.status import Role, SlotState, StatusTable
 from appliance.core.tree import Tree, new_tree_id
 from appliance.ctl import ControlError, request
-from appliance.master import commands, sweep
+from appliance.master import commands, sweep, systemd
 from appliance.master.children import Child
 from appliance.master.control import ControlServer
 from appliance.master.drain import Drain
 from appliance.master.plan import Plan, make_plan
 from appliance.master.ports import PortError, reserve
+from appliance.master.reload import Reload
 from appliance.master.stats import ProcessStats
 
 log = logging.getLogger("appliance.master")
 
 HOUSEKEEPING_S = 2.0
+# Between marking a retired instance STOPPING and signalling it: requests
+# routed just before the mark still reach it and are served.
+RETIRE_DELAY_S = 0.5
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _FRONTEND_ROLES = (Role.HTTP, Role.GRPC, Role.MIP)
 
@@ -50,8 +55,9 @@ class StartError(Exception):
 class Supervisor:
     """Run one appliance process tree from a config."""
 
-    def __init__(self, config: ApplianceConfig) -> None:
+    def __init__(self, config: ApplianceConfig, config_path: Path | None = None) -> None:
         self.config = config
+        self.config_path = config_path
         self.tree = Tree(new_tree_id(), config.resolved_run_dir())
         self.selector = selectors.DefaultSelector()
         self.children: list[Child] = []
@@ -70,6 +76,11 @@ class Supervisor:
         self._wakeup: tuple[int, int] | None = None
         self._housekeeping_at = 0.0
         self._drain_wake = 0.0
+        self.layout: dict[str, list[int]] = {}
+        self.free_slots: list[int] = []
+        self.reloading: Reload | None = None
+        self._notified_ready = False
+        self.reloads = 0
 
     @property
     def status(self) -> StatusTable:
@@ -96,16 +107,28 @@ class Supervisor:
         now = time.monotonic()
         waits = [self._housekeeping_at - now]
         waits += [c.next_start - now for c in self.children if c.next_start is not None]
+        waits += [c.retire_at - now for c in self.children if c.retire_at is not None]
+        if self.reloading is not None:
+            waits.append(0.05)
         if self.drain.active:
             waits.append(self._drain_wake - now)
         return max(0.0, min([*waits, 1.0]))
 
     def _tick(self) -> None:
         now = time.monotonic()
+        for child in self.children:
+            if child.retire_at is not None and now >= child.retire_at:
+                child.retire_at = None
+                child.stop()
         if not self.drain.active:
             for child in self.children:
                 if child.next_start is not None and now >= child.next_start:
                     self._spawn(child)
+            if self.reloading is not None:
+                self.reloading.advance()
+                if self.reloading.done:
+                    self.reloading = None
+                    systemd.notify("READY=1", "STATUS=reload done")
         else:
             self._drain_wake = now + self.drain.advance(self.frontends(), self.models())
         if now >= self._housekeeping_at:
@@ -133,11 +156,13 @@ class Supervisor:
         self._sweep_stale_dirs()
         tree.dir.mkdir(mode=0o700)
         self._reserve_ports()
-        self.plan = make_plan(self.config, self.ports, self.mip_listeners)
+        self.plan = make_plan(self.config, self.ports, self.mip_listeners, tree.snapshot_path)
         self._status = StatusTable.create(tree.status_name, self.plan.n_slots, os.getpid())
         self.status.online = self.config.server.start_online
         write_snapshot(self.config, tree.snapshot_path)
-        (tree.dir / "layout.json").write_bytes(orjson.dumps(self.plan.layout()))
+        self.layout = {name: list(slots) for name, slots in self.plan.model_slots.items()}
+        self.free_slots = list(range(self.plan.first_spare, self.plan.n_slots))
+        self.write_layout()
         self._install_signals()
         self._control = ControlServer(tree.control_path, commands.handlers(self), self.selector)
         self.children = [Child(spec) for spec in self.plan.specs]
@@ -219,7 +244,10 @@ class Supervisor:
         self.drain.begin("SIGINT")
 
     def handle_hup(self) -> None:
-        log.warning("SIGHUP: reloading the config is not supported yet; nothing changed")
+        try:
+            self.reload()
+        except (ConfigError, RuntimeError) as ex:
+            log.error("SIGHUP: reload refused, still serving the old config: %s", ex)
 
     def cleanup(self) -> None:
         """Kill what still runs, then remove every file and segment of the tree."""
@@ -256,6 +284,78 @@ class Supervisor:
         self.selector.unregister(child.pidfd)
         pid = child.reap(self.status)
         sweep.sweep_process(self.tree, pid)
+        if child.retired:
+            self.children.remove(child)
+            self.status.clear(child.spec.slot)
+            self.free_slots.append(child.spec.slot)
+
+    # -- reload -----------------------------------------------------------------
+
+    def reload(self) -> dict[str, Any]:
+        """Read the config file again and swap in changed models (see reload.py).
+
+        Raises:
+            ConfigError: the new config is invalid; nothing changes.
+            RuntimeError: the appliance is draining or already reloading.
+        """
+        if self.drain.active:
+            raise RuntimeError("the appliance is draining")
+        if self.reloading is not None:
+            raise RuntimeError(f"a reload is in progress: {self.reloading.summary()}")
+        new = load(self.config_path)
+        for section in ("server", "http", "grpc", "mip", "shm"):
+            if getattr(new, section) != getattr(self.config, section):
+                log.warning("reload: [%s] changed; that takes a restart", section)
+        merged = dataclasses.replace(self.config, models=new.models)
+        self.reloads += 1
+        systemd.notify("RELOADING=1", systemd.monotonic_usec(), "STATUS=reloading")
+        reload = Reload(self, merged, self.reloads)
+        reload.start()
+        self.config = merged
+        write_snapshot(merged, self.tree.snapshot_path)
+        self.reloading = None if reload.done else reload
+        if reload.done:
+            systemd.notify("READY=1", "STATUS=reload done")
+        return reload.summary()
+
+    def model_children(self, model: str) -> list[Child]:
+        """The children serving ``model`` now (its slots in the layout)."""
+        slots = set(self.layout.get(model, ()))
+        return [c for c in self.children if c.spec.model == model and c.spec.slot in slots]
+
+    def write_layout(self) -> None:
+        """Publish model -> slots to every client (layout.json, then a bump)."""
+        path = self.tree.dir / "layout.json"
+        temp = path.with_suffix(".tmp")
+        temp.write_bytes(orjson.dumps({**self.plan.layout(), "models": self.layout}))
+        temp.replace(path)
+        self.status.bump_layout()
+
+    def allocate_slot(self) -> int:
+        if not self.free_slots:
+            raise RuntimeError("no free status slot for a new instance; restart instead")
+        self.free_slots.sort()
+        return self.free_slots.pop(0)
+
+    def adopt(self, child: Child) -> None:
+        """Start a child created after start-up (a reload's new instance)."""
+        self.children.append(child)
+        self._spawn(child)
+
+    def retire(self, children: list[Child]) -> None:
+        """Stop routing to ``children`` now, and stop them shortly after."""
+        deadline = time.monotonic() + RETIRE_DELAY_S
+        for child in children:
+            child.retired = True
+            child.stopping = True
+            child.next_start = None
+            self.status.set_state(child.spec.slot, SlotState.STOPPING)
+            if child.running:
+                child.retire_at = deadline
+            else:
+                self.children.remove(child)
+                self.status.clear(child.spec.slot)
+                self.free_slots.append(child.spec.slot)
 
     def frontends(self) -> list[Child]:
         return [c for c in self.children if c.spec.status_role in _FRONTEND_ROLES]
@@ -277,6 +377,7 @@ class Supervisor:
     def go_offline(self) -> None:
         self.status.online = False
         self.status.draining = True
+        systemd.notify("STOPPING=1", "STATUS=draining")
         self._write_state()
 
     def set_online(self, online: bool) -> None:
@@ -305,7 +406,7 @@ class Supervisor:
             if self.status.hot(child.spec.slot)[0] != SlotState.READY:
                 return False
         accepted = {SlotState.READY, SlotState.FAILED} if or_failed else {SlotState.READY}
-        for slots in self.plan.model_slots.values():
+        for slots in self.layout.values():
             if not any(self.status.hot(slot)[0] in accepted for slot in slots):
                 return False
         return True
@@ -315,12 +416,17 @@ class Supervisor:
         settled = ready or self.is_ready(or_failed=True)
         if ready != self.ready or settled != self.settled:
             self.ready, self.settled = ready, settled
-            log.info(
-                "%s",
+            text = (
                 "all models and frontends are ready"
                 if ready
-                else "not ready" + (" (a model failed to load)" if settled else ""),
+                else "not ready" + (" (a model failed to load)" if settled else "")
             )
+            log.info("%s", text)
+            if ready and not self._notified_ready:
+                # systemd waits for this before it counts the service as started.
+                self._notified_ready = systemd.notify("READY=1", f"STATUS={text}")
+            else:
+                systemd.notify(f"STATUS={text}")
             self._write_state()
 
     def _write_state(self) -> None:

@@ -28,11 +28,18 @@ from appliance.worker.server import WorkerServer
 log = logging.getLogger("appliance.worker")
 
 
-def run(tree_dir: Path, master_pid: int, slot: int, generation: int, model: str) -> int:
-    """Load ``model`` and serve it in ``slot``; return the exit code."""
+def run(
+    tree_dir: Path,
+    master_pid: int,
+    slot: int,
+    generation: int,
+    model: str,
+    snapshot: Path | None = None,
+) -> int:
+    """Load ``model`` from the config ``snapshot`` and serve it in ``slot``."""
     tree = Tree(tree_dir.name, tree_dir.parent)
     try:
-        config = read_snapshot(tree.snapshot_path)
+        config = read_snapshot(snapshot or tree.snapshot_path)
     except ConfigError as ex:
         logs.setup(f"model[{model}]")
         log.error("%s", ex)

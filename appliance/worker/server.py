@@ -66,6 +66,9 @@ from appliance.worker.passthrough import borrowed_entries, input_spans
 log = logging.getLogger("appliance.worker")
 
 HEARTBEAT_S = 0.25
+# A stopping worker still serves requests routed to it just before its slot
+# was marked STOPPING; it exits once it has been idle this long.
+LINGER_S = 0.2
 HOUSEKEEPING_S = 1.0
 COUNTERS_S = 0.1
 MAX_RECEIVE_PER_TURN = 512
@@ -116,6 +119,7 @@ class WorkerServer:
         self.leases: dict[Block, int] = {}
         self.unmapped: set[str] = set()
         self.stopping = False
+        self._last_message = 0.0
         self.pid = os.getpid()
         self._depth = -1
         self._beat_at = 0.0
@@ -131,7 +135,7 @@ class WorkerServer:
     def serve(self) -> None:
         """Run until :meth:`stop` is called and all accepted work is done."""
         self.status.set_state(self.slot, SlotState.READY, self.pid)
-        while not (self.stopping and not self.batcher and not self.streams):
+        while not self._finished():
             now = time.monotonic()
             wait = self.batcher.wait_s(now)
             if self.streams:
@@ -146,9 +150,15 @@ class WorkerServer:
             self._tick()
 
     def stop(self) -> None:
-        """Stop taking new work; the loop ends once queued work is done."""
+        """Finish what was routed here; the loop ends once idle for LINGER_S."""
         self.stopping = True
+        self._last_message = time.monotonic()
         self.status.set_state(self.slot, SlotState.STOPPING)
+
+    def _finished(self) -> bool:
+        if not self.stopping or self.batcher or self.streams:
+            return False
+        return time.monotonic() - self._last_message >= LINGER_S
 
     def _tick(self) -> None:
         depth = len(self.batcher) + len(self.streams)
@@ -180,6 +190,7 @@ class WorkerServer:
             # exception per loop turn costs more than the message.
             if not cast(int, socket.getsockopt(_EVENTS)) & _POLLIN:
                 return
+            self._last_message = time.monotonic()
             try:
                 identity, frame = socket.recv_multipart(zmq.NOBLOCK)
                 message = from_frame(frame)
@@ -195,8 +206,6 @@ class WorkerServer:
 
     def _accept(self, identity: bytes, message: Message) -> None:
         try:
-            if self.stopping:
-                raise ApplianceError(f"model {self.metadata.name} instance is stopping")
             tensors = read_tensors(message.body.get("tensors", []), message.payloads, self.reader)
             pending = check_request(self.metadata, identity, message, tensors)
             if self.passthrough:

@@ -185,7 +185,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def start(config: dict[str, Any], wait: bool = True) -> Appliance:
+def start(
+    config: dict[str, Any], wait: bool = True, env: dict[str, str] | None = None
+) -> Appliance:
     run_dir = Path(config["server"]["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.toml"
@@ -198,6 +200,7 @@ def start(config: dict[str, Any], wait: bool = True) -> Appliance:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=ROOT,
+            env={**os.environ, **(env or {})},
         )
     appliance = Appliance(run_dir, process, log_path)
     if wait:
@@ -215,10 +218,12 @@ def new_run_dir() -> Path:
 
 
 @contextlib.contextmanager
-def running(models: list[dict[str, Any]], **sections: Any) -> Iterator[Appliance]:
+def running(
+    models: list[dict[str, Any]], env: dict[str, str] | None = None, **sections: Any
+) -> Iterator[Appliance]:
     """Run an appliance for the duration of a ``with`` block."""
     run_dir = new_run_dir()
-    appliance = start(make_config(run_dir, models, **sections))
+    appliance = start(make_config(run_dir, models, **sections), env=env)
     try:
         yield appliance
     finally:

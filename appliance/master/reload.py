@@ -1,0 +1,114 @@
+"""Reload: read the config again and change the served models without downtime.
+
+The steps, for each model whose ``[[models]]`` entry was added or changed:
+
+1. start its new instances in free slots, with a snapshot of the new config;
+2. once all of them are ready, point the layout (model -> slots) at them
+   and bump the layout generation, so every client routes to them at once;
+3. retire the old instances: mark their slots STOPPING (no new requests go
+   there), and after ``RETIRE_DELAY_S`` send SIGTERM; each finishes what it
+   holds, idles briefly for stragglers and exits.
+
+A removed model leaves the layout and retires the same way. A new instance
+that fails to load, or is not ready within ``READY_TIMEOUT_S``, is stopped
+and the old ones keep serving. Only ``[[models]]`` are reloaded: changes to
+other sections are reported and need a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from appliance.config import ApplianceConfig, ModelConfig, write_snapshot
+from appliance.core.status import SlotState
+from appliance.master.children import Child
+from appliance.master.plan import model_specs
+
+if TYPE_CHECKING:
+    from appliance.master.supervisor import Supervisor
+
+log = logging.getLogger("appliance.master")
+
+READY_TIMEOUT_S = 300.0
+
+
+class Reload:
+    """One reload in progress."""
+
+    def __init__(self, supervisor: Supervisor, new: ApplianceConfig, generation: int) -> None:
+        self.supervisor = supervisor
+        self.new = new
+        self.generation = generation
+        old = {model.name: model for model in supervisor.config.models}
+        fresh = {model.name: model for model in new.models}
+        self.added = [name for name in fresh if name not in old]
+        self.removed = [name for name in old if name not in fresh]
+        self.changed = [name for name in fresh if name in old and old[name] != fresh[name]]
+        self.unchanged = [name for name in fresh if name in old and old[name] == fresh[name]]
+        self.pending: dict[str, list[Child]] = {}
+        self.started = time.monotonic()
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "added": self.added,
+            "changed": self.changed,
+            "removed": self.removed,
+            "unchanged": self.unchanged,
+            "pending": sorted(self.pending),
+        }
+
+    def start(self) -> None:
+        """Start new instances and retire removed models."""
+        sup = self.supervisor
+        snapshot = sup.tree.dir / f"config-{self.generation}.json"
+        write_snapshot(self.new, snapshot)
+        for name in self.removed:
+            old = sup.model_children(name)
+            del sup.layout[name]
+            sup.write_layout()
+            sup.retire(old)
+            log.info("reload: model %s removed", name)
+        for model in self.new.models:
+            if model.name in self.added or model.name in self.changed:
+                self.pending[model.name] = self._start_model(model, snapshot)
+        log.info(
+            "reload: %d added, %d changed, %d removed, %d unchanged",
+            len(self.added),
+            len(self.changed),
+            len(self.removed),
+            len(self.unchanged),
+        )
+
+    def _start_model(self, model: ModelConfig, snapshot: Any) -> list[Child]:
+        sup = self.supervisor
+        slots = [sup.allocate_slot() for _ in range(model.instances)]
+        children = [Child(spec) for spec in model_specs(model, slots, snapshot, self.generation)]
+        for child in children:
+            sup.adopt(child)
+        return children
+
+    def advance(self) -> None:
+        """Swap in every model whose new instances are all ready."""
+        sup = self.supervisor
+        overdue = time.monotonic() - self.started > READY_TIMEOUT_S
+        for name, children in list(self.pending.items()):
+            states = [sup.status.hot(child.spec.slot)[0] for child in children]
+            if all(state == SlotState.READY for state in states):
+                old = sup.model_children(name)
+                sup.layout[name] = [child.spec.slot for child in children]
+                sup.write_layout()
+                sup.retire(old)
+                del self.pending[name]
+                log.info("reload: model %s now served by its new instances", name)
+            elif overdue or any(state == SlotState.FAILED for state in states):
+                notes = {sup.status.read(child.spec.slot).note for child in children} - {""}
+                reason = next(iter(notes), "not ready in time")
+                log.error("reload: model %s keeps its old instances: %s", name, reason)
+                sup.retire(children)
+                del self.pending[name]
