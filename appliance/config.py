@@ -42,6 +42,7 @@ class ServerConfig:
     log_level: str = "info"
     python_path: tuple[str, ...] = ()
     spin_wait_us: int = 200
+    access_log: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +71,14 @@ class MipListener:
 
 @dataclass(frozen=True, slots=True)
 class MipConfig:
+    """MIP listeners and the limits each MIP process applies per connection."""
+
     workers: int = 1
     listeners: tuple[MipListener, ...] = (MipListener(8002),)
+    max_frame_bytes: int = 64 * MiB
+    read_timeout_s: float = 30.0
+    idle_timeout_s: float = 120.0
+    max_connections: int = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,8 +275,21 @@ class _Reader:
         raise AssertionError(f"no reader for {kind}")
 
     def mip(self, data: Any) -> MipConfig:
-        self.no_extra(data, {"workers", "listeners"}, "mip")
+        limits = {
+            f.name: f
+            for f in dataclasses.fields(MipConfig)
+            if f.name not in ("workers", "listeners")
+        }
+        self.no_extra(data, {"workers", "listeners", *limits}, "mip")
         workers = self.value("mip.workers", data.get("workers", 1), "int")
+        values = {
+            name: self.value(f"mip.{name}", data[name], field_.type)
+            for name, field_ in limits.items()
+            if name in data
+        }
+        for name, value in values.items():
+            if not value > 0:
+                self.fail(f"mip.{name}", f"expected a value > 0, got {value!r}")
         raw = data.get("listeners", [{"port": 8002}])
         if not isinstance(raw, list) or not raw:
             self.fail("mip.listeners", "expected a non-empty array of {port, model} tables")
@@ -282,7 +302,7 @@ class _Reader:
             port = self.value(f"{where}.port", item["port"], "int")
             model = self.value(f"{where}.model", item.get("model", ""), "str")
             listeners.append(MipListener(port, model))
-        return MipConfig(workers, tuple(listeners))
+        return MipConfig(workers, tuple(listeners), **values)
 
     def models(self, raw: Any) -> list[ModelConfig]:
         if not isinstance(raw, list):

@@ -23,6 +23,11 @@ class _RoleFilter(logging.Filter):
         return True
 
 
+def set_access_log(enabled: bool) -> None:
+    """Turn the one-line-per-request access log (``appliance.access``) on or off."""
+    logging.getLogger("appliance.access").setLevel(logging.INFO if enabled else logging.WARNING)
+
+
 def setup(role: str, level: str = "info") -> None:
     """Send every record to stderr tagged with ``role``; replace old handlers.
 

@@ -55,10 +55,12 @@ from appliance.ctl import request
 from appliance.errors import (
     ApplianceError,
     BadRequest,
+    ErrorCode,
     ModelNotFound,
     ModelNotReady,
     error_from_code,
 )
+from appliance.metrics import record_call
 from appliance.process import pid_alive
 
 TensorLike = Tensor | npt.NDArray[Any]
@@ -165,9 +167,9 @@ class ModelClient:
         return cls(tree, config, status, ring_bytes=ring_bytes)
 
     def _read_layout(self) -> dict[str, list[int]]:
-        layout: dict[str, list[int]] = orjson.loads(
-            (self.tree.dir / "layout.json").read_bytes()
-        )["models"]
+        layout: dict[str, list[int]] = orjson.loads((self.tree.dir / "layout.json").read_bytes())[
+            "models"
+        ]
         return layout
 
     # -- the calls -------------------------------------------------------------
@@ -207,6 +209,17 @@ class ModelClient:
         Each part is released when the next one is requested; closing the
         generator early cancels the stream in the worker.
         """
+        with _recorded(model):
+            yield from self._stream(model, inputs, outputs, parameters, timeout_s)
+
+    def _stream(
+        self,
+        model: str,
+        inputs: Mapping[str, TensorLike],
+        outputs: Sequence[str] | None,
+        parameters: Mapping[str, Any] | None,
+        timeout_s: float | None,
+    ) -> Iterator[InferResult]:
         channel = self._channel()
         target, request_id, blocks, deadline = self._send(
             channel, model, "stream", inputs, outputs, parameters, timeout_s, None
@@ -277,6 +290,17 @@ class ModelClient:
         timeout_s: float | None = None,
     ) -> InferResult:
         """:meth:`infer` for code running in an event loop (no thread hop)."""
+        with _recorded(model):
+            return await self._infer_async(model, inputs, outputs, parameters, timeout_s)
+
+    async def _infer_async(
+        self,
+        model: str,
+        inputs: Mapping[str, TensorLike],
+        outputs: Sequence[str] | None,
+        parameters: Mapping[str, Any] | None,
+        timeout_s: float | None,
+    ) -> InferResult:
         channel = self._async_channel()
         target, request_id, blocks, deadline = self._send(
             channel, model, "predict", inputs, outputs, parameters, timeout_s, None
@@ -376,6 +400,21 @@ class ModelClient:
         return channel
 
     def _roundtrip(
+        self,
+        model: str,
+        method: str,
+        inputs: Mapping[str, TensorLike],
+        outputs: Sequence[str] | None,
+        parameters: Mapping[str, Any] | None,
+        timeout_s: float | None,
+        args: dict[str, Any] | None,
+    ) -> InferResult:
+        with _recorded(model):
+            return self._roundtrip_unrecorded(
+                model, method, inputs, outputs, parameters, timeout_s, args
+            )
+
+    def _roundtrip_unrecorded(
         self,
         model: str,
         method: str,
@@ -521,7 +560,16 @@ class ModelClient:
 
     def alloc(self, nbytes: int) -> Block:
         with self._lock:
-            return self._ring.alloc(nbytes)
+            block = self._ring.alloc(nbytes)
+            self._publish_ring()
+            return block
+
+    def _publish_ring(self) -> None:
+        if self._publish_slot is not None:
+            ring = self._ring
+            self.status.set_ring(
+                self._publish_slot, ring.used_bytes, ring.capacity, ring.spilled_bytes
+            )
 
     def view(self, block: Block) -> memoryview:
         with self._lock:
@@ -532,6 +580,7 @@ class ModelClient:
             with self._lock:
                 for block in blocks:
                     self._ring.release(block)
+                self._publish_ring()
 
     def _spin_s(self) -> float:
         """How long a waiting thread may poll before it blocks (see channel)."""
@@ -558,6 +607,21 @@ class ModelClient:
         self._context.destroy(linger=0)
         self._reader.close()
         self._ring.close()
+
+
+@contextlib.contextmanager
+def _recorded(model: str) -> Iterator[None]:
+    """Count a model call (see appliance.metrics) whichever way it ends."""
+    started = time.perf_counter()
+    try:
+        yield
+    except ApplianceError as ex:
+        record_call(model, ex.code, started)
+        raise
+    except GeneratorExit:
+        record_call(model, ErrorCode.OK, started)
+        raise
+    record_call(model, ErrorCode.OK, started)
 
 
 def _contains(outer: Block, inner: Block) -> bool:

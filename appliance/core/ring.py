@@ -66,6 +66,7 @@ class Ring:
         self.capacity = segment.size
         self._free: list[tuple[int, int]] = [(0, segment.size)]
         self._used: dict[int, int] = {}
+        self.used_bytes = 0
         self._spills: dict[str, Segment] = {}
         self._spilled_bytes = 0
         self._spill_prefix = spill_prefix
@@ -73,10 +74,6 @@ class Ring:
         self._max_tensor = max_tensor_bytes
         self._spill_limit = spill_limit_bytes
         self._hint = limit_hint
-
-    @property
-    def used_bytes(self) -> int:
-        return sum(self._used.values())
 
     @property
     def spilled_bytes(self) -> int:
@@ -102,6 +99,7 @@ class Ring:
                 else:
                     self._free[index] = (start + size, length - size)
                 self._used[start] = size
+                self.used_bytes += size
                 return Block(self.segment.name, start, nbytes)
         return self._spill(nbytes)
 
@@ -138,6 +136,7 @@ class Ring:
         size = self._used.pop(block.offset, None)
         if size is None:
             return
+        self.used_bytes -= size
         self._insert_free(block.offset, size)
 
     def _insert_free(self, start: int, size: int) -> None:

@@ -28,6 +28,9 @@ Layout (little-endian)::
      32  counters          12 x u64, see Counter
     128  name              64 bytes UTF-8, NUL padded (the model's name)
     192  note              256 bytes UTF-8, NUL padded (why it last failed)
+    448  ring used         u64    bytes of this process's ring in use
+    456  ring capacity     u64
+    464  ring spilled      u64    bytes in one-off segments
 
 SAFETY: every field has one writer at a time. The master writes a slot's
 state, generation and name before it starts the slot's process and after it
@@ -61,6 +64,8 @@ _OFF_HEARTBEAT = 16
 _OFF_COUNTERS = 32
 _OFF_NAME = 128
 _OFF_NOTE = 192
+_OFF_RING = 448
+_RING = struct.Struct("<QQQ")
 
 
 class SlotState(enum.IntEnum):
@@ -111,6 +116,7 @@ class SlotInfo:
     counters: tuple[int, ...]
     name: str
     note: str
+    ring: tuple[int, int, int] = (0, 0, 0)
 
 
 class StatusTable:
@@ -197,6 +203,7 @@ class StatusTable:
             counters,
             self._text(base + _OFF_NAME, _NAME_LEN),
             self._text(base + _OFF_NOTE, _NOTE_LEN),
+            _RING.unpack_from(self._buf, base + _OFF_RING),
         )
 
     def _text(self, offset: int, length: int) -> str:
@@ -228,6 +235,9 @@ class StatusTable:
 
     def set_note(self, index: int, note: str) -> None:
         self._put_text(self._at(index) + _OFF_NOTE, _NOTE_LEN, note)
+
+    def set_ring(self, index: int, used: int, capacity: int, spilled: int) -> None:
+        _RING.pack_into(self._buf, self._at(index) + _OFF_RING, used, capacity, spilled)
 
     def set_depth(self, index: int, depth: int) -> None:
         struct.pack_into("<I", self._buf, self._at(index) + 12, max(0, depth))

@@ -84,6 +84,11 @@ class Tree:
         """
         return f"ipc://{self.dir}/m{slot}g{generation}.sock"
 
+    @property
+    def metrics_dir(self) -> Path:
+        """Where every process writes its Prometheus samples."""
+        return self.dir / "metrics"
+
     def metadata_path(self, model: str) -> Path:
         return self.dir / "models" / f"{model}.json"
 

@@ -22,6 +22,7 @@ from appliance import logs
 from appliance.core.status import SlotState
 from appliance.exitcodes import ExitCode
 from appliance.frontends.context import FrontendContext
+from appliance.frontends.observe import GrpcObserver
 from appliance.process import become_child
 from appliance.protocols import health_grpc
 from appliance.protocols.grps import grpc as grps_grpc
@@ -39,11 +40,13 @@ def run(tree_dir: Path, master_pid: int, slot: int, port: int, index: int) -> in
     config = context.config
     title = f"grpc[{index}]"
     logs.setup(title, config.server.log_level)
+    logs.set_access_log(config.server.access_log)
     become_child(title, master_pid)
     client = context.client(publish_slot=slot)
     limit = config.grpc.max_message_bytes
     server = grpc.server(
         ThreadPoolExecutor(max_workers=config.grpc.threads, thread_name_prefix="grpc"),
+        interceptors=[GrpcObserver()],
         options=[
             ("grpc.so_reuseport", 1),
             ("grpc.max_receive_message_length", limit),

@@ -21,6 +21,8 @@ from appliance import logs
 from appliance.client.api import ModelClient
 from appliance.core.status import Role, SlotState
 from appliance.frontends.context import FrontendContext
+from appliance.frontends.metrics import MetricsResource
+from appliance.frontends.observe import HttpObserver
 from appliance.frontends.slots import claim_slot
 from appliance.process import become_child
 from appliance.protocols.graphpipe import rest as graphpipe_rest
@@ -37,9 +39,10 @@ log = logging.getLogger("appliance.http")
 
 def create_app(client: ModelClient) -> App:
     """Assemble the falcon app every protocol's REST routes mount into."""
-    app = falcon.App()
+    app = falcon.App(middleware=[HttpObserver()])
     for protocol in PROTOCOLS:
         protocol.add_routes(app, client)
+    app.add_route("/metrics", MetricsResource(client))
     return app
 
 
@@ -80,6 +83,7 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
     def load(self) -> App:
         """Build this worker's client and app; runs in the worker, after fork."""
         logs.setup("http-worker", self.context.config.server.log_level)
+        logs.set_access_log(self.context.config.server.access_log)
         first, count = self.worker_slots
         slot = claim_slot(
             self.context.status, first, count, self.context.tree.dir, Role.HTTP_WORKER

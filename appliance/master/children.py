@@ -93,7 +93,7 @@ class Child:
             *spec.extra,
         ]
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, start_new_session=True, env=child_environment()
+            argv, stdin=subprocess.DEVNULL, start_new_session=True, env=child_environment(tree)
         )
         self.started_at = time.monotonic()
         self.next_start = None
@@ -139,13 +139,16 @@ class Child:
         self.send(signal.SIGTERM)
 
 
-def child_environment() -> dict[str, str]:
-    """The master's environment without systemd's notify socket.
+def child_environment(tree: Tree) -> dict[str, str]:
+    """The master's environment for a child, less systemd's notify socket.
 
-    Only the master speaks for the service; gunicorn, for one, would
-    otherwise announce its own readiness.
+    Only the master speaks for the service (gunicorn, for one, would
+    otherwise announce its own readiness). Metrics go to the tree's
+    directory, which prometheus_client reads when it is first imported.
     """
-    return {key: value for key, value in os.environ.items() if key != "NOTIFY_SOCKET"}
+    env = {key: value for key, value in os.environ.items() if key != "NOTIFY_SOCKET"}
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(tree.metrics_dir)
+    return env
 
 
 def describe_exit(code: int) -> str:

@@ -155,6 +155,7 @@ class Supervisor:
         sweep.sweep_stale(tree.id)
         self._sweep_stale_dirs()
         tree.dir.mkdir(mode=0o700)
+        tree.metrics_dir.mkdir()
         self._reserve_ports()
         self.plan = make_plan(self.config, self.ports, self.mip_listeners, tree.snapshot_path)
         self._status = StatusTable.create(tree.status_name, self.plan.n_slots, os.getpid())

@@ -49,6 +49,7 @@ from appliance.errors import (
     ModelFailed,
     Unsupported,
 )
+from appliance.metrics import record_batch
 from appliance.process import pid_alive
 from appliance.worker import methods
 from appliance.worker.batcher import (
@@ -168,6 +169,8 @@ class WorkerServer:
         now = time.monotonic()
         if self._counts_dirty and (depth == 0 or now >= self._counts_at):
             self._flush_counts(now)
+            ring = self.ring
+            self.status.set_ring(self.slot, ring.used_bytes, ring.capacity, ring.spilled_bytes)
         if now >= self._beat_at:
             self.status.beat(self.slot)
             self._beat_at = now + HEARTBEAT_S
@@ -295,6 +298,10 @@ class WorkerServer:
         counts[Counter.QUEUE_NS] += max(0, sum(int((started - p.arrived) * 1e9) for p in batch))
         counts[Counter.COMPUTE_NS] += compute_ns
         self._counts_dirty = True
+        rows = sum(max(p.rows, 1) for p in batch)
+        record_batch(
+            self.metadata.name, rows, [started - p.arrived for p in batch], compute_ns / 1e9
+        )
 
     def _finish(self, pending: Pending, compute: Any) -> None:
         started = time.monotonic()

@@ -1,0 +1,119 @@
+"""GET /metrics: Prometheus text for the whole tree, from any HTTP worker.
+
+Counters and histograms come from every process's multiprocess files (see
+``appliance/metrics.py``). Gauges are read at scrape time: readiness, queue
+depths and ring occupancy from the status table, and restarts, RSS and CPU
+of every process from the master (one control-socket call per scrape).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import falcon
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from appliance.client.api import ModelClient
+from appliance.core.status import Role, SlotState
+from appliance.ctl import ControlError, request
+
+
+class TreeCollector(Collector):
+    """Gauges of the tree's state, read when scraped."""
+
+    def __init__(self, client: ModelClient) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[Metric]:
+        client = self.client
+        yield _gauge(
+            "appliance_online", "1 while the host is online.", [], [([], client.status.online)]
+        )
+        yield _gauge(
+            "appliance_ready",
+            "1 while online and every model is ready.",
+            [],
+            [([], client.server_ready())],
+        )
+        ready = [([model], client.model_ready(model)) for model in client.models()]
+        yield _gauge(
+            "appliance_model_ready", "1 while a model has a ready instance.", ["model"], ready
+        )
+        yield from self._slots()
+        yield from self._processes()
+
+    def _slots(self) -> Iterator[Metric]:
+        status = self.client.status
+        depth = GaugeMetricFamily(
+            "appliance_queue_depth",
+            "Requests queued or running in a model instance, or in flight in a frontend.",
+            labels=["role", "model", "instance", "pid"],
+        )
+        ring = GaugeMetricFamily(
+            "appliance_ring_used_bytes",
+            "Bytes in use in a process's shared-memory ring (spilled: in one-off segments).",
+            labels=["role", "model", "pid", "kind"],
+        )
+        for slot in range(status.n_slots):
+            info = status.read(slot)
+            if info.state not in (SlotState.READY, SlotState.STOPPING) or info.role is Role.NONE:
+                continue
+            role = info.role.name.lower()
+            model = info.name if info.role is Role.MODEL else ""
+            depth.add_metric([role, model, str(info.instance), str(info.pid)], info.depth)
+            used, capacity, spilled = info.ring
+            if capacity:
+                ring.add_metric([role, model, str(info.pid), "used"], used)
+                ring.add_metric([role, model, str(info.pid), "capacity"], capacity)
+                ring.add_metric([role, model, str(info.pid), "spilled"], spilled)
+        yield depth
+        yield ring
+
+    def _processes(self) -> Iterator[Metric]:
+        try:
+            reply = request(self.client.tree.control_path, "status", timeout_s=2.0)
+        except (ControlError, OSError):
+            return
+        labels = ["role", "model", "pid"]
+        restarts = CounterMetricFamily(
+            "appliance_process_restarts", "Restarts of a child process.", labels=["role", "model"]
+        )
+        rss = GaugeMetricFamily("appliance_process_resident_memory_bytes", "RSS.", labels=labels)
+        cpu = GaugeMetricFamily("appliance_process_cpu_percent", "CPU use.", labels=labels)
+        for process in reply.get("processes", []):
+            key = [str(process.get("role", "")), str(process.get("model") or "")]
+            restarts.add_metric(key, float(process.get("restarts") or 0))
+            if process.get("rss_bytes") is not None:
+                rss.add_metric([*key, str(process["pid"])], float(process["rss_bytes"]))
+                cpu.add_metric([*key, str(process["pid"])], float(process["cpu_percent"] or 0.0))
+        yield restarts
+        yield rss
+        yield cpu
+
+
+def _gauge(name: str, text: str, labels: list[str], values: list[tuple[list[str], Any]]) -> Metric:
+    family = GaugeMetricFamily(name, text, labels=labels)
+    for label_values, value in values:
+        family.add_metric(label_values, float(value))
+    return family
+
+
+class MetricsResource:
+    """GET /metrics in Prometheus text format."""
+
+    def __init__(self, client: ModelClient) -> None:
+        self.client = client
+
+    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+        registry = CollectorRegistry()
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory:
+            MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+        registry.register(TreeCollector(self.client))
+        resp.content_type = CONTENT_TYPE_LATEST
+        resp.data = generate_latest(registry)

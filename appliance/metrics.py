@@ -1,0 +1,105 @@
+"""Prometheus metrics, added up across every process of the tree.
+
+Each process records into prometheus_client's multiprocess files under
+``<tree dir>/metrics``: the master sets ``PROMETHEUS_MULTIPROC_DIR`` for its
+children before they start, and the library picks it up at import. GET
+/metrics on the HTTP port adds the files up (counters survive restarts),
+together with gauges read at scrape time from the status table and the
+master (see ``frontends/metrics.py``). A process started without the
+variable (a test, a benchmark) records in memory only.
+
+Frontends say which protocol a request came in by (:data:`PROTOCOL`, set
+per request); the client API records every model call under that label, and
+notes the model in :data:`MODEL` for the access log line.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+
+from prometheus_client import Counter, Histogram
+
+from appliance.errors import ErrorCode
+
+PROTOCOL: contextvars.ContextVar[str] = contextvars.ContextVar("protocol", default="internal")
+MODEL: contextvars.ContextVar[str] = contextvars.ContextVar("model", default="")
+
+_SECONDS = (
+    *(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
+    *(0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+
+REQUESTS = Counter(
+    "appliance_model_requests",
+    "Calls to models, by protocol, model and outcome (ok or the error kind).",
+    ["protocol", "model", "outcome"],
+)
+LATENCY = Histogram(
+    "appliance_model_request_duration_seconds",
+    "Time from a frontend sending a request to a model until the reply.",
+    ["protocol", "model"],
+    buckets=_SECONDS,
+)
+BATCH_ROWS = Histogram(
+    "appliance_batch_rows",
+    "Rows per batch a model instance ran.",
+    ["model"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+QUEUE = Histogram(
+    "appliance_queue_duration_seconds",
+    "Time requests waited in a model instance's queue.",
+    ["model"],
+    buckets=_SECONDS,
+)
+COMPUTE = Histogram(
+    "appliance_compute_duration_seconds",
+    "Time a model spent on one batch.",
+    ["model"],
+    buckets=_SECONDS,
+)
+FRONTEND = Counter(
+    "appliance_frontend_requests",
+    "Requests answered by the frontends, by protocol and wire status.",
+    ["protocol", "status"],
+)
+
+access_log = logging.getLogger("appliance.access")
+_OUTCOMES = {code: code.name.lower() for code in ErrorCode}
+_OUTCOMES[ErrorCode.OK] = "ok"
+
+
+def record_call(model: str, code: ErrorCode, started: float) -> None:
+    """Count one model call; ``started`` is its time.perf_counter()."""
+    protocol = PROTOCOL.get()
+    # An unknown model's name comes from the client: never a label value,
+    # or any caller could grow the metrics without bound.
+    label = "" if code is ErrorCode.MODEL_NOT_FOUND else model
+    MODEL.set(label)
+    REQUESTS.labels(protocol, label, _OUTCOMES[code]).inc()
+    LATENCY.labels(protocol, label).observe(time.perf_counter() - started)
+
+
+def record_batch(model: str, rows: int, waits_s: list[float], compute_s: float) -> None:
+    """Count one batch a model worker ran."""
+    BATCH_ROWS.labels(model).observe(rows)
+    queue = QUEUE.labels(model)
+    for wait in waits_s:
+        queue.observe(wait)
+    COMPUTE.labels(model).observe(compute_s)
+
+
+def log_access(protocol: str, status: str, started: float, detail: str = "") -> None:
+    """Count a frontend request and write its access line (INFO, if enabled)."""
+    FRONTEND.labels(protocol, status).inc()
+    if access_log.isEnabledFor(logging.INFO):
+        access_log.info(
+            "%s model=%s status=%s latency_ms=%.2f%s",
+            protocol,
+            MODEL.get() or "-",
+            status,
+            (time.perf_counter() - started) * 1000,
+            f" {detail}" if detail else "",
+        )

@@ -1,0 +1,61 @@
+"""GET /metrics: Prometheus text that adds up every process of the tree."""
+
+from __future__ import annotations
+
+import http.client
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.system.harness import Appliance, demo_models, running
+
+
+def scrape(appliance: Appliance) -> dict[str, list[tuple[dict[str, str], float]]]:
+    conn = http.client.HTTPConnection("127.0.0.1", appliance.ports["http"], timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.getheader("Content-Type", "").startswith("text/plain")
+        text = response.read().decode()
+    finally:
+        conn.close()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return samples
+
+
+def value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
+    return sum(v for sample_labels, v in samples.get(name, []) if labels.items() <= sample_labels.items())
+
+
+def test_metrics_cover_state_batches_processes_and_rings() -> None:
+    models = demo_models("simple", "echo", simple={"instances": 2})
+    with running(models, http={"workers": 2}) as appliance:
+        client = appliance.client()
+        a = np.zeros((2, 16), np.int32)
+        for _ in range(10):
+            client.infer("simple", {"INPUT0": a, "INPUT1": a}).release()
+        samples = scrape(appliance)
+        assert value(samples, "appliance_online") == 1
+        assert value(samples, "appliance_ready") == 1
+        assert value(samples, "appliance_model_ready", model="echo") == 1
+        # Both instances' batches add up, whichever process scrapes.
+        assert value(samples, "appliance_batch_rows_count", model="simple") == 10
+        assert value(samples, "appliance_batch_rows_sum", model="simple") == 20
+        assert value(samples, "appliance_compute_duration_seconds_count", model="simple") == 10
+        roles = {labels["role"] for labels, _ in samples["appliance_process_resident_memory_bytes"]}
+        assert {"master", "http", "http worker", "grpc[0]", "mip[0]", "model[simple#1]"} <= roles
+        assert value(samples, "appliance_process_restarts_total", role="model[simple#0]") == 0
+        assert value(samples, "appliance_ring_used_bytes", role="model", kind="capacity") > 0
+        # Frontend requests are counted by protocol and status, over both workers.
+        for _ in range(6):
+            scrape(appliance)
+        samples = scrape(appliance)
+        assert value(samples, "appliance_frontend_requests_total", protocol="http", status="200") >= 7
+        appliance.ctl("offline")
+        assert value(scrape(appliance), "appliance_online") == 0
+        appliance.ctl("online")
+        assert "http model=- status=200" in appliance.log()
