@@ -16,6 +16,7 @@ def format_status(reply: dict[str, Any]) -> str:
     lines = [
         f"appliance tree {reply.get('tree')} (master pid {reply.get('pid')}): {online}, "
         f"{ready}{draining}; up {reply.get('uptime_s', 0):.0f} s; "
+        f"{reply.get('requests_per_s', 0):.1f} requests/s; "
         + ", ".join(f"{name} {port}" for name, port in ports.items()),
         "",
     ]

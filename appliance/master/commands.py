@@ -71,6 +71,7 @@ def cmd_status(supervisor: Supervisor) -> dict[str, Any]:
         "tree": supervisor.tree.id,
         "pid": os.getpid(),
         "uptime_s": round(time.time() - supervisor.started_at, 1),
+        "requests_per_s": round(supervisor.requests_per_s(), 1),
         "online": status.online,
         "ready": supervisor.ready,
         "draining": supervisor.drain.active,

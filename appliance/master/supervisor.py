@@ -11,6 +11,7 @@ them by argv and reads what they report in the status table.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -26,7 +27,7 @@ from typing import Any
 import orjson
 
 from appliance.config import ApplianceConfig, ConfigError, load, write_snapshot
-from appliance.core.status import Role, SlotState, StatusTable
+from appliance.core.status import Counter, Role, SlotState, StatusTable
 from appliance.core.tree import Tree, new_tree_id
 from appliance.ctl import ControlError, request
 from appliance.master import commands, sweep, systemd
@@ -44,6 +45,7 @@ HOUSEKEEPING_S = 2.0
 # Between marking a retired instance STOPPING and signalling it: requests
 # routed just before the mark still reach it and are served.
 RETIRE_DELAY_S = 0.5
+RATE_WINDOW_S = 10.0
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _FRONTEND_ROLES = (Role.HTTP, Role.GRPC, Role.MIP)
 
@@ -80,6 +82,7 @@ class Supervisor:
         self.free_slots: list[int] = []
         self.reloading: Reload | None = None
         self._notified_ready = False
+        self._request_totals: collections.deque[tuple[float, int]] = collections.deque()
         self.reloads = 0
 
     @property
@@ -454,7 +457,26 @@ class Supervisor:
         self.stats.sample(pids)
         return pids
 
+    def requests_per_s(self) -> float:
+        """Model requests answered per second over the last RATE_WINDOW_S."""
+        if len(self._request_totals) < 2:
+            return 0.0
+        (first_at, first), (last_at, last) = self._request_totals[0], self._request_totals[-1]
+        return (last - first) / (last_at - first_at) if last_at > first_at else 0.0
+
+    def _sample_requests(self) -> None:
+        total = 0
+        for slots in self.layout.values():
+            for slot in slots:
+                counters = self.status.read(slot).counters
+                total += counters[Counter.SUCCESS] + counters[Counter.FAIL]
+        now = time.monotonic()
+        self._request_totals.append((now, total))
+        while self._request_totals and now - self._request_totals[0][0] > RATE_WINDOW_S:
+            self._request_totals.popleft()
+
     def _housekeeping(self) -> None:
+        self._sample_requests()
         self.status.beat_master()
         pids = self.sample_stats()
         sweep.sweep_dead_processes(self.tree, set(pids))

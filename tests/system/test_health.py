@@ -85,6 +85,7 @@ def test_ctl_status_lists_every_process(demo: Appliance) -> None:
     )
     text = result.stdout
     assert "online, ready" in text
+    assert "requests/s" in text
     for role in ("master", "model[simple#0]", "model[echo#0]", "http", "grpc[0]", "mip[0]"):
         assert role in text
     assert "http worker" in text
