@@ -1,0 +1,170 @@
+"""UM-Bridge's shared-memory side channel: vectors in the client's segments.
+
+SPEC: PROTOCOL-FACTS §5.5. A client on the same host creates POSIX
+shared-memory segments and sends only their names in the JSON request::
+
+    /TestShMem     umbridge_test_shmem_in_{tid}  ->  umbridge_test_shmem_out_{tid}
+                   (one float64 each; the server copies in to out)
+    /<Call>ShMem   {shmem_name}_in_{tid}_{i}     input vector i, shmem_size_{i} float64s
+                   {shmem_name}_out_{tid}_{j}    output vector j (Evaluate), or _0
+                                                 (derivatives); the server writes it
+
+    values are float64 in native byte order; shmem_name is "/umbridge".
+
+SAFETY: the segments belong to the client, which creates and unlinks them.
+The server maps each one with os.open + mmap for one request and unmaps it
+afterwards; it never unlinks (so no multiprocessing.shared_memory, whose
+resource tracker would), and it checks every size against the segment's
+real size before touching it. Names are confined to UM-Bridge's ``umbridge``
+prefix, so a request can never reach the appliance's own rings or any other
+file under /dev/shm.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from appliance.protocols.umbridge.codec import (
+    Interface,
+    Vector,
+    check_count,
+    check_length,
+)
+from appliance.protocols.umbridge.errors import invalid_input
+
+SHM_DIR = "/dev/shm"
+_BASE = re.compile(r"/?(umbridge[A-Za-z0-9_]{0,64})")
+_TID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_ITEM = np.dtype(np.float64)  # native order, as the client writes it
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    """The segments one ShMem request names."""
+
+    base: str
+    tid: str
+
+    @classmethod
+    def from_request(cls, request: Mapping[str, Any]) -> Channel:
+        """Read ``shmem_name`` and ``tid``.
+
+        Raises:
+            UmBridgeError: InvalidInput, a name outside UM-Bridge's namespace.
+        """
+        name = request.get("shmem_name")
+        match = _BASE.fullmatch(name) if isinstance(name, str) else None
+        if match is None:
+            raise invalid_input(
+                f"'shmem_name' must be UM-Bridge's segment prefix such as \"/umbridge\" "
+                f"(letters, digits, _), got {name!r}"
+            )
+        return cls(match.group(1), read_tid(request))
+
+    def read_inputs(self, request: Mapping[str, Any], iface: Interface) -> list[Vector]:
+        """Read the input vectors from ``{base}_in_{tid}_{i}``.
+
+        Raises:
+            UmBridgeError: InvalidInput, wrong count or sizes, missing segments.
+        """
+        count = request.get("shmem_num_inputs")
+        if type(count) is not int:
+            raise invalid_input(f"'shmem_num_inputs' must be an integer, got {count!r}")
+        check_count(iface, count)
+        sizes = []
+        for i, (spec, expected) in enumerate(zip(iface.inputs, iface.input_sizes, strict=True)):
+            size = request.get(f"shmem_size_{i}")
+            if type(size) is not int or size < 0:
+                raise invalid_input(f"'shmem_size_{i}' must be a count of float64s, got {size!r}")
+            check_length(f"model {iface.name} input vector {i} ({spec.name})", size, expected)
+            sizes.append(size)
+        return [read_segment(f"{self.base}_in_{self.tid}_{i}", n) for i, n in enumerate(sizes)]
+
+    def write_outputs(self, vectors: Sequence[Vector]) -> None:
+        """Write output vector j into ``{base}_out_{tid}_{j}``."""
+        for j, vector in enumerate(vectors):
+            write_segment(f"{self.base}_out_{self.tid}_{j}", vector)
+
+
+def read_tid(request: Mapping[str, Any]) -> str:
+    tid = request.get("tid")
+    if type(tid) is int and tid >= 0:
+        tid = str(tid)
+    if not isinstance(tid, str) or _TID.fullmatch(tid) is None:
+        raise invalid_input(f"'tid' must be the client's thread id (letters, digits), got {tid!r}")
+    return tid
+
+
+def probe(request: Mapping[str, Any]) -> float | None:
+    """Answer /TestShMem: copy the test value in to out; None if that fails."""
+    try:
+        tid = read_tid(request)
+        value = read_segment(f"umbridge_test_shmem_in_{tid}", 1)
+        write_segment(f"umbridge_test_shmem_out_{tid}", value)
+    except Exception:
+        # SPEC: PROTOCOL-FACTS §5.5 — a failed probe answers {}, and the
+        # client falls back to plain HTTP.
+        return None
+    return float(value[0])
+
+
+def read_segment(name: str, count: int) -> Vector:
+    """Return a private copy of the first ``count`` float64s of a segment.
+
+    Raises:
+        UmBridgeError: InvalidInput, the segment is missing or too small.
+    """
+    if count == 0:
+        # SPEC: PROTOCOL-FACTS §5.5 — the client creates no segment for an empty vector.
+        return np.empty(0, dtype=_ITEM)
+    nbytes = count * _ITEM.itemsize
+    fd = _open(name, os.O_RDONLY, nbytes)
+    try:
+        with mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ) as mapping:
+            return np.frombuffer(mapping[:nbytes], dtype=_ITEM)
+    finally:
+        os.close(fd)
+
+
+def write_segment(name: str, vector: Vector) -> None:
+    """Write a float64 vector at the start of a segment.
+
+    Raises:
+        UmBridgeError: InvalidInput, the segment is missing or too small.
+    """
+    data = np.ascontiguousarray(vector, dtype=_ITEM).tobytes()
+    if not data:
+        return
+    fd = _open(name, os.O_RDWR, len(data))
+    try:
+        with mmap.mmap(fd, len(data), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mapping:
+            mapping[: len(data)] = data
+    finally:
+        os.close(fd)
+
+
+def _open(name: str, mode: int, nbytes: int) -> int:
+    path = os.path.join(SHM_DIR, name)
+    try:
+        fd = os.open(path, mode | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as ex:
+        raise invalid_input(
+            f"shared-memory segment /{name} cannot be opened ({ex.strerror}); "
+            "the client creates it before the request"
+        ) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size < nbytes:
+        os.close(fd)
+        raise invalid_input(
+            f"shared-memory segment /{name} holds {info.st_size} bytes, fewer than the "
+            f"{nbytes} bytes ({nbytes // _ITEM.itemsize} float64) the request needs"
+        )
+    return fd
