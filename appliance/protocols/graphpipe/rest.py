@@ -1,10 +1,175 @@
-"""graphpipe REST routes on the HTTP frontend (not implemented yet)."""
+"""GraphPipe over HTTP: ``/`` (the default model) and ``/graphpipe/{model}``.
+
+SPEC: specs/graphpipe.md §4 and PROTOCOL-FACTS §1.2 — a POST body is a
+flatbuffer ``Request`` (no Content-Type needed); an InferRequest gets an
+InferResponse, any other Request a MetadataResponse; a GET answers the
+metadata as JSON. ``GET /`` from a browser (Accept: text/html) gets the
+host's page instead. A body that is not a Request gets HTTP 400 text/plain;
+a request that decodes but fails gets an InferResponse with ``errors``.
+"""
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import falcon
+from flatbuffers.builder import BuilderSizeError
+
 from appliance.client.api import ModelClient
+from appliance.errors import ApplianceError, ModelNotFound
+from appliance.protocols import page
+from appliance.protocols.graphpipe.bind import bind, select_outputs
+from appliance.protocols.graphpipe.codec import (
+    InferRequest,
+    MetadataRequest,
+    decode_request,
+    encode_error_response,
+    encode_infer_response,
+    encode_metadata_response,
+)
+from appliance.protocols.graphpipe.errors import (
+    DecodeError,
+    GraphPipeCode,
+    GraphPipeError,
+    from_appliance,
+    http_status,
+)
+from appliance.protocols.graphpipe.wire import MetadataInfo, describe, metadata_json
 from appliance.protocols.web import App
+
+log = logging.getLogger("appliance.graphpipe")
+
+# A flatbuffer cannot be larger (its offsets are 32-bit, signed in spirit).
+MAX_BODY_BYTES = (1 << 31) - 1
+FLATBUFFER_TYPE = "application/octet-stream"
+
+Responder = Callable[..., None]
+
+
+class _TextError(Exception):
+    """An answer in plain text with an HTTP status, for what no flatbuffer carries."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _guarded(responder: Responder) -> Responder:
+    """Render this protocol's errors; never let a traceback reach a client."""
+
+    @functools.wraps(responder)
+    def wrapper(self: Any, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
+        try:
+            responder(self, req, resp, **params)
+        except _TextError as ex:
+            _text(resp, ex.status, ex.message)
+        except ApplianceError as ex:
+            _text(resp, http_status(ex), ex.message)
+        except Exception:
+            log.exception("graphpipe %s %s failed", req.method, req.path)
+            _text(resp, falcon.HTTP_500, "graphpipe: internal error; see the appliance log")
+
+    return wrapper
+
+
+def _text(resp: falcon.Response, status: str, message: str) -> None:
+    resp.status = status
+    resp.content_type = falcon.MEDIA_TEXT
+    resp.text = message + "\n"
+
+
+class GraphPipeResource:
+    """One model's GraphPipe endpoint; the default model when none is routed."""
+
+    def __init__(self, client: ModelClient) -> None:
+        self.client = client
+
+    @_guarded
+    def on_get(self, req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
+        if not model and page.wants_html(req.accept):
+            resp.content_type = falcon.MEDIA_HTML
+            resp.text = page.render(self.client)
+            return
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = metadata_json(self._describe(model))
+
+    @_guarded
+    def on_post(self, req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
+        body = _read_body(req)
+        try:
+            request = decode_request(body)
+        except DecodeError as ex:
+            raise _TextError(falcon.HTTP_400, f"graphpipe: malformed request: {ex}") from None
+        resp.content_type = FLATBUFFER_TYPE
+        if isinstance(request, MetadataRequest):
+            resp.data = encode_metadata_response(self._describe(model))
+        else:
+            resp.data = self._infer(model, request)
+
+    def _infer(self, model: str, request: InferRequest) -> bytes:
+        try:
+            model = model or self._default_model()
+            metadata = self.client.metadata(model)
+            binding = bind(metadata, request)
+            with self.client.infer(
+                model, binding.inputs, binding.outputs, binding.parameters
+            ) as result:
+                outputs = select_outputs(metadata, binding.outputs, result.outputs)
+                return encode_infer_response(outputs)
+        except GraphPipeError as ex:
+            return encode_error_response(ex)
+        except ApplianceError as ex:
+            return encode_error_response(from_appliance(ex))
+        except BuilderSizeError:
+            return encode_error_response(
+                GraphPipeError(
+                    GraphPipeCode.TOO_LARGE,
+                    f"model {model}: the reply exceeds a flatbuffer's 2 GiB limit",
+                )
+            )
+
+    def _describe(self, model: str) -> MetadataInfo:
+        return describe(self.client.metadata(model or self._default_model()))
+
+    def _default_model(self) -> str:
+        name = self.client.config.server.default_model
+        if not name:
+            raise ModelNotFound(
+                "no default model is configured (server.default_model); "
+                "use /graphpipe/<model> for one of: " + ", ".join(self.client.models())
+            )
+        return name
+
+
+def _read_body(req: falcon.Request) -> bytes:
+    length = req.content_length
+    if length is not None and length > MAX_BODY_BYTES:
+        raise _TextError(
+            falcon.HTTP_413,
+            f"graphpipe: a {length}-byte body exceeds a flatbuffer's limit of {MAX_BODY_BYTES}",
+        )
+    # A chunked body has no Content-Length; gunicorn ends wsgi.input at its
+    # end (wsgi.input_terminated), where falcon's bounded_stream reads nothing.
+    stream = req.stream if length is None else req.bounded_stream
+    body: bytes = stream.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:
+        raise _TextError(
+            falcon.HTTP_413, f"graphpipe: the body exceeds a flatbuffer's limit of {MAX_BODY_BYTES}"
+        )
+    return body
 
 
 def add_routes(app: App, client: ModelClient) -> None:
-    """Mount this protocol's routes; nothing yet."""
+    """Mount GraphPipe at ``/`` (the default model) and ``/graphpipe/{model}``.
+
+    Clients POST to exactly the URL they are given (PROTOCOL-FACTS §1.2), so
+    a trailing slash is accepted too.
+    """
+    resource = GraphPipeResource(client)
+    app.add_route("/", resource)
+    app.add_route("/graphpipe/{model}", resource)
+    app.add_route("/graphpipe/{model}/", resource)
