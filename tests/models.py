@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -61,3 +62,13 @@ class Tagged(Model):
         time.sleep(float(self.options.get("delay_s", 0.0)))
         tag = np.array([str(self.options.get("tag", ""))], dtype=object)
         return {"y": inputs["x"], "tag": tag}
+
+
+class ParameterEcho(Model):
+    """Return the request parameters the model was given, as JSON."""
+
+    inputs = [spec("x", "FP32", [-1])]
+    outputs = [spec("parameters", "BYTES", [1])]
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        return {"parameters": np.array([json.dumps(dict(parameters)).encode()], dtype=object)}

@@ -1,11 +1,253 @@
-"""kserve gRPC service on the gRPC frontend (not implemented yet)."""
+"""KServe v2 ``inference.GRPCInferenceService`` on the gRPC frontend.
+
+SPEC: shared/specs/open-inference-grpc.md and PROTOCOL-FACTS §2.2, §2.4,
+§2.5. Errors are the call's status (``errors.grpc_status``); within
+ModelStreamInfer they travel as ``error_message`` and the stream goes on.
+A request's time limit is the smaller of the client's gRPC deadline and the
+KServe ``timeout`` parameter.
+"""
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import grpc
+from google.protobuf import json_format
 
 from appliance.client.api import ModelClient
+from appliance.errors import ApplianceError, DeadlineExceeded
+from appliance.protocols.kserve import pbcodec, service
+from appliance.protocols.kserve.errors import grpc_status
+from appliance.protocols.kserve.inference import InferRequest, OutputData
+from appliance.protocols.kserve.pbcodec import pb
+from appliance.protocols.kserve.shm import RegionTable
+
+log = logging.getLogger("appliance.kserve")
+Handler = Callable[[Any, Any, grpc.ServicerContext], Any]
+SERVICE_NAME = "GRPCInferenceService"
+PRESERIALIZED = frozenset({"ModelInfer", "ModelStreamInfer"})
+# SPEC: Triton's decoupled-stream parameters.
+FINAL_FLAG = "triton_final_response"
+WANTS_FINAL = "triton_enable_empty_final_response"
+
+
+def rpc(method: Handler) -> Handler:
+    """Turn every failure of a unary call into a gRPC status; never a traceback."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except ApplianceError as ex:
+            context.abort(grpc.StatusCode[grpc_status(ex)], ex.message)
+        except Exception:
+            log.exception("KServe gRPC %s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
+
+    return wrapper
+
+
+def timeout_s(context: grpc.ServicerContext, request: InferRequest) -> float | None:
+    """Return the time the request may take: deadline or timeout parameter.
+
+    Raises:
+        DeadlineExceeded: the client's deadline has already passed.
+    """
+    limits = [t for t in (context.time_remaining(), request.timeout_s()) if t is not None]
+    if not limits:
+        return None
+    limit = float(min(limits))
+    if limit <= 0:
+        raise DeadlineExceeded(f"the deadline of the request to {request.model} passed")
+    return limit
+
+
+class InferenceServicer:
+    """The RPCs of inference.GRPCInferenceService, named as the proto names them."""
+
+    def __init__(self, client: ModelClient, regions: RegionTable) -> None:
+        self.client = client
+        self.regions = regions
+
+    # -- health and metadata ---------------------------------------------------
+
+    @rpc
+    def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.ServerLiveResponse(live=self.client.server_live())
+
+    @rpc
+    def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.ServerReadyResponse(ready=self.client.server_ready())
+
+    @rpc
+    def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+        ready = service.model_ready(self.client, request.name, request.version)
+        return pb.ModelReadyResponse(ready=ready)
+
+    @rpc
+    def ServerMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.ServerMetadataResponse(**service.server_metadata())
+
+    @rpc
+    def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        metadata = service.model_metadata(self.client, request.name, request.version)
+        return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
+
+    @rpc
+    def ModelConfig(self, request: Any, context: grpc.ServicerContext) -> Any:
+        config = service.model_config(self.client, request.name, request.version)
+        return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
+
+    @rpc
+    def ModelStatistics(self, request: Any, context: grpc.ServicerContext) -> Any:
+        stats = service.model_statistics(self.client, request.name, request.version)
+        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
+    # -- inference -------------------------------------------------------------
+
+    @rpc
+    def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> bytes:
+        decoded = pbcodec.decode_infer_request(request)
+        limit = timeout_s(context, decoded)
+        with service.infer(self.client, self.regions, decoded, limit) as outputs:
+            return self._response(decoded, outputs)
+
+    def ModelStreamInfer(
+        self, requests: Iterator[Any], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        for request in requests:
+            try:
+                yield from self._stream_one(request, context)
+            except ApplianceError as ex:
+                yield pbcodec.encode_stream_error(request.model_name, request.id, ex.message)
+            except Exception:
+                log.exception("KServe gRPC ModelStreamInfer failed")
+                message = "internal error in the stream"
+                yield pbcodec.encode_stream_error(request.model_name, request.id, message)
+
+    def _stream_one(self, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
+        """Answer one request of a stream: one response, or one per part.
+
+        SPEC: Triton's decoupled models flag each response with
+        triton_final_response when the client asked for an empty final one.
+        """
+        decoded = pbcodec.decode_infer_request(request)
+        limit = timeout_s(context, decoded)
+        wants_final = decoded.parameters.get(WANTS_FINAL) is True
+        if not service.decoupled(self.client, decoded.model):
+            flag = {FINAL_FLAG: True} if wants_final else None
+            with service.infer(self.client, self.regions, decoded, limit) as outputs:
+                response = self._response(decoded, outputs, flag)
+            yield pbcodec.encode_stream_response(response)
+            return
+        flag = {FINAL_FLAG: False} if wants_final else None
+        for outputs in service.stream(self.client, self.regions, decoded, limit):
+            yield pbcodec.encode_stream_response(self._response(decoded, outputs, flag))
+        if wants_final:
+            final = pbcodec.encode_infer_response(
+                decoded.model, "", decoded.id, [], {FINAL_FLAG: True}
+            )
+            yield pbcodec.encode_stream_response(final)
+
+    def _response(
+        self,
+        request: InferRequest,
+        outputs: list[OutputData],
+        parameters: dict[str, Any] | None = None,
+    ) -> bytes:
+        version = request.version or service.version_of(self.client, request.model)
+        return pbcodec.encode_infer_response(
+            request.model, version, request.id, outputs, parameters
+        )
+
+    # -- model repository --------------------------------------------------------
+
+    @rpc
+    def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
+        index = service.repository_index(self.client, request.ready)
+        return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
+
+    @rpc
+    def RepositoryModelLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+        parameters = pbcodec.decode_parameters(request.parameters)
+        service.load_model(self.client, request.model_name, parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    @rpc
+    def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
+        service.unload_model(self.client, request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- shared memory ---------------------------------------------------------------
+
+    @rpc
+    def SystemSharedMemoryStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.regions.status(request.name or None):
+            response.regions[region.name].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region.status())
+            )
+        return response
+
+    @rpc
+    def SystemSharedMemoryRegister(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.regions.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @rpc
+    def SystemSharedMemoryUnregister(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.regions.unregister(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @rpc
+    def CudaSharedMemoryStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+        service.cuda_status(request.name)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @rpc
+    def CudaSharedMemoryRegister(self, request: Any, context: grpc.ServicerContext) -> Any:
+        service.cuda_register(request.name)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @rpc
+    def CudaSharedMemoryUnregister(self, request: Any, context: grpc.ServicerContext) -> Any:
+        # SPEC: PROTOCOL-FACTS §2.7 — must succeed on a CPU-only server.
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+
+def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    """Return a handler per RPC of the service, built from the proto's descriptor.
+
+    PERF: ModelInfer and ModelStreamInfer return messages pbcodec already
+    serialized (outputs copied once), so their serializer passes bytes on.
+    """
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name[SERVICE_NAME].methods:
+        request = getattr(pb, method.input_type.name)
+        response = getattr(pb, method.output_type.name)
+        serialize = _as_is if method.name in PRESERIALIZED else response.SerializeToString
+        behaviour = getattr(servicer, method.name)
+        if method.client_streaming:
+            handler = grpc.stream_stream_rpc_method_handler(
+                behaviour, request.FromString, serialize
+            )
+        else:
+            handler = grpc.unary_unary_rpc_method_handler(behaviour, request.FromString, serialize)
+        handlers[method.name] = handler
+    return handlers
+
+
+def _as_is(message: bytes) -> bytes:
+    return message
 
 
 def add_to_server(server: grpc.Server, client: ModelClient) -> None:
-    """Register this protocol's servicer; nothing yet."""
+    """Register the KServe service."""
+    servicer = InferenceServicer(client, RegionTable(client.tree.dir))
+    handler = grpc.method_handlers_generic_handler(
+        f"inference.{SERVICE_NAME}", method_handlers(servicer)
+    )
+    server.add_generic_rpc_handlers((handler,))

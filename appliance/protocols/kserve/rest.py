@@ -1,35 +1,291 @@
-"""KServe v2 REST routes on the HTTP frontend.
+"""KServe v2 REST routes (with Triton's extensions) on the HTTP frontend.
 
 SPEC: PROTOCOL-FACTS §2.1 — health answers carry no body; clients decide on
 the status code alone (200 yes; otherwise not). Not-ready answers 503 so that
 load balancers, which treat any non-2xx as down, agree with tritonclient.
+Every error is ``{"error": "<message>"}`` with the status of ``errors``.
+tritonclient sends no Content-Type and reuses connections (§2.3), so no
+route looks at Content-Type, and query parameters are ignored.
+
+Routes (``{v}`` parts are optional; the demo models serve version "1")::
+
+    GET  /v2 (or /v2/)                        server metadata
+    GET  /v2/health/live | /v2/health/ready
+    GET  /v2/models/{m}[/versions/{v}]        model metadata
+    GET  .../ready | .../config | .../stats   model readiness, config, statistics
+    POST .../infer                            inference (JSON and binary tensors)
+    GET  /v2/models/stats                     statistics of every model
+    POST /v2/repository/index                 POST .../models/{m}/load | unload
+    GET  /v2/{system,cuda}sharedmemory[/region/{n}]/status
+    POST /v2/{system,cuda}sharedmemory/region/{n}/register
+    POST /v2/{system,cuda}sharedmemory[/region/{n}]/unregister
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
 import falcon
+import orjson
 
 from appliance.client.api import ModelClient
+from appliance.errors import ApplianceError, InternalError, TooLarge, Unsupported
+from appliance.protocols.kserve import codec, encoding, service
+from appliance.protocols.kserve.errors import DecodeError, http_body, http_status
+from appliance.protocols.kserve.shm import RegionTable
 from appliance.protocols.web import App
 
+log = logging.getLogger("appliance.kserve")
+JSON = "application/json"
+BINARY = "application/octet-stream"
+Responder = Callable[..., None]
 
-class LiveResource:
-    def __init__(self, client: ModelClient) -> None:
+
+def responder(method: Responder) -> Responder:
+    """Render every failure of a responder as a KServe error; never a traceback."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
+        try:
+            method(self, req, resp, **params)
+        except ApplianceError as ex:
+            _render_error(resp, ex, http_status(ex))
+        except falcon.HTTPError as ex:
+            _render_error(resp, DecodeError(ex.description or ex.title), ex.status_code)
+        except Exception:
+            log.exception("KServe %s %s failed", req.method, req.path)
+            _render_error(resp, InternalError(f"internal error serving {req.path}"), 500)
+
+    return wrapper
+
+
+def _render_error(resp: falcon.Response, error: ApplianceError, status: int) -> None:
+    resp.status = status
+    resp.content_type = JSON
+    resp.data = http_body(error)
+    for header in ("Inference-Header-Content-Length", "Content-Encoding"):
+        resp.delete_header(header)
+
+
+def _json(resp: falcon.Response, value: Any) -> None:
+    resp.content_type = JSON
+    resp.data = orjson.dumps(value)
+
+
+class Resource:
+    """Base of the KServe resources: the model client and shm registry."""
+
+    def __init__(self, client: ModelClient, regions: RegionTable) -> None:
         self.client = client
+        self.regions = regions
+        self.limit = client.config.grpc.max_message_bytes
 
+    def body(self, req: falcon.Request) -> bytes:
+        """Read the whole (decompressed) request body, within the message limit."""
+        length = req.content_length
+        if length is not None and length > self.limit:
+            raise TooLarge(
+                f"the request body of {length} bytes exceeds the limit of {self.limit} bytes "
+                "(grpc.max_message_bytes)"
+            )
+        data: bytes = req.bounded_stream.read() if length is not None else req.stream.read()
+        if len(data) > self.limit:
+            raise TooLarge(f"the request body exceeds the limit of {self.limit} bytes")
+        return encoding.decode_content(data, req.get_header("Content-Encoding"), self.limit)
+
+    def json_body(self, req: falcon.Request) -> dict[str, Any]:
+        """Read an optional JSON object body (tritonclient sometimes sends none)."""
+        data = self.body(req)
+        if not data.strip():
+            return {}
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError as ex:
+            raise DecodeError(f"the request body is not valid JSON: {ex}") from None
+        if not isinstance(value, dict):
+            raise DecodeError("the request body must be a JSON object")
+        return value
+
+
+class LiveResource(Resource):
     def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         resp.status = falcon.HTTP_200 if self.client.server_live() else falcon.HTTP_503
 
 
-class ReadyResource:
-    def __init__(self, client: ModelClient) -> None:
-        self.client = client
-
+class ReadyResource(Resource):
     def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         resp.status = falcon.HTTP_200 if self.client.server_ready() else falcon.HTTP_503
 
 
+class ServerMetadataResource(Resource):
+    @responder
+    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+        _json(resp, service.server_metadata())
+
+
+class ModelResource(Resource):
+    """Everything under /v2/models/{model}[/versions/{version}]."""
+
+    @responder
+    def on_get(
+        self, _req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
+    ) -> None:
+        _json(resp, service.model_metadata(self.client, model, version))
+
+    @responder
+    def on_get_ready(
+        self, _req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
+    ) -> None:
+        ready = service.model_ready(self.client, model, version)
+        resp.status = falcon.HTTP_200 if ready else falcon.HTTP_503
+
+    @responder
+    def on_get_config(
+        self, _req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
+    ) -> None:
+        _json(resp, service.model_config(self.client, model, version))
+
+    @responder
+    def on_get_stats(
+        self, _req: falcon.Request, resp: falcon.Response, model: str = "", version: str = ""
+    ) -> None:
+        _json(resp, {"model_stats": service.model_statistics(self.client, model, version)})
+
+    @responder
+    def on_post_infer(
+        self, req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
+    ) -> None:
+        header_length = _header_length(req)
+        request = codec.decode_infer_request(self.body(req), header_length, model, version)
+        timeout_s = request.timeout_s()
+        accepted = encoding.choose_encoding(req.get_header("Accept-Encoding"))
+        with service.infer(self.client, self.regions, request, timeout_s) as outputs:
+            served = request.version or service.version_of(self.client, model)
+            body, json_length = codec.encode_infer_response(model, served, request.id, outputs)
+        if json_length is not None:
+            resp.set_header("Inference-Header-Content-Length", str(json_length))
+        resp.content_type = BINARY if json_length is not None else JSON
+        if accepted is not None:
+            body = encoding.encode_content(body, accepted)
+            resp.set_header("Content-Encoding", accepted)
+        resp.data = body
+
+
+def _header_length(req: falcon.Request) -> int | None:
+    value = req.get_header("Inference-Header-Content-Length")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise DecodeError(
+            f"Inference-Header-Content-Length must be a byte count, got {value!r}"
+        ) from None
+
+
+class RepositoryResource(Resource):
+    """The model repository extension over the configured models."""
+
+    @responder
+    def on_post_index(self, req: falcon.Request, resp: falcon.Response) -> None:
+        ready = self.json_body(req).get("ready", False)
+        _json(resp, service.repository_index(self.client, bool(ready)))
+
+    @responder
+    def on_post_load(self, req: falcon.Request, resp: falcon.Response, model: str) -> None:
+        parameters = self.json_body(req).get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise DecodeError("load parameters must be a JSON object")
+        service.load_model(self.client, model, parameters)
+        _json(resp, {})
+
+    @responder
+    def on_post_unload(self, req: falcon.Request, resp: falcon.Response, model: str) -> None:
+        self.body(req)
+        service.unload_model(self.client, model)
+
+
+class SystemSharedMemoryResource(Resource):
+    @responder
+    def on_get_status(self, _req: falcon.Request, resp: falcon.Response, name: str = "") -> None:
+        regions = self.regions.status(name or None)
+        _json(resp, [region.status() for region in regions])
+
+    @responder
+    def on_post_register(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        body = self.json_body(req)
+        key, offset, size = body.get("key"), body.get("offset", 0), body.get("byte_size")
+        if not isinstance(key, str) or not isinstance(offset, int) or not isinstance(size, int):
+            raise DecodeError('register needs {"key": str, "offset": int, "byte_size": int}')
+        self.regions.register(name, key, offset, size)
+        _json(resp, {})
+
+    @responder
+    def on_post_unregister(
+        self, req: falcon.Request, resp: falcon.Response, name: str = ""
+    ) -> None:
+        self.body(req)
+        self.regions.unregister(name or None)
+        _json(resp, {})
+
+
+class CudaSharedMemoryResource(Resource):
+    """CUDA shared memory on a CPU-only server: nothing to list or remove."""
+
+    @responder
+    def on_get_status(self, _req: falcon.Request, resp: falcon.Response, name: str = "") -> None:
+        _json(resp, service.cuda_status(name))
+
+    @responder
+    def on_post_register(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        self.body(req)
+        service.cuda_register(name)
+
+    @responder
+    def on_post_unregister(
+        self, req: falcon.Request, resp: falcon.Response, name: str = ""
+    ) -> None:
+        # SPEC: PROTOCOL-FACTS §2.7 — the shm examples unregister CUDA regions
+        # first and need that to succeed on a CPU-only server.
+        self.body(req)
+        _json(resp, {})
+
+
+def unknown_endpoint(req: falcon.Request, resp: falcon.Response, **_params: Any) -> None:
+    """Answer /v2 paths no route serves (trace and log settings, typos) in KServe's form."""
+    error = Unsupported(f"{req.method} {req.path} is not an endpoint this server implements")
+    _render_error(resp, error, 404)
+
+
 def add_routes(app: App, client: ModelClient) -> None:
     """Mount the KServe v2 REST routes."""
-    app.add_route("/v2/health/live", LiveResource(client))
-    app.add_route("/v2/health/ready", ReadyResource(client))
+    regions = RegionTable(client.tree.dir)
+    metadata = ServerMetadataResource(client, regions)
+    app.add_route("/v2", metadata)
+    app.add_route("/v2/", metadata)  # SPEC: the OIP REST yaml spells it with the slash
+    app.add_route("/v2/health/live", LiveResource(client, regions))
+    app.add_route("/v2/health/ready", ReadyResource(client, regions))
+    model = ModelResource(client, regions)
+    app.add_route("/v2/models/stats", model, suffix="stats")
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        app.add_route(base, model)
+        for suffix in ("ready", "config", "stats", "infer"):
+            app.add_route(f"{base}/{suffix}", model, suffix=suffix)
+    repository = RepositoryResource(client, regions)
+    app.add_route("/v2/repository/index", repository, suffix="index")
+    app.add_route("/v2/repository/models/{model}/load", repository, suffix="load")
+    app.add_route("/v2/repository/models/{model}/unload", repository, suffix="unload")
+    for kind, resource in (
+        ("system", SystemSharedMemoryResource(client, regions)),
+        ("cuda", CudaSharedMemoryResource(client, regions)),
+    ):
+        base = f"/v2/{kind}sharedmemory"
+        app.add_route(f"{base}/status", resource, suffix="status")
+        app.add_route(f"{base}/region/{{name}}/status", resource, suffix="status")
+        app.add_route(f"{base}/region/{{name}}/register", resource, suffix="register")
+        app.add_route(f"{base}/unregister", resource, suffix="unregister")
+        app.add_route(f"{base}/region/{{name}}/unregister", resource, suffix="unregister")
+    app.add_sink(unknown_endpoint, prefix=r"/v2/")

@@ -1,0 +1,190 @@
+"""The shape of a KServe inference request, whichever transport carried it.
+
+Both codecs (REST JSON + binary in ``codec``, protobuf in ``pbcodec``) decode
+into an :class:`InferRequest`; ``service`` runs it. The checks every
+transport shares live here too: datatypes, shapes, byte sizes against
+shapes, and the shared-memory tensor parameters. Pure: no I/O, no web or
+RPC library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from appliance.core import dtypes
+from appliance.core.dtypes import DType
+from appliance.core.tensor import Tensor
+from appliance.protocols.kserve.errors import DecodeError
+
+# Request parameters the frontend consumes itself; the rest go to the model.
+# SPEC: PROTOCOL-FACTS §2.2 (timeout, in microseconds) and §2.3
+# (binary_data_output); Triton's stream flag triton_enable_empty_final_response.
+TRANSPORT_PARAMETERS = frozenset(
+    {"binary_data_output", "timeout", "triton_enable_empty_final_response"}
+)
+# The largest dimension count a request may claim.
+MAX_RANK = 64
+
+
+@dataclass(frozen=True, slots=True)
+class ShmRef:
+    """Where a tensor lies in a registered system shared-memory region."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InputTensor:
+    """One decoded input: its data, or where it lies in shared memory."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    data: Tensor | None = None
+    shm: ShmRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """One requested output; ``binary`` None means the request's default."""
+
+    name: str
+    binary: bool | None = None
+    shm: ShmRef | None = None
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """A decoded inference request."""
+
+    model: str
+    version: str
+    id: str
+    parameters: dict[str, Any]
+    inputs: list[InputTensor]
+    outputs: list[RequestedOutput] | None
+    binary_output: bool = False
+
+    def model_parameters(self) -> dict[str, Any]:
+        """Return the parameters the model sees (transport ones removed)."""
+        return {k: v for k, v in self.parameters.items() if k not in TRANSPORT_PARAMETERS}
+
+    def timeout_s(self) -> float | None:
+        """Return the KServe ``timeout`` parameter (microseconds) in seconds."""
+        value = self.parameters.get("timeout")
+        if value is None or isinstance(value, bool):
+            return None
+        if not isinstance(value, int | float) or value < 0:
+            raise DecodeError(f"parameter timeout must be microseconds >= 0, got {value!r}")
+        return value / 1e6 if value else None
+
+
+@dataclass(frozen=True, slots=True)
+class OutputData:
+    """One output of a finished inference, ready to encode.
+
+    ``tensor`` is a view into shared memory, valid only while the result
+    that produced it is held. For an output written into a client's region
+    (``shm`` set), only its name, datatype and shape are sent back.
+    """
+
+    name: str
+    tensor: Tensor
+    binary: bool
+    shm: ShmRef | None = None
+
+
+def parse_dtype(name: object, what: str) -> DType:
+    """Parse a KServe datatype name.
+
+    Raises:
+        DecodeError: not a datatype the appliance handles.
+    """
+    if not isinstance(name, str):
+        raise DecodeError(f"{what}: datatype must be a string, got {name!r}")
+    try:
+        return DType(name)
+    except ValueError:
+        allowed = ", ".join(d.value for d in DType)
+        raise DecodeError(
+            f"{what}: unsupported datatype {name!r}; expected one of {allowed}"
+        ) from None
+
+
+def parse_shape(shape: object, what: str) -> tuple[int, ...]:
+    """Parse a shape: a list of non-negative integers.
+
+    Raises:
+        DecodeError: not a list of non-negative integers.
+    """
+    if not isinstance(shape, list | tuple) or len(shape) > MAX_RANK:
+        raise DecodeError(f"{what}: shape must be a list of at most {MAX_RANK} integers")
+    dims = []
+    for dim in shape:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+            raise DecodeError(f"{what}: shape {list(shape)} must hold integers >= 0")
+        dims.append(int(dim))
+    return tuple(dims)
+
+
+def tensor_from_buffer(
+    name: str, dtype: DType, shape: tuple[int, ...], buffer: memoryview | bytes
+) -> Tensor:
+    """Wrap raw tensor bytes (row-major, little-endian; BYTES packed) without copying.
+
+    Raises:
+        DecodeError: the byte size does not match the shape and datatype.
+    """
+    if dtype is DType.BYTES:
+        # The model worker unpacks it and checks the element count.
+        return Tensor(dtype, shape, buffer)
+    size = len(buffer) if isinstance(buffer, bytes) else buffer.nbytes
+    expected = dtypes.element_count(shape) * dtypes.item_size(dtype)
+    if size != expected:
+        raise DecodeError(
+            f"input {name}: {size} bytes of data do not match shape {list(shape)} of "
+            f"{dtype.value} ({expected} bytes expected)"
+        )
+    array = np.frombuffer(buffer, dtype=dtypes.to_numpy(dtype)).reshape(shape)
+    return Tensor(dtype, shape, array)
+
+
+def shm_ref(parameters: Mapping[str, Any], what: str) -> ShmRef | None:
+    """Read the shared-memory parameters of a tensor, if it has them.
+
+    SPEC: PROTOCOL-FACTS §2.4 — shared_memory_region and
+    shared_memory_byte_size go together; shared_memory_offset defaults to 0.
+
+    Raises:
+        DecodeError: only one of region and byte size, or bad values.
+    """
+    region = parameters.get("shared_memory_region")
+    size = parameters.get("shared_memory_byte_size")
+    if region is None and size is None:
+        return None
+    if region is None or size is None:
+        raise DecodeError(
+            f"{what}: shared_memory_region and shared_memory_byte_size must be given together"
+        )
+    offset = parameters.get("shared_memory_offset", 0)
+    if not isinstance(region, str) or not region:
+        raise DecodeError(f"{what}: shared_memory_region must be a region name")
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise DecodeError(f"{what}: {key} must be an integer >= 0, got {value!r}")
+    return ShmRef(region, int(size), int(offset))
+
+
+def check_unique(names: list[str], what: str) -> None:
+    """Raise DecodeError if a tensor name repeats."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise DecodeError(f"{what} {name!r} is given more than once")
+        seen.add(name)

@@ -1,0 +1,341 @@
+"""What the KServe endpoints do, whichever transport asked.
+
+``rest`` and ``grpc`` decode their wire form, call these functions and
+encode what they return. The dicts returned here are the REST bodies as the
+Triton docs show them; ``grpc`` parses them into the protobuf messages, so
+both transports answer the same thing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import appliance
+from appliance.client.api import ModelClient
+from appliance.core import dtypes
+from appliance.core.dtypes import DType
+from appliance.core.metadata import ModelMetadata
+from appliance.core.status import Counter
+from appliance.core.tensor import Tensor, TensorSpec
+from appliance.errors import ApplianceError, BadRequest, ModelNotFound, ModelNotReady, Unsupported
+from appliance.protocols.kserve.inference import (
+    InferRequest,
+    OutputData,
+    RequestedOutput,
+    tensor_from_buffer,
+)
+from appliance.protocols.kserve.shm import RegionTable
+
+# SPEC: PROTOCOL-FACTS §2.7 — Triton's simple_*_health_metadata examples
+# require the server name "triton"; the version says what is really serving.
+SERVER_NAME = "triton"
+SERVER_VERSION = f"appliance-{appliance.__version__}"
+# Exactly the extensions implemented here (PROTOCOL-FACTS §2.3-2.6).
+EXTENSIONS = (
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "model_configuration",
+    "system_shared_memory",
+    "model_repository",
+)
+_STAT_KEYS = ("compute_input", "compute_output", "cache_hit", "cache_miss")
+
+
+def server_metadata() -> dict[str, Any]:
+    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
+
+
+def resolve(client: ModelClient, model: str, version: str) -> ModelMetadata:
+    """Return a model's metadata, checking the version asked for.
+
+    Raises:
+        ModelNotFound: no such model, or no such version of it.
+        ModelNotReady: the model has not loaded yet.
+    """
+    metadata = client.metadata(model)
+    if version and version not in metadata.versions:
+        raise ModelNotFound(
+            f"Request for unknown model: '{model}' version {version} is not found; "
+            f"it has version(s) {', '.join(metadata.versions) or 'none'}"
+        )
+    return metadata
+
+
+def version_of(client: ModelClient, model: str) -> str:
+    """Return the version a model serves, "" while it is not loaded."""
+    try:
+        versions = client.metadata(model).versions
+    except ApplianceError:
+        return ""
+    return versions[-1] if versions else ""
+
+
+def model_ready(client: ModelClient, model: str, version: str) -> bool:
+    """Online, the model has a ready instance, and serves that version."""
+    if model not in client.models() or not client.status.online:
+        return False
+    if not client.model_ready(model):
+        return False
+    try:
+        resolve(client, model, version)
+    except ApplianceError:
+        return False
+    return True
+
+
+def model_metadata(client: ModelClient, model: str, version: str) -> dict[str, Any]:
+    metadata = resolve(client, model, version)
+    return {
+        "name": model,
+        "versions": list(metadata.versions),
+        "platform": metadata.platform,
+        "inputs": [spec.to_dict() for spec in metadata.inputs or ()],
+        "outputs": [spec.to_dict() for spec in metadata.outputs or ()],
+    }
+
+
+def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any]:
+    """Return the model's configuration in the shape of Triton's ModelConfig."""
+    metadata = resolve(client, model, version)
+    configured = client.config.model(model)
+    batched = metadata.max_batch_size > 0
+    config: dict[str, Any] = {
+        "name": model,
+        "platform": metadata.platform,
+        "backend": "python",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": metadata.max_batch_size,
+        "input": [_tensor_config(spec, batched) for spec in metadata.inputs or ()],
+        "output": [_tensor_config(spec, batched) for spec in metadata.outputs or ()],
+        "instance_group": [
+            {"name": model, "kind": "KIND_CPU", "count": configured.instances if configured else 1}
+        ],
+        "model_transaction_policy": {"decoupled": metadata.supports.get("predict_stream", False)},
+    }
+    if batched:
+        delay_ms = configured.max_queue_delay_ms if configured else 0.0
+        config["dynamic_batching"] = {"max_queue_delay_microseconds": int(delay_ms * 1000)}
+    return config
+
+
+def _tensor_config(spec: TensorSpec, batched: bool) -> dict[str, Any]:
+    # SPEC: Triton's config dims leave out the batch dimension.
+    dims = list(spec.shape[1:] if batched else spec.shape)
+    kind = "STRING" if spec.dtype is DType.BYTES else spec.dtype.value
+    return {"name": spec.name, "data_type": f"TYPE_{kind}", "dims": dims}
+
+
+def model_statistics(client: ModelClient, model: str, version: str) -> list[dict[str, Any]]:
+    """Return one statistics entry per model asked for (every model when "")."""
+    if model:
+        if model not in client.models():
+            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+        if version:
+            resolve(client, model, version)
+        names = [model]
+    else:
+        names = client.models()
+    return [_statistics(client, name) for name in names]
+
+
+def _statistics(client: ModelClient, model: str) -> dict[str, Any]:
+    counts = client.counters(model)
+    success, queue_ns, compute_ns = (
+        counts[Counter.SUCCESS],
+        counts[Counter.QUEUE_NS],
+        counts[Counter.COMPUTE_NS],
+    )
+    stats = {
+        "success": {"count": success, "ns": queue_ns + compute_ns},
+        "fail": {"count": counts[Counter.FAIL], "ns": 0},
+        "queue": {"count": success, "ns": queue_ns},
+        "compute_infer": {"count": success, "ns": compute_ns},
+    }
+    for key in _STAT_KEYS:
+        stats[key] = {"count": success if key.startswith("compute") else 0, "ns": 0}
+    return {
+        "name": model,
+        "version": version_of(client, model),
+        "last_inference": counts[Counter.LAST_INFERENCE_MS],
+        "inference_count": counts[Counter.BATCH_ROWS],
+        "execution_count": counts[Counter.BATCHES],
+        "inference_stats": stats,
+        "batch_stats": [],
+    }
+
+
+def repository_index(client: ModelClient, ready_only: bool) -> list[dict[str, Any]]:
+    index = []
+    for model in client.models():
+        ready = client.model_ready(model)
+        if ready_only and not ready:
+            continue
+        index.append(
+            {
+                "name": model,
+                "version": version_of(client, model),
+                "state": "READY" if ready else "UNAVAILABLE",
+                "reason": "" if ready else "no ready instance",
+            }
+        )
+    return index
+
+
+def load_model(client: ModelClient, model: str, parameters: Mapping[str, Any]) -> None:
+    """Succeed for a configured, ready model: it is loaded already.
+
+    Raises:
+        ModelNotFound: the model is not configured.
+        Unsupported: a configuration or files were given.
+        ModelNotReady: it is configured but not (yet) ready.
+    """
+    if model not in client.models():
+        raise ModelNotFound(f"failed to load '{model}': no model of that name is configured")
+    if "config" in parameters or any(key.startswith("file:") for key in parameters):
+        raise Unsupported(
+            f"failed to load '{model}': models are configured by the appliance's config file "
+            "and cannot be changed at run time; edit it and restart"
+        )
+    if not client.model_ready(model):
+        raise ModelNotReady(f"model '{model}' is configured but has no ready instance yet")
+
+
+def unload_model(client: ModelClient, model: str) -> None:
+    """Refuse: the appliance serves every configured model until it stops."""
+    if model not in client.models():
+        raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+    raise Unsupported(
+        f"failed to unload '{model}': the appliance serves every configured model; take the "
+        "host out of rotation with `appliance ctl offline` instead"
+    )
+
+
+def cuda_status(name: str) -> list[dict[str, Any]]:
+    """No CUDA region is ever registered on this CPU-only server."""
+    if name:
+        raise BadRequest(f"no CUDA shared memory region named {name!r} is registered")
+    return []
+
+
+def cuda_register(name: str) -> None:
+    raise Unsupported(
+        f"cannot register CUDA shared memory region {name!r}: this server is CPU-only; "
+        "use system shared memory"
+    )
+
+
+# -- inference -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def infer(
+    client: ModelClient, regions: RegionTable, request: InferRequest, timeout_s: float | None
+) -> Iterator[list[OutputData]]:
+    """Run a request; yield its outputs, valid until the block ends.
+
+    Inputs in shared memory are read from the client's region (the model
+    client copies them once into its ring); outputs asked for in shared
+    memory are written into the client's region and carry no data back.
+    """
+    if request.version:
+        resolve(client, request.model, request.version)
+    inputs = _inputs(regions, request)
+    views = _output_views(regions, request)
+    names = None if request.outputs is None else [o.name for o in request.outputs]
+    parameters = request.model_parameters()
+    with client.infer(request.model, inputs, names, parameters, timeout_s) as result:
+        yield _outputs(request, result.outputs, views)
+
+
+def stream(
+    client: ModelClient, regions: RegionTable, request: InferRequest, timeout_s: float | None
+) -> Iterator[list[OutputData]]:
+    """Yield the outputs of each part a streaming (decoupled) model sends."""
+    if request.version:
+        resolve(client, request.model, request.version)
+    if any(output.shm for output in request.outputs or ()):
+        raise BadRequest("outputs of a streamed (decoupled) model cannot go to shared memory")
+    inputs = _inputs(regions, request)
+    names = None if request.outputs is None else [o.name for o in request.outputs]
+    parts = client.stream(request.model, inputs, names, request.model_parameters(), timeout_s)
+    try:
+        for part in parts:
+            yield _outputs(request, part.outputs, {})
+    finally:
+        # Closing the generator early cancels the stream in the worker.
+        close = getattr(parts, "close", None)
+        if close is not None:
+            close()
+
+
+def decoupled(client: ModelClient, model: str) -> bool:
+    """Return True when the model streams its answers (Triton's "decoupled")."""
+    return bool(client.metadata(model).supports.get("predict_stream"))
+
+
+def _inputs(regions: RegionTable, request: InferRequest) -> dict[str, Tensor]:
+    tensors = {}
+    for item in request.inputs:
+        if item.data is not None:
+            tensors[item.name] = item.data
+            continue
+        assert item.shm is not None
+        view = regions.view(item.shm, f"input {item.name}")
+        if item.dtype is DType.BYTES:
+            view = view[: _packed_length(item.name, view, dtypes.element_count(item.shape))]
+        tensors[item.name] = tensor_from_buffer(item.name, item.dtype, item.shape, view)
+    return tensors
+
+
+def _packed_length(name: str, view: memoryview, count: int) -> int:
+    """Return how many bytes ``count`` packed BYTES elements take in ``view``."""
+    at = 0
+    for index in range(count):
+        if at + 4 > len(view):
+            raise BadRequest(
+                f"input {name}: its shared memory holds {index} of {count} BYTES elements"
+            )
+        at += 4 + int.from_bytes(view[at : at + 4], "little")
+    if at > len(view):
+        raise BadRequest(f"input {name}: its last BYTES element runs past its shared memory")
+    return at
+
+
+def _output_views(regions: RegionTable, request: InferRequest) -> dict[str, memoryview]:
+    return {
+        output.name: regions.view(output.shm, f"output {output.name}")
+        for output in request.outputs or ()
+        if output.shm is not None
+    }
+
+
+def _outputs(
+    request: InferRequest, produced: dict[str, Tensor], views: dict[str, memoryview]
+) -> list[OutputData]:
+    wanted = request.outputs
+    if wanted is None:
+        wanted = [RequestedOutput(name) for name in produced]
+    outputs = []
+    for output in wanted:
+        tensor = produced.get(output.name)
+        if tensor is None:
+            raise BadRequest(f"model {request.model} did not produce output {output.name!r}")
+        if output.shm is not None:
+            _write(output, tensor, views[output.name])
+        binary = request.binary_output if output.binary is None else output.binary
+        outputs.append(OutputData(output.name, tensor, binary, output.shm))
+    return outputs
+
+
+def _write(output: RequestedOutput, tensor: Tensor, view: memoryview) -> None:
+    raw = tensor.raw()
+    if raw.nbytes > len(view):
+        assert output.shm is not None
+        raise BadRequest(
+            f"output {output.name} needs {raw.nbytes} bytes but its shared_memory_byte_size "
+            f"is {output.shm.byte_size} (region {output.shm.region!r})"
+        )
+    view[: raw.nbytes] = raw

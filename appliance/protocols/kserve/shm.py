@@ -1,0 +1,307 @@
+"""Triton's system shared-memory extension: the host-wide region registry.
+
+SPEC: PROTOCOL-FACTS §2.4. A client creates a POSIX segment (key
+``/input_simple`` is the file ``/dev/shm/input_simple``), registers it under
+a region name over either transport, then names the region in inference
+requests. Any frontend process of the host may serve those: a register over
+HTTP lands in one gunicorn worker, the inference over gRPC in another
+process. So the registry is one small JSON file in the tree's private
+directory, changed under an exclusive ``flock`` and replaced atomically by
+rename; each process caches it by (inode, mtime) and keeps its own mappings.
+
+SAFETY: the segments belong to the client. They are opened with ``os.open``
+and ``mmap`` (never ``multiprocessing.shared_memory``, whose resource tracker
+may unlink them), never unlinked or resized, and unmapped once unregistered:
+at once in the process that unregisters, within ``SWEEP_INTERVAL_S`` in the
+others, and when the last request still reading a mapping lets go of it.
+The appliance's own segments (``appliance-*``) cannot be registered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import stat
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from appliance.core.segment import SHM_DIR
+from appliance.core.tree import PREFIX
+from appliance.errors import BadRequest
+from appliance.protocols.kserve.errors import RegionExists
+from appliance.protocols.kserve.inference import ShmRef
+
+REGISTRY_FILE = "kserve-shm.json"
+LOCK_FILE = "kserve-shm.lock"
+SWEEP_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A registered region: part of a client's segment."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    device: int
+    inode: int
+    serial: int
+
+    def status(self) -> dict[str, Any]:
+        """Return the region as the status call reports it."""
+        return {
+            "name": self.name,
+            "key": self.key,
+            "offset": self.offset,
+            "byte_size": self.byte_size,
+        }
+
+
+@dataclass(slots=True)
+class _Mapping:
+    serial: int
+    map: mmap.mmap
+
+
+def segment_path(key: str) -> Path:
+    """Return the /dev/shm file of a client's key.
+
+    Raises:
+        BadRequest: the key is empty, holds a path, or names an appliance segment.
+    """
+    name = key.lstrip("/")
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise BadRequest(
+            f"shared memory key {key!r} is not a valid POSIX name such as '/my_region'"
+        )
+    if name.startswith(PREFIX):
+        raise BadRequest(f"shared memory key {key!r} names one of the appliance's own segments")
+    return SHM_DIR / name
+
+
+def _open_segment(key: str) -> tuple[int, os.stat_result]:
+    path = segment_path(key)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as ex:
+        raise BadRequest(f"unable to open shared memory key {key!r}: {ex.strerror}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise BadRequest(f"shared memory key {key!r} is not a shared-memory segment")
+    return fd, info
+
+
+class RegionTable:
+    """This process's view of the registry, and its mappings of the regions.
+
+    Args:
+        directory: the tree's private directory (``client.tree.dir``).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self._path = directory / REGISTRY_FILE
+        self._lock_path = directory / LOCK_FILE
+        self._lock = threading.Lock()
+        self._seen: tuple[int, int, int] | None = None
+        self._regions: dict[str, Region] = {}
+        self._maps: dict[str, _Mapping] = {}
+        self._retired: list[mmap.mmap] = []
+        self._sweeper: threading.Thread | None = None
+
+    # -- the registry ---------------------------------------------------------
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Register ``byte_size`` bytes at ``offset`` of the segment ``key`` as ``name``.
+
+        Raises:
+            BadRequest: no such segment, or it is smaller than offset + byte_size.
+            RegionExists: ``name`` is already registered.
+        """
+        if not name:
+            raise BadRequest("a shared memory region needs a name")
+        if offset < 0 or byte_size <= 0:
+            raise BadRequest(
+                f"region {name!r}: offset must be >= 0 and byte_size > 0 "
+                f"(got {offset} and {byte_size})"
+            )
+        fd, info = _open_segment(key)
+        os.close(fd)
+        if info.st_size < offset + byte_size:
+            raise BadRequest(
+                f"shared memory key {key!r} holds {info.st_size} bytes, fewer than offset "
+                f"{offset} + byte_size {byte_size} of region {name!r}"
+            )
+        with self._exclusive() as data:
+            regions = data["regions"]
+            if name in regions:
+                raise RegionExists(
+                    f"shared memory region {name!r} is already registered (key "
+                    f"{regions[name]['key']!r}); unregister it first"
+                )
+            data["serial"] += 1
+            region = Region(name, key, offset, byte_size, info.st_dev, info.st_ino, data["serial"])
+            regions[name] = asdict(region)
+
+    def unregister(self, name: str | None) -> None:
+        """Forget one region (or every one when ``name`` is None); unknown names are fine."""
+        with self._exclusive() as data:
+            if name is None:
+                data["regions"].clear()
+            else:
+                data["regions"].pop(name, None)
+        with self._lock:
+            self._refresh()
+
+    def status(self, name: str | None) -> list[Region]:
+        """Return the registered regions, or the one named.
+
+        Raises:
+            BadRequest: ``name`` is not registered.
+        """
+        with self._lock:
+            self._refresh()
+            if name is None:
+                return sorted(self._regions.values(), key=lambda region: region.name)
+            return [self._region(name)]
+
+    # -- the data ---------------------------------------------------------------
+
+    def view(self, ref: ShmRef, what: str) -> memoryview:
+        """Return the bytes of a tensor in a region, as a writable view.
+
+        Raises:
+            BadRequest: unknown region, the tensor runs past the region, or
+                the segment is gone or was replaced since registration.
+        """
+        with self._lock:
+            self._refresh()
+            region = self._region(ref.region)
+            if ref.offset + ref.byte_size > region.byte_size:
+                raise BadRequest(
+                    f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
+                    f"{ref.byte_size} exceed the {region.byte_size} bytes of region {region.name!r}"
+                )
+            mapping = self._mapping(region)
+        start = region.offset + ref.offset
+        return memoryview(mapping)[start : start + ref.byte_size]
+
+    def close(self) -> None:
+        """Unmap everything this process mapped (at exit)."""
+        with self._lock:
+            for name in list(self._maps):
+                self._retire(self._maps.pop(name).map)
+
+    def _region(self, name: str) -> Region:
+        region = self._regions.get(name)
+        if region is None:
+            raise BadRequest(
+                f"no system shared memory region named {name!r} is registered; register it first"
+            )
+        return region
+
+    def _mapping(self, region: Region) -> mmap.mmap:
+        held = self._maps.get(region.name)
+        if held is not None and held.serial == region.serial:
+            return held.map
+        fd, info = _open_segment(region.key)
+        try:
+            if (info.st_dev, info.st_ino) != (region.device, region.inode):
+                raise BadRequest(
+                    f"the segment behind key {region.key!r} was replaced after region "
+                    f"{region.name!r} was registered; register the region again"
+                )
+            length = region.offset + region.byte_size
+            if info.st_size < length:
+                raise BadRequest(
+                    f"shared memory key {region.key!r} shrank to {info.st_size} bytes, fewer "
+                    f"than region {region.name!r} needs ({length})"
+                )
+            mapped = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        if held is not None:
+            self._retire(held.map)
+        self._maps[region.name] = _Mapping(region.serial, mapped)
+        self._start_sweeper()
+        return mapped
+
+    # -- keeping in step with the file -------------------------------------------
+
+    def _refresh(self) -> None:
+        """Reload the registry if another process changed it; unmap what went."""
+        try:
+            info = os.stat(self._path)
+            seen = (info.st_ino, info.st_mtime_ns, info.st_size)
+        except FileNotFoundError:
+            seen = (0, 0, 0)
+        if seen != self._seen:
+            self._regions = {
+                name: Region(**fields) for name, fields in _read(self._path)["regions"].items()
+            }
+            self._seen = seen
+        for name, held in list(self._maps.items()):
+            current = self._regions.get(name)
+            if current is None or current.serial != held.serial:
+                del self._maps[name]
+                self._retire(held.map)
+        self._retired = [m for m in self._retired if not _try_close(m)]
+
+    def _retire(self, mapping: mmap.mmap) -> None:
+        if not _try_close(mapping):
+            # SAFETY: a request in flight still reads it; close it later.
+            self._retired.append(mapping)
+
+    def _start_sweeper(self) -> None:
+        if self._sweeper is None or not self._sweeper.is_alive():
+            self._sweeper = threading.Thread(
+                target=self._sweep, name="kserve-shm-sweeper", daemon=True
+            )
+            self._sweeper.start()
+
+    def _sweep(self) -> None:
+        """Unmap regions other processes unregistered, while any are mapped."""
+        while True:
+            time.sleep(SWEEP_INTERVAL_S)
+            with self._lock:
+                self._refresh()
+                if not self._maps and not self._retired:
+                    self._sweeper = None
+                    return
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Any:
+        """Yield the registry for a change, under the lock; write it back after."""
+        with open(self._lock_path, "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = _read(self._path)
+            yield data
+            temp = self._path.with_name(f".{REGISTRY_FILE}.{os.getpid()}.tmp")
+            temp.write_bytes(orjson.dumps(data))
+            temp.replace(self._path)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        data = {}
+    data.setdefault("regions", {})
+    data.setdefault("serial", 0)
+    return dict(data)
+
+
+def _try_close(mapping: mmap.mmap) -> bool:
+    try:
+        mapping.close()
+    except BufferError:
+        return False
+    return True

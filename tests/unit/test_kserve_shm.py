@@ -1,0 +1,159 @@
+"""The host-wide registry of client shared-memory regions.
+
+Two RegionTable objects over one directory stand for two frontend processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from appliance.errors import BadRequest
+from appliance.protocols.kserve.errors import RegionExists
+from appliance.protocols.kserve.inference import ShmRef
+from appliance.protocols.kserve.shm import RegionTable
+
+TAG = f"ksunit{os.getpid()}"
+
+
+@pytest.fixture
+def segment() -> Iterator[Callable[[str, int], str]]:
+    """Create client segments; unlink them afterwards (the client's job)."""
+    made: list[Path] = []
+
+    def make(name: str, size: int) -> str:
+        path = Path("/dev/shm") / f"{TAG}_{name}"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(fd, size)
+        os.close(fd)
+        made.append(path)
+        return f"/{path.name}"
+
+    yield make
+    for path in made:
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def tables(tmp_path: Path) -> Iterator[tuple[RegionTable, RegionTable]]:
+    first, second = RegionTable(tmp_path), RegionTable(tmp_path)
+    yield first, second
+    first.close()
+    second.close()
+
+
+def test_a_registration_is_seen_by_every_table(
+    tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
+) -> None:
+    first, second = tables
+    key = segment("data", 256)
+    first.register("data", key, 64, 128)
+    assert [r.status() for r in second.status(None)] == [
+        {"name": "data", "key": key, "offset": 64, "byte_size": 128}
+    ]
+    second.view(ShmRef("data", 4, 8), "input x")[:] = b"abcd"
+    assert bytes(first.view(ShmRef("data", 4, 8), "output y")) == b"abcd"
+    raw = Path("/dev/shm", key[1:]).read_bytes()
+    assert raw[64 + 8 : 64 + 12] == b"abcd"
+
+
+def test_unregister_forgets_everywhere_and_never_unlinks(
+    tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
+) -> None:
+    first, second = tables
+    key = segment("a", 64)
+    first.register("a", key, 0, 64)
+    first.register("b", segment("b", 64), 0, 64)
+    second.view(ShmRef("a", 64), "input x")
+    first.unregister("a")
+    with pytest.raises(BadRequest, match="no system shared memory region named 'a'"):
+        second.view(ShmRef("a", 64), "input x")
+    assert [r.name for r in second.status(None)] == ["b"]
+    first.unregister("unknown")
+    second.unregister(None)
+    assert first.status(None) == []
+    assert Path("/dev/shm", key[1:]).exists()
+
+
+def test_a_mapping_in_use_is_unmapped_when_released(
+    tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
+) -> None:
+    first, second = tables
+    first.register("a", segment("a", 64), 0, 64)
+    view = second.view(ShmRef("a", 64), "input x")
+    first.unregister(None)
+    second.status(None)
+    assert view[0] == 0  # still readable: a request may be using it
+    del view
+    second.status(None)
+    assert second._retired == []
+    assert second._maps == {}
+
+
+def test_reregistering_a_name_maps_the_new_segment(
+    tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
+) -> None:
+    first, second = tables
+    old, new = segment("old", 64), segment("new", 64)
+    Path("/dev/shm", new[1:]).write_bytes(b"N" * 64)
+    first.register("r", old, 0, 64)
+    assert bytes(second.view(ShmRef("r", 1), "input x")) == b"\x00"
+    first.unregister("r")
+    first.register("r", new, 0, 64)
+    assert bytes(second.view(ShmRef("r", 1), "input x")) == b"N"
+
+
+def test_a_replaced_segment_must_be_registered_again(
+    tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
+) -> None:
+    first, second = tables
+    key = segment("r", 64)
+    first.register("r", key, 0, 64)
+    Path("/dev/shm", key[1:]).unlink()
+    segment("r", 64)
+    with pytest.raises(BadRequest, match="was replaced after region 'r' was registered"):
+        second.view(ShmRef("r", 8), "input x")
+
+
+@pytest.mark.parametrize(
+    ("key", "offset", "size", "words"),
+    [
+        ("/never-made", 0, 8, "unable to open shared memory key"),
+        ("small", 0, 128, "holds 64 bytes, fewer than offset 0 + byte_size 128"),
+        ("small", 60, 8, "fewer than offset 60 + byte_size 8"),
+        ("/appliance-1234-status", 0, 8, "appliance's own segments"),
+        ("/a/b", 0, 8, "not a valid POSIX name"),
+        ("/", 0, 8, "not a valid POSIX name"),
+        ("small", 0, 0, "byte_size > 0"),
+    ],
+)
+def test_bad_registrations_name_the_problem(
+    tables: tuple[RegionTable, RegionTable],
+    segment: Callable[[str, int], str],
+    key: str,
+    offset: int,
+    size: int,
+    words: str,
+) -> None:
+    small = segment("small", 64)
+    with pytest.raises(BadRequest) as caught:
+        tables[0].register("r", small if key == "small" else key, offset, size)
+    assert words in caught.value.message
+
+
+def test_names_are_unique_and_views_stay_inside_their_region(
+    tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
+) -> None:
+    first, second = tables
+    key = segment("r", 128)
+    first.register("r", key, 0, 100)
+    with pytest.raises(RegionExists, match="already registered"):
+        second.register("r", key, 0, 100)
+    with pytest.raises(BadRequest, match="exceed the 100 bytes of region 'r'"):
+        second.view(ShmRef("r", 64, 40), "input x")
+    with pytest.raises(BadRequest, match="no system shared memory region named 'q'"):
+        second.status("q")
