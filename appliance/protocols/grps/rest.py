@@ -1,10 +1,278 @@
-"""grps REST routes on the HTTP frontend (not implemented yet)."""
+"""GRPS REST routes on the HTTP frontend, under /grps/v1.
+
+SPEC: grps.md "RESTful接口" and PROTOCOL-FACTS §3.2::
+
+    GET|POST /grps/v1/health/online, /health/offline   flip the host's online flag
+    GET|POST /grps/v1/health/live                      always 200 while serving
+    GET|POST /grps/v1/health/ready                     200, or 503 FAILURE when not ready
+    POST     /grps/v1/infer/predict[?model=&streaming=true&return-ndarray=true]
+    GET|POST /grps/v1/metadata/server                  YAML in str_data
+    POST     /grps/v1/metadata/model  {"str_data": name}   YAML in str_data
+    GET      /grps/v1/monitor/metrics                  JSON for the page at GET /
+
+Every reply carries GRPS's status object; the HTTP status equals
+``status.code``, as in GRPS's Python server. Errors are rendered here,
+inside the responders, so no other protocol's error form can leak in.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
+
+import falcon
+import orjson
+
 from appliance.client.api import ModelClient
+from appliance.protocols import page
+from appliance.protocols.grps import service
+from appliance.protocols.grps.codec import (
+    BINARY_TYPE,
+    JSON_TYPE,
+    REPLY_TYPE,
+    decode_json_request,
+    encode_error,
+    encode_json_reply,
+    encode_status,
+)
+from appliance.protocols.grps.errors import OK, GrpsError, bad_request
+from appliance.protocols.grps.payload import Kind, Payload
 from appliance.protocols.web import App
+
+ROOT = "/grps/v1"
+# SAFETY: the same bound as GRPS's gRPC message limit; a body this large is
+# read into memory once, so anything bigger is refused before reading.
+MAX_BODY_BYTES = 1 << 30
+# Query parameters GRPS itself reads; the others reach the model as parameters.
+RESERVED_PARAMS = ("model", "streaming", "return-ndarray")
+# SPEC: PROTOCOL-FACTS §3.2 — GRPS's default streaming response content type.
+STREAM_TYPE = BINARY_TYPE
+
+Responder = Callable[..., None]
+
+
+def _guarded(responder: Responder) -> Responder:
+    """Render every failure as a GRPS status; never let a traceback out."""
+
+    @functools.wraps(responder)
+    def wrapper(self: Any, req: falcon.Request, resp: falcon.Response) -> None:
+        try:
+            responder(self, req, resp)
+        except Exception as ex:
+            error = service.failure(ex)
+            reply(resp, error.code, encode_error(error))
+
+    return wrapper
+
+
+def reply(resp: falcon.Response, code: int, body: bytes, content_type: str = REPLY_TYPE) -> None:
+    resp.status = falcon.code_to_http_status(code)
+    resp.content_type = content_type
+    resp.data = body
+
+
+class OnlineResource:
+    def __init__(self, client: ModelClient, online: bool) -> None:
+        self.client = client
+        self.online = online
+
+    @_guarded
+    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+        service.set_online(self.client, self.online)
+        reply(resp, OK, encode_status())
+
+    on_post = on_get
+
+
+class LiveResource:
+    def __init__(self, client: ModelClient) -> None:
+        self.client = client
+
+    @_guarded
+    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+        # Answering at all means this frontend lives; the master must too.
+        if self.client.server_live():
+            reply(resp, OK, encode_status())
+        else:
+            reply(resp, 503, encode_status(503, service.UNAVAILABLE))
+
+    on_post = on_get
+
+
+class ReadyResource:
+    def __init__(self, client: ModelClient) -> None:
+        self.client = client
+
+    @_guarded
+    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+        if service.ready(self.client):
+            reply(resp, OK, encode_status())
+        else:
+            reply(resp, 503, encode_status(503, service.UNAVAILABLE))
+
+    on_post = on_get
+
+
+class ServerMetadataResource:
+    def __init__(self, client: ModelClient) -> None:
+        self.client = client
+
+    @_guarded
+    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+        reply(resp, OK, encode_status(str_data=service.server_metadata(self.client)))
+
+    on_post = on_get
+
+
+class ModelMetadataResource:
+    def __init__(self, client: ModelClient) -> None:
+        self.client = client
+
+    @_guarded
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        try:
+            doc = orjson.loads(read_body(req) or b"{}")
+        except orjson.JSONDecodeError as ex:
+            raise bad_request(f"the body is not valid JSON: {ex}") from None
+        name = doc.get("str_data") if isinstance(doc, dict) else None
+        if not isinstance(name, str) or not name:
+            raise bad_request('No model name: POST {"str_data": "<model name>"}')
+        yaml_text = service.model_metadata(self.client, name)
+        reply(resp, OK, encode_status(str_data=yaml_text))
+
+    @_guarded
+    def on_get(self, _req: falcon.Request, _resp: falcon.Response) -> None:
+        raise GrpsError(405, 'metadata/model takes POST {"str_data": "<model name>"}')
+
+
+class PredictResource:
+    """POST /grps/v1/infer/predict, plain or streaming."""
+
+    def __init__(self, client: ModelClient) -> None:
+        self.client = client
+
+    @_guarded
+    def on_get(self, _req: falcon.Request, _resp: falcon.Response) -> None:
+        raise GrpsError(405, "infer/predict takes POST with a JSON or octet-stream body")
+
+    @_guarded
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        streaming = _flag(req, "streaming")
+        want_ndarray = _flag(req, "return-ndarray")
+        if streaming and want_ndarray:
+            raise bad_request("streaming=true and return-ndarray=true cannot be used together")
+        payload = decode_body(req)
+        # SPEC: grps.md "模型选择" — the payload's model wins over ?model=.
+        payload.model = payload.model or req.get_param("model") or ""
+        pairs = [(k, v if isinstance(v, str) else v[-1]) for k, v in req.params.items()]
+        parameters = service.parameters(pairs, RESERVED_PARAMS)
+        if streaming:
+            self._stream(resp, payload, parameters)
+            return
+        body, content_type = service.predict(
+            self.client, payload, parameters, _encode, want_ndarray=want_ndarray
+        )
+        reply(resp, OK, body, content_type)
+
+    def _stream(self, resp: falcon.Response, payload: Payload, parameters: dict[str, Any]) -> None:
+        parts = service.stream(self.client, payload, parameters, encode_json_reply)
+        # The first part decides the HTTP status: errors found before any
+        # output (model, binding, the worker's checks) get a plain reply.
+        try:
+            first = next(parts)
+        except StopIteration:
+            first = None
+        except BaseException:
+            parts.close()
+            raise
+        resp.status = falcon.HTTP_200
+        resp.content_type = STREAM_TYPE
+        resp.stream = _chunks(first, parts)
+
+
+def _encode(payload: Payload) -> tuple[bytes, str]:
+    # SPEC: grps.md "RESTful接口" — bin_data replies are the raw body.
+    if payload.kind is Kind.BIN_DATA:
+        assert isinstance(payload.data, bytes)
+        return payload.data, BINARY_TYPE
+    return encode_json_reply(payload), REPLY_TYPE
+
+
+def _chunks(first: bytes | None, parts: Generator[bytes, None, None]) -> Iterator[bytes]:
+    """Yield one GrpsMessage per HTTP chunk; a failure ends the stream as one.
+
+    The WSGI server closes this generator when the client goes away, which
+    closes ``parts`` and so cancels the model's stream in its worker.
+    """
+    try:
+        if first is not None:
+            yield first
+        yield from parts
+    except Exception as ex:
+        yield encode_error(service.failure(ex))
+    finally:
+        parts.close()
+
+
+def _flag(req: falcon.Request, name: str) -> bool:
+    return (req.get_param(name) or "").lower() == "true"
+
+
+def decode_body(req: falcon.Request) -> Payload:
+    """Return the request's payload from a JSON or octet-stream body.
+
+    SPEC: PROTOCOL-FACTS §3.2 — the Content-Type must be exactly one of the
+    two; the body must not be empty.
+    """
+    content_type = req.content_type
+    if not content_type:
+        raise bad_request(
+            f"No content type in headers: send Content-Type {JSON_TYPE} or {BINARY_TYPE}"
+        )
+    if content_type not in (JSON_TYPE, BINARY_TYPE):
+        raise bad_request(
+            f"Unsupported content type {content_type!r}: GRPS predict takes exactly "
+            f"{JSON_TYPE} or {BINARY_TYPE}"
+        )
+    body = read_body(req)
+    if not body:
+        raise bad_request("The http body is empty.")
+    if content_type == BINARY_TYPE:
+        return Payload(Kind.BIN_DATA, data=body)
+    return decode_json_request(body)
+
+
+def read_body(req: falcon.Request) -> bytes:
+    """Return the whole body, refusing one above MAX_BODY_BYTES."""
+    length = req.content_length
+    if length is not None and length > MAX_BODY_BYTES:
+        raise GrpsError(413, f"the body of {length} bytes exceeds the limit of {MAX_BODY_BYTES}")
+    # A chunked body has no Content-Length; gunicorn ends wsgi.input at its end.
+    stream = req.stream if length is None else req.bounded_stream
+    body: bytes = stream.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:
+        raise GrpsError(413, f"the body exceeds the limit of {MAX_BODY_BYTES} bytes")
+    return body
+
+
+class MonitorResource:
+    def __init__(self, client: ModelClient) -> None:
+        self.client = client
+
+    @_guarded
+    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+        resp.cache_control = ["no-store"]
+        reply(resp, OK, orjson.dumps(page.snapshot(self.client)), falcon.MEDIA_JSON)
 
 
 def add_routes(app: App, client: ModelClient) -> None:
-    """Mount this protocol's routes; nothing yet."""
+    """Mount the GRPS REST routes."""
+    app.add_route(f"{ROOT}/health/online", OnlineResource(client, online=True))
+    app.add_route(f"{ROOT}/health/offline", OnlineResource(client, online=False))
+    app.add_route(f"{ROOT}/health/live", LiveResource(client))
+    app.add_route(f"{ROOT}/health/ready", ReadyResource(client))
+    app.add_route(f"{ROOT}/infer/predict", PredictResource(client))
+    app.add_route(f"{ROOT}/metadata/server", ServerMetadataResource(client))
+    app.add_route(f"{ROOT}/metadata/model", ModelMetadataResource(client))
+    app.add_route(page.MONITOR_PATH, MonitorResource(client))
