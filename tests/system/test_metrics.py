@@ -27,8 +27,12 @@ def scrape(appliance: Appliance) -> dict[str, list[tuple[dict[str, str], float]]
     return samples
 
 
-def value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
-    return sum(v for sample_labels, v in samples.get(name, []) if labels.items() <= sample_labels.items())
+def value(
+    samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str
+) -> float:
+    return sum(
+        v for sample_labels, v in samples.get(name, []) if labels.items() <= sample_labels.items()
+    )
 
 
 def test_metrics_cover_state_batches_processes_and_rings() -> None:
@@ -54,7 +58,9 @@ def test_metrics_cover_state_batches_processes_and_rings() -> None:
         for _ in range(6):
             scrape(appliance)
         samples = scrape(appliance)
-        assert value(samples, "appliance_frontend_requests_total", protocol="http", status="200") >= 7
+        assert (
+            value(samples, "appliance_frontend_requests_total", protocol="http", status="200") >= 7
+        )
         appliance.ctl("offline")
         assert value(scrape(appliance), "appliance_online") == 0
         appliance.ctl("online")

@@ -193,7 +193,7 @@ def test_metadata_describes_each_model(client: ModelClient) -> None:
         "rosenbrock",
         "digits",
         "echo",
-    ]
+    ]  # the test's config order (tests/system/harness.py DEMO_MODELS)
     meta = client.metadata("simple")
     assert meta.max_batch_size == 8
     assert [(s.name, s.dtype.value, list(s.shape)) for s in meta.inputs or ()] == [
