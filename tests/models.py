@@ -72,3 +72,26 @@ class ParameterEcho(Model):
 
     def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
         return {"parameters": np.array([json.dumps(dict(parameters)).encode()], dtype=object)}
+
+
+class Invert(Model):
+    """RGB images in; inverted images and each image's mean out."""
+
+    inputs = [spec("image", "UINT8", [-1, -1, -1, 3])]
+    outputs = [spec("inverted", "UINT8", [-1, -1, -1, 3]), spec("mean", "FP64", [-1, 1])]
+    max_batch_size = 8
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        image = inputs["image"]
+        mean = image.reshape(image.shape[0], -1).mean(axis=1, keepdims=True)
+        return {"inverted": 255 - image, "mean": mean}
+
+
+class Failing(Model):
+    """A generic model whose predict always raises."""
+
+    inputs = None
+    outputs = None
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        raise RuntimeError("this model always fails")

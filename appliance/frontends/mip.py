@@ -2,69 +2,314 @@
 
 MIP has no model field, so each configured listener (a port) serves one
 model; every MIP process listens on every port. A connection may carry one
-request (as KubeMo's client sends) or many in a row. A ping is answered with
-a pong while the host is ready (online, every model with a ready instance)
-and with an INTERNAL error frame otherwise, so a TCP health check that pings
-sees a draining host as down.
+request (as KubeMo's client sends) or many, pipelined: the next request may
+arrive before the last reply was read; up to PIPELINE_DEPTH of them run at
+once and the replies go back in order. A ping is answered with a pong while
+the host is ready (online, every model with a ready instance) and with an
+INTERNAL error frame otherwise, so a TCP health check that pings sees a
+draining host as down.
+
+Limits ([mip] in the config): a frame larger than max_frame_bytes is
+answered MEMORY and skipped unread; a peer silent for read_timeout_s in the
+middle of a frame (or not reading its replies) is dropped; a connection idle
+for idle_timeout_s is closed; beyond max_connections per process a new
+connection gets a MEMORY error frame and is closed. A bad version loses the
+framing: the peer gets a PROTOCOL error frame and the connection is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from appliance import logs
 from appliance.client.api import ModelClient
+from appliance.config import MipConfig
 from appliance.core.status import SlotState
 from appliance.exitcodes import ExitCode
 from appliance.frontends.context import FrontendContext
 from appliance.process import become_child
 from appliance.protocols.mip import codec
+from appliance.protocols.mip.codec import BadVersion, ErrorCode, Event, Frame, Kind
+from appliance.protocols.mip.service import MipService
 
 log = logging.getLogger("appliance.mip")
 
-READ_TIMEOUT_S = 30.0
+# Requests of one connection in flight at once; reading pauses beyond it,
+# or once the payloads in flight reach mip.max_frame_bytes (so a connection
+# holds at most about two frames' worth of payload).
+PIPELINE_DEPTH = 8
+# After a fatal error: how long to keep reading (and discarding) so that the
+# error frame is not lost to a reset caused by unread data.
+LINGER_S = 1.0
 
 
-class MipServer:
-    """Serve MIP connections for one model."""
+class _Close:
+    """The reply-queue marker: close once the replies before it are written."""
 
-    def __init__(self, client: ModelClient, model: str) -> None:
-        self.client = client
-        self.model = model
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                try:
-                    header = await asyncio.wait_for(reader.readexactly(8), READ_TIMEOUT_S)
-                except (asyncio.IncompleteReadError, TimeoutError):
-                    return
-                reply, keep_open = await self.answer(header, reader)
-                writer.write(reply)
-                await writer.drain()
-                if not keep_open:
-                    return
-        except ConnectionError:
+_CLOSE = _Close()
+STOP_WAIT_S = 2.0
+
+
+@dataclass(slots=True)
+class Process:
+    """What every connection of this MIP process shares."""
+
+    client: ModelClient
+    limits: MipConfig
+    connections: set[MipConnection] = field(default_factory=set)
+
+
+Reply = bytes | asyncio.Task[bytes] | _Close
+
+
+class MipConnection(asyncio.BufferedProtocol):
+    """One client connection: frames in, replies out in order."""
+
+    def __init__(self, process: Process, service: MipService) -> None:
+        self.process = process
+        self.service = service
+        self.limits = process.limits
+        self.frames = codec.FrameReader(process.limits.max_frame_bytes)
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self._replies: deque[Reply] = deque()
+        self._last = self.loop.time()
+        self._timer: asyncio.TimerHandle | None = None
+        self._advancing = False
+        self._reading = True
+        self._writing = True
+        self._eof = False
+        self._lingering = False
+        self._inflight_bytes = 0
+
+    # -- asyncio callbacks ---------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._arm(self.limits.idle_timeout_s)
+        connections = self.process.connections
+        if len(connections) >= self.limits.max_connections:
+            log.warning("refusing a connection: %d are open", len(connections))
+            message = (
+                f"too many MIP connections: this process has {len(connections)} open, "
+                f"mip.max_connections is {self.limits.max_connections}"
+            )
+            self._replies.append(codec.encode_error(ErrorCode.MEMORY, message))
+            self._replies.append(_CLOSE)
+            self._advance()
             return
-        finally:
-            writer.close()
+        connections.add(self)
 
-    async def answer(self, header: bytes, reader: asyncio.StreamReader) -> tuple[bytes, bool]:
-        """Return the reply to one frame and whether the connection stays usable."""
-        version, kind, subtype, _remaining = codec.decode_header(header)
-        if version != codec.VERSION:
-            return codec.encode_error(codec.ErrorCode.PROTOCOL), False
-        if subtype != codec.Subtype.REQUEST:
-            return codec.encode_error(codec.ErrorCode.SUBTYPE), False
-        if kind == codec.Kind.PING:
-            if self.client.server_ready():
-                return codec.PONG, True
-            return codec.encode_error(codec.ErrorCode.INTERNAL), True
-        return codec.encode_error(codec.ErrorCode.METHOD), False
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.frames.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.frames.buffer_updated(nbytes)
+        self._last = self.loop.time()
+        self._advance()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if self._lingering:
+            return False
+        # Keep the transport open to write the replies still owed; _advance
+        # closes it once they are written (a partial frame left is dropped).
+        self._advance()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.process.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+        for reply in self._replies:
+            if isinstance(reply, asyncio.Task):
+                reply.cancel()
+        self._replies.clear()
+
+    def pause_writing(self) -> None:
+        self._writing = False
+        self._last = self.loop.time()
+        self._flow()
+
+    def resume_writing(self) -> None:
+        self._writing = True
+        self._last = self.loop.time()
+        self._advance()
+
+    # -- frames and replies ------------------------------------------------------------
+
+    def _advance(self) -> None:
+        """Write the replies that are ready, in order, and take new frames."""
+        if self._advancing or self.transport is None or self.transport.is_closing():
+            return
+        self._advancing = True
+        try:
+            progressed = True
+            while progressed:
+                progressed = self._write_ready()
+                while not self._lingering and self._room():
+                    event = self.frames.next_event()
+                    if event is None:
+                        break
+                    self._dispatch(event)
+                    progressed = True
+        finally:
+            self._advancing = False
+        self._flow()
+        if self._eof and not self._replies and not self._lingering:
+            self._close()
+
+    def _write_ready(self) -> bool:
+        assert self.transport is not None
+        wrote = False
+        while self._replies and not self._lingering:
+            head = self._replies[0]
+            if isinstance(head, asyncio.Task) and not head.done():
+                break
+            self._replies.popleft()
+            wrote = True
+            self._last = self.loop.time()
+            if isinstance(head, _Close):
+                self._linger()
+                break
+            self.transport.write(_result(head) if isinstance(head, asyncio.Task) else head)
+        return wrote
+
+    def _dispatch(self, event: Event) -> None:
+        if isinstance(event, BadVersion):
+            message = (
+                f"MIP version {event.header.version} is not served (only {codec.VERSION}); "
+                "closing the connection"
+            )
+            self._replies.append(codec.encode_error(ErrorCode.PROTOCOL, message))
+            self._replies.append(_CLOSE)
+        elif isinstance(event, Frame):
+            self._replies.append(self._answer(event))
+        else:
+            message = (
+                f"the frame's payload of {event.header.remaining} bytes exceeds "
+                f"mip.max_frame_bytes ({self.limits.max_frame_bytes})"
+            )
+            self._replies.append(codec.encode_error(ErrorCode.MEMORY, message))
+
+    def _answer(self, frame: Frame) -> Reply:
+        error = codec.check_request(frame.header)
+        if error is not None:
+            return codec.encode_error(error.code, error.message)
+        if frame.header.kind == Kind.PING:
+            if self.process.client.server_ready():
+                return codec.PONG
+            return codec.encode_error(ErrorCode.INTERNAL, "the server is not ready")
+        size = len(frame.payload)
+        self._inflight_bytes += size
+        task = self.loop.create_task(self.service.infer(frame.payload))
+        task.add_done_callback(lambda _task: self._finished(size))
+        return task
+
+    def _finished(self, size: int) -> None:
+        self._inflight_bytes -= size
+        self._advance()
+
+    def _room(self) -> bool:
+        """True while this connection may take another request."""
+        return (
+            len(self._replies) < PIPELINE_DEPTH
+            and self._inflight_bytes < self.limits.max_frame_bytes
+        )
+
+    # -- flow control, timeouts and closing ------------------------------------------------
+
+    def _flow(self) -> None:
+        """Read while there is room for more requests and the peer reads its replies."""
+        if self.transport is None or self.transport.is_closing() or self._eof:
+            return
+        wanted = self._lingering or (self._writing and self._room())
+        if wanted != self._reading:
+            self._reading = wanted
+            if wanted:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
+
+    def _limit(self) -> float | None:
+        """The silence allowed in the connection's current state."""
+        if self._lingering:
+            return LINGER_S
+        if not self._writing:
+            return self.limits.read_timeout_s
+        if self._replies:
+            return None
+        if self.frames.mid_frame:
+            return self.limits.read_timeout_s
+        return self.limits.idle_timeout_s
+
+    def _arm(self, delay_s: float) -> None:
+        self._timer = self.loop.call_later(max(delay_s, 0.01), self._check_timeout)
+
+    def _check_timeout(self) -> None:
+        self._timer = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        limit = self._limit()
+        if limit is None:
+            self._arm(self.limits.read_timeout_s)
+            return
+        left = self._last + limit - self.loop.time()
+        if left > 0:
+            self._arm(left)
+        elif self._lingering or (self._writing and not self.frames.mid_frame):
+            self._close()
+        else:
+            why = "in the middle of a frame" if self._writing else "not reading its replies"
+            log.info("dropping a MIP peer silent for %.1f s %s", limit, why)
+            self.abort()
+
+    def _linger(self) -> None:
+        """Send what is written, then discard input until the peer closes."""
+        assert self.transport is not None
+        self._lingering = True
+        self.frames.close()
+        for reply in self._replies:
+            if isinstance(reply, asyncio.Task):
+                reply.cancel()
+        self._replies.clear()
+        self._last = self.loop.time()
+        if self._eof or not self.transport.can_write_eof():
+            self._close()
+            return
+        self.transport.write_eof()
+
+    def _close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def pending(self) -> list[asyncio.Task[bytes]]:
+        """The requests of this connection still running."""
+        return [r for r in self._replies if isinstance(r, asyncio.Task) and not r.done()]
+
+    def abort(self) -> None:
+        """Drop the connection at once."""
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _result(task: asyncio.Task[bytes]) -> bytes:
+    if task.cancelled():
+        return codec.encode_error(ErrorCode.INTERNAL, "the request was cancelled")
+    error = task.exception()
+    if error is not None:
+        log.error("MIP request failed: %r", error)
+        return codec.encode_error(ErrorCode.INTERNAL, "internal error (see the server log)")
+    return task.result()
 
 
 def parse_listeners(text: str) -> list[tuple[int, str]]:
@@ -77,15 +322,17 @@ def parse_listeners(text: str) -> list[tuple[int, str]]:
 
 
 async def serve(context: FrontendContext, slot: int, listeners: list[tuple[int, str]]) -> None:
-    client = context.client(publish_slot=slot)
+    process = Process(context.client(publish_slot=slot), context.config.mip)
     host = context.config.server.host
+    loop = asyncio.get_running_loop()
     servers = []
     for port, model in listeners:
-        mip = MipServer(client, model)
-        servers.append(await asyncio.start_server(mip.handle, host, port, reuse_port=True))
+        service = MipService(process.client, model)
+        factory = functools.partial(MipConnection, process, service)
+        servers.append(await loop.create_server(factory, host, port, reuse_port=True))
         log.info("listening on %s:%d for model %s", host, port, model)
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
     context.status.set_state(slot, SlotState.READY, os.getpid())
     try:
         await stop.wait()
@@ -94,7 +341,16 @@ async def serve(context: FrontendContext, slot: int, listeners: list[tuple[int, 
         for server in servers:
             server.close()
             await server.wait_closed()
-        client.close()
+        # 3.11's wait_closed does not wait for connections: close them here and
+        # let their requests finish cancelling before the client goes away.
+        tasks = [task for c in process.connections for task in c.pending()]
+        for connection in list(process.connections):
+            connection.abort()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=STOP_WAIT_S)
+        process.client.close()
 
 
 def run(
