@@ -305,17 +305,12 @@ class ModelClient:
         target, request_id, blocks, deadline = self._send(
             channel, model, "predict", inputs, outputs, parameters, timeout_s, None
         )
-        finished = False
-        kept: list[Block] = []
         try:
             reply = await channel.wait(target, request_id, deadline)
-            finished = True
-            _raise_for(reply)
-            result, kept = self._result(target, reply, blocks, keep=True)
-            return result
-        finally:
-            released = [block for block in blocks if block not in kept] if kept else blocks
-            self._finish(channel, target, request_id, released, finished)
+        except BaseException:
+            self._finish(channel, target, request_id, blocks, False)
+            raise
+        return self._settle(channel, target, request_id, blocks, reply)
 
     def _async_channel(self) -> AsyncChannel:
         loop = asyncio.get_running_loop()
@@ -428,17 +423,30 @@ class ModelClient:
         target, request_id, blocks, deadline = self._send(
             channel, model, method, inputs, outputs, parameters, timeout_s, args
         )
-        finished = False
-        kept: list[Block] = []
         try:
             reply = channel.wait(target, request_id, deadline)
-            finished = True
+        except BaseException:
+            self._finish(channel, target, request_id, blocks, False)
+            raise
+        return self._settle(channel, target, request_id, blocks, reply)
+
+    def _settle(
+        self,
+        channel: Channel | AsyncChannel,
+        target: Target,
+        request_id: int,
+        blocks: list[Block],
+        reply: Message,
+    ) -> InferResult:
+        """Turn a reply into a result (or its error); give back what it does not borrow."""
+        kept: list[Block] = []
+        try:
             _raise_for(reply)
             result, kept = self._result(target, reply, blocks, keep=True)
             return result
         finally:
             released = [block for block in blocks if block not in kept] if kept else blocks
-            self._finish(channel, target, request_id, released, finished)
+            self._finish(channel, target, request_id, released, True)
 
     def _send(
         self,
