@@ -1,12 +1,19 @@
 """The event loop's sockets to the model workers, for asyncio frontends.
 
 The asyncio twin of :class:`~appliance.client.channel.Channel`: the loop owns
-one DEALER socket per instance (zmq.asyncio, sharing the process's ZeroMQ
-context), a reader task per socket routes replies to the requests waiting
-for them, and waiting is ``await``, so an asyncio frontend (MIP) calls models
-without a thread hop. One watchdog task per loop looks at every waiting
-request each slice and fails it with WorkerLost when its instance died, or
-with DeadlineExceeded when its deadline passed.
+one DEALER socket per instance, watches each socket's file descriptor with
+``add_reader``, and hands every reply straight to the future or queue of the
+request waiting for it, so an asyncio frontend (MIP) calls models without a
+thread hop and with one loop callback per burst of replies.
+
+ZeroMQ's descriptor is edge-triggered: it signals that the socket's state
+may have changed, not that a message is there. So the callback drains until
+``EVENTS`` shows no message, and every send looks once more, since a send
+can consume the edge of a reply that arrived meanwhile.
+
+One watchdog task per loop looks at every waiting request each slice and
+fails it with WorkerLost when its instance died, or with DeadlineExceeded
+when its deadline passed.
 """
 
 from __future__ import annotations
@@ -15,23 +22,27 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
-import zmq.asyncio
 
 from appliance.client.routing import Router, Target
 from appliance.core.descriptor import DescriptorError, Message, from_frame, to_frame
 from appliance.errors import ApplianceError, DeadlineExceeded, WorkerLost
 
 SLICE_S = 0.05
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_FD = int(zmq.FD)
+
+Item = Message | ApplianceError
 
 
 class AsyncChannel:
     """The sockets of one event loop.
 
     Args:
-        context: the process's ZeroMQ context (shadowed for asyncio).
+        context: the process's ZeroMQ context.
         endpoint: maps (slot, generation) to the worker's endpoint.
         router: for instance liveness checks.
         on_stray: called with a message no waiter expects (a late reply);
@@ -45,35 +56,37 @@ class AsyncChannel:
         router: Router,
         on_stray: Callable[[Target, Message], None],
     ) -> None:
-        self._context = zmq.asyncio.Context.shadow(context.underlying)
+        self._context = context
         self._endpoint = endpoint
         self._router = router
         self._on_stray = on_stray
-        self._sockets: dict[int, tuple[int, zmq.asyncio.Socket, asyncio.Task[None]]] = {}
-        self._inbox: dict[int, asyncio.Queue[Message | ApplianceError]] = {}
+        self._loop = asyncio.get_running_loop()
+        self._sockets: dict[int, tuple[int, zmq.Socket[bytes], int]] = {}
+        self._inbox: dict[int, asyncio.Queue[Item]] = {}
         self._waiting: dict[int, tuple[Target, float]] = {}
         self._watchdog: asyncio.Task[None] | None = None
 
-    def socket(self, target: Target) -> zmq.asyncio.Socket:
+    def socket(self, target: Target) -> zmq.Socket[bytes]:
         """Return the loop's socket to ``target``, connecting if needed."""
         known = self._sockets.get(target.slot)
         if known is not None:
-            generation, socket, reader = known
+            generation, old, fd = known
             if generation == target.generation:
-                return socket
+                return old
             # A replaced worker: drop whatever was queued for the old one.
-            reader.cancel()
-            socket.close(0)
-        socket = self._context.socket(zmq.DEALER)
+            self._loop.remove_reader(fd)
+            old.close(0)
+        socket: zmq.Socket[bytes] = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(self._endpoint(target.slot, target.generation))
-        reader = asyncio.get_running_loop().create_task(self._read(target, socket))
-        self._sockets[target.slot] = (target.generation, socket, reader)
+        fd = cast(int, socket.getsockopt(_FD))
+        self._loop.add_reader(fd, self._drain, target, socket)
+        self._sockets[target.slot] = (target.generation, socket, fd)
         return socket
 
-    async def _read(self, target: Target, socket: zmq.asyncio.Socket) -> None:
-        while True:
-            frame = await socket.recv(copy=True)
+    def _drain(self, target: Target, socket: zmq.Socket[bytes]) -> None:
+        while cast(int, socket.getsockopt(_EVENTS)) & _POLLIN:
+            frame = socket.recv(zmq.NOBLOCK)
             try:
                 message = from_frame(frame)
             except DescriptorError:
@@ -85,9 +98,11 @@ class AsyncChannel:
                 self._on_stray(target, message)
 
     def send(self, target: Target, message: Message) -> None:
-        # PERF: a DEALER below its high-water mark takes the frame at once;
-        # the returned future is already done.
-        self.socket(target).send(to_frame(message), copy=True)
+        socket = self.socket(target)
+        socket.send(to_frame(message), copy=True)
+        # The send may have consumed the edge of a reply that is waiting.
+        if cast(int, socket.getsockopt(_EVENTS)) & _POLLIN:
+            self._loop.call_soon(self._drain, target, socket)
 
     def expect(self, request_id: int) -> None:
         self._inbox[request_id] = asyncio.Queue()
@@ -105,7 +120,7 @@ class AsyncChannel:
         box = self._inbox[request_id]
         if box.empty():
             if self._watchdog is None:
-                self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+                self._watchdog = self._loop.create_task(self._watch())
             self._waiting[request_id] = (target, deadline)
             try:
                 item = await box.get()
@@ -143,8 +158,9 @@ class AsyncChannel:
     def close(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
-        for _generation, socket, reader in self._sockets.values():
-            reader.cancel()
+        for _generation, socket, fd in self._sockets.values():
+            with contextlib.suppress(ValueError, RuntimeError):
+                self._loop.remove_reader(fd)
             with contextlib.suppress(zmq.ZMQError):
                 socket.close(0)
         self._sockets.clear()
