@@ -43,7 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--socket", type=Path, help="the control socket")
     where.add_argument("--config", type=Path, help="find the control socket from this config")
     ctl.add_argument("--json", action="store_true", help="print the raw JSON reply")
-    ctl.add_argument("action", choices=["status", "online", "offline", "reload", "stop"])
+    ctl.add_argument(
+        "action", choices=["status", "online", "offline", "reload", "load", "unload", "stop"]
+    )
+    ctl.add_argument("model", nargs="?", help="load/unload: the model's name")
 
     child = commands.add_parser("child", help="(internal) how the master starts its children")
     child.add_argument("role", choices=["model", "http", "grpc", "mip"])
@@ -83,7 +86,8 @@ def _ctl(args: argparse.Namespace) -> int:
 
     try:
         path = args.socket or Tree("", load(args.config).resolved_run_dir()).control_path
-        reply = request(path, args.action)
+        fields = {"model": args.model} if args.model else {}
+        reply = request(path, args.action, **fields)
     except (ControlError, ConfigError) as ex:
         print(f"appliance ctl: {ex}", file=sys.stderr)
         return 1
@@ -103,7 +107,13 @@ def _summary(action: str, reply: dict[str, object]) -> str:
             for key in ("added", "changed", "removed", "unchanged")
         ]
         return "reload started; " + "; ".join(parts)
-    return {"online": "online", "offline": "offline", "stop": "draining"}[action]
+    return {
+        "online": "online",
+        "offline": "offline",
+        "stop": "draining",
+        "load": "loading",
+        "unload": "unloaded",
+    }[action]
 
 
 def _child(args: argparse.Namespace) -> int:

@@ -368,6 +368,34 @@ class ModelClient:
         """
         request(self.tree.control_path, "online" if online else "offline")
 
+    def load_model(self, model: str, timeout_s: float = 300.0) -> None:
+        """Have the master (re)load ``model`` from its config; return once it serves.
+
+        Raises:
+            ControlError: the master refused (unknown model, a reload running).
+            ModelNotReady: its new instances failed to load, or took too long.
+        """
+        request(self.tree.control_path, "load", model=model)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            state = request(self.tree.control_path, "status")
+            if state["reloading"] is None:
+                if model in self.router.slots and self.router.ready(model):
+                    return
+                raise ModelNotReady(
+                    f"failed to load model {model}: {self.router.why_not_ready(model)}"
+                )
+            time.sleep(0.05)
+        raise ModelNotReady(f"failed to load model {model}: not ready after {timeout_s:.0f} s")
+
+    def unload_model(self, model: str) -> None:
+        """Have the master stop serving ``model``; its workers finish what they hold.
+
+        Raises:
+            ControlError: the model is not loaded, or a reload is running.
+        """
+        request(self.tree.control_path, "unload", model=model)
+
     def counters(self, model: str) -> dict[Counter, int]:
         """Sum a model's counters over its instances."""
         totals = dict.fromkeys(Counter, 0)

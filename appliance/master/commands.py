@@ -21,6 +21,8 @@ def handlers(supervisor: Supervisor) -> dict[str, Handler]:
         "offline": lambda _request: cmd_online(supervisor, False),
         "stop": lambda _request: cmd_stop(supervisor),
         "reload": lambda _request: cmd_reload(supervisor),
+        "load": lambda request: supervisor.load_model(_model(request)),
+        "unload": lambda request: supervisor.unload(_model(request)),
     }
 
 
@@ -76,6 +78,8 @@ def cmd_status(supervisor: Supervisor) -> dict[str, Any]:
         "ready": supervisor.ready,
         "draining": supervisor.drain.active,
         "reloading": supervisor.reloading.summary() if supervisor.reloading else None,
+        "models": list(supervisor.layout),
+        "unloaded": sorted(supervisor.unloaded),
         "ports": supervisor.ports,
         "processes": processes,
     }
@@ -89,6 +93,13 @@ def cmd_online(supervisor: Supervisor, online: bool) -> dict[str, Any]:
 def cmd_reload(supervisor: Supervisor) -> dict[str, Any]:
     """Read the config again; changed models are swapped in once ready."""
     return supervisor.reload()
+
+
+def _model(request: dict[str, Any]) -> str:
+    model = request.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValueError('this command needs "model": <name>')
+    return model
 
 
 def cmd_stop(supervisor: Supervisor) -> dict[str, Any]:

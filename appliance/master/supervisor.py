@@ -81,6 +81,9 @@ class Supervisor:
         self.layout: dict[str, list[int]] = {}
         self.free_slots: list[int] = []
         self.reloading: Reload | None = None
+        # The models in the config file, and those unloaded at run time.
+        self.configured = config.models
+        self.unloaded: set[str] = set()
         self._notified_ready = False
         self._request_totals: collections.deque[tuple[float, int]] = collections.deque()
         self.reloads = 0
@@ -302,15 +305,44 @@ class Supervisor:
             ConfigError: the new config is invalid; nothing changes.
             RuntimeError: the appliance is draining or already reloading.
         """
-        if self.drain.active:
-            raise RuntimeError("the appliance is draining")
-        if self.reloading is not None:
-            raise RuntimeError(f"a reload is in progress: {self.reloading.summary()}")
+        self._check_can_reload()
         new = load(self.config_path)
         for section in ("server", "http", "grpc", "mip", "shm"):
             if getattr(new, section) != getattr(self.config, section):
                 log.warning("reload: [%s] changed; that takes a restart", section)
-        merged = dataclasses.replace(self.config, models=new.models)
+        self.configured = new.models
+        return self._apply()
+
+    def unload(self, model: str) -> dict[str, Any]:
+        """Stop serving ``model`` until it is loaded again (a reload without it)."""
+        self._check_can_reload()
+        if model not in self.layout:
+            raise RuntimeError(f"failed to unload: model {model!r} is not loaded")
+        self.unloaded.add(model)
+        return self._apply()
+
+    def load_model(self, model: str) -> dict[str, Any]:
+        """Serve ``model`` again, from the config file as it is now (a reload)."""
+        self._check_can_reload()
+        configured = load(self.config_path).models
+        if model not in {entry.name for entry in configured}:
+            raise RuntimeError(
+                f"failed to load: model {model!r} is not in the config {self.config_path}"
+            )
+        self.unloaded.discard(model)
+        self.configured = configured
+        return self._apply()
+
+    def _check_can_reload(self) -> None:
+        if self.drain.active:
+            raise RuntimeError("the appliance is draining")
+        if self.reloading is not None:
+            raise RuntimeError(f"a reload is in progress: {self.reloading.summary()}")
+
+    def _apply(self) -> dict[str, Any]:
+        """Serve the configured models less the unloaded ones (see reload.py)."""
+        served = tuple(m for m in self.configured if m.name not in self.unloaded)
+        merged = dataclasses.replace(self.config, models=served)
         self.reloads += 1
         systemd.notify("RELOADING=1", systemd.monotonic_usec(), "STATUS=reloading")
         reload = Reload(self, merged, self.reloads)

@@ -130,3 +130,25 @@ def test_a_bad_config_is_refused_and_sighup_reloads() -> None:
             raise AssertionError("SIGHUP did not reload")
         assert "reload: 0 added, 1 changed" in appliance.log()
         appliance.remember_pids()
+
+
+def test_unload_and_load_a_model_at_run_time() -> None:
+    with running([tagged("one"), *demo_models("echo")]) as appliance:
+        client = appliance.client()
+        client.unload_model("echo")
+        with pytest.raises(ModelNotFound):
+            client.infer("echo", {"x": np.zeros(1)})
+        status = appliance.ctl("status")
+        assert status["models"] == ["tagged"]
+        assert status["unloaded"] == ["echo"]
+        with client.infer("tagged", {"x": np.zeros(1, np.float32)}) as result:
+            assert result.array("tag")[0] == b"one"
+        client.load_model("echo")
+        with client.infer("echo", {"x": np.arange(2)}) as result:
+            assert result.array("x").tolist() == [0, 1]
+        assert appliance.ctl("status")["unloaded"] == []
+        with pytest.raises(ControlError, match="failed to load: model 'nope'"):
+            client.load_model("nope")
+        with pytest.raises(ControlError, match="failed to unload"):
+            client.unload_model("nope")
+        appliance.remember_pids()
