@@ -31,7 +31,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -47,7 +47,8 @@ Outputs = Mapping[str, npt.ArrayLike]
 class Model:
     """Base class of every served model.
 
-    Class attributes:
+    Class attributes (a model that learns them from a file may set them
+    on the instance in :meth:`load` instead):
         inputs: the declared inputs, in order. ``None`` accepts any named
             tensors (a generic model such as ``echo``).
         outputs: the declared outputs, in order; ``None`` for generic models.
@@ -61,12 +62,12 @@ class Model:
     ``bytes``; return str or bytes elements for BYTES outputs.
     """
 
-    inputs: ClassVar[Sequence[TensorSpec] | None] = ()
-    outputs: ClassVar[Sequence[TensorSpec] | None] = ()
-    max_batch_size: ClassVar[int] = 0
-    platform: ClassVar[str] = "python"
-    version: ClassVar[str] = "1"
-    description: ClassVar[str] = ""
+    inputs: Sequence[TensorSpec] | None = ()
+    outputs: Sequence[TensorSpec] | None = ()
+    max_batch_size: int = 0
+    platform: str = "python"
+    version: str = "1"
+    description: str = ""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         """Keep the config's ``options`` table; do heavy work in :meth:`load`."""

@@ -49,9 +49,10 @@ def load_model(config: ModelConfig, python_path: Sequence[str] = ()) -> Loaded:
         model.load()
     except Exception as ex:
         raise LoadError(f"{where}: load failed: {type(ex).__name__}: {ex}") from ex
-    max_batch = cls.max_batch_size if config.max_batch_size is None else config.max_batch_size
-    inputs = _specs(where, "inputs", cls.inputs)
-    outputs = _specs(where, "outputs", cls.outputs)
+    # Read from the instance: a runtime model learns its interface in load().
+    max_batch = model.max_batch_size if config.max_batch_size is None else config.max_batch_size
+    inputs = _specs(where, "inputs", model.inputs)
+    outputs = _specs(where, "outputs", model.outputs)
     if max_batch > 0:
         for spec in (*(inputs or ()), *(outputs or ())):
             if not spec.shape or spec.shape[0] != -1:
@@ -61,13 +62,13 @@ def load_model(config: ModelConfig, python_path: Sequence[str] = ()) -> Loaded:
                 )
     metadata = ModelMetadata(
         name=config.name,
-        versions=(cls.version,),
-        platform=cls.platform,
+        versions=(model.version,),
+        platform=model.platform,
         inputs=inputs,
         outputs=outputs,
         max_batch_size=max_batch,
         supports=cls.supports(),
-        description=cls.description or (cls.__doc__ or "").strip().split("\n")[0],
+        description=model.description or (cls.__doc__ or "").strip().split("\n")[0],
     )
     return Loaded(model, metadata)
 
