@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
+from typing import Any
 
 from prometheus_client import Counter, Histogram
 
@@ -71,6 +72,12 @@ _OUTCOMES = {code: code.name.lower() for code in ErrorCode}
 _OUTCOMES[ErrorCode.OK] = "ok"
 
 
+# PERF: looking up a labelled child costs as much as recording into it, so
+# each process keeps the children it has used.
+_CALLS: dict[tuple[str, str, ErrorCode], tuple[Any, Any]] = {}
+_BATCHES: dict[str, tuple[Any, Any, Any]] = {}
+
+
 def record_call(model: str, code: ErrorCode, started: float) -> None:
     """Count one model call; ``started`` is its time.perf_counter()."""
     protocol = PROTOCOL.get()
@@ -78,17 +85,29 @@ def record_call(model: str, code: ErrorCode, started: float) -> None:
     # or any caller could grow the metrics without bound.
     label = "" if code is ErrorCode.MODEL_NOT_FOUND else model
     MODEL.set(label)
-    REQUESTS.labels(protocol, label, _OUTCOMES[code]).inc()
-    LATENCY.labels(protocol, label).observe(time.perf_counter() - started)
+    key = (protocol, label, code)
+    children = _CALLS.get(key)
+    if children is None:
+        children = (
+            REQUESTS.labels(protocol, label, _OUTCOMES[code]),
+            LATENCY.labels(protocol, label),
+        )
+        _CALLS[key] = children
+    children[0].inc()
+    children[1].observe(time.perf_counter() - started)
 
 
 def record_batch(model: str, rows: int, waits_s: list[float], compute_s: float) -> None:
     """Count one batch a model worker ran."""
-    BATCH_ROWS.labels(model).observe(rows)
-    queue = QUEUE.labels(model)
+    children = _BATCHES.get(model)
+    if children is None:
+        children = (BATCH_ROWS.labels(model), QUEUE.labels(model), COMPUTE.labels(model))
+        _BATCHES[model] = children
+    rows_child, queue, compute = children
+    rows_child.observe(rows)
     for wait in waits_s:
         queue.observe(wait)
-    COMPUTE.labels(model).observe(compute_s)
+    compute.observe(compute_s)
 
 
 def log_access(protocol: str, status: str, started: float, detail: str = "") -> None:

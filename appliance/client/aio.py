@@ -1,15 +1,16 @@
 """The event loop's sockets to the model workers, for asyncio frontends.
 
-The asyncio twin of :class:`~appliance.client.channel.Channel`: the loop owns
-one DEALER socket per instance, watches each socket's file descriptor with
-``add_reader``, and hands every reply straight to the future or queue of the
-request waiting for it, so an asyncio frontend (MIP) calls models without a
-thread hop and with one loop callback per burst of replies.
+The asyncio twin of :class:`~appliance.client.channel.Channel`, with the
+same sockets (a PUSH per instance, one bound PULL for replies). The loop
+watches the PULL socket's file descriptor with ``add_reader`` and hands each
+reply straight to the queue of the request waiting for it, so an asyncio
+frontend (MIP) calls models without a thread hop and with one loop callback
+per burst of replies.
 
 ZeroMQ's descriptor is edge-triggered: it signals that the socket's state
 may have changed, not that a message is there. So the callback drains until
-``EVENTS`` shows no message, and every send looks once more, since a send
-can consume the edge of a reply that arrived meanwhile.
+``EVENTS`` shows no message, and every send looks once more, since any
+operation on a socket can consume the edge of a reply that arrived meanwhile.
 
 One watchdog task per loop looks at every waiting request each slice and
 fails it with WorkerLost when its instance died, or with DeadlineExceeded
@@ -20,15 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from typing import Any, cast
 
 import zmq
 
+from appliance.client.channel import worker_lost
 from appliance.client.routing import Router, Target
-from appliance.core.descriptor import DescriptorError, Message, from_frame, to_frame
-from appliance.errors import ApplianceError, DeadlineExceeded, WorkerLost
+from appliance.core.descriptor import DescriptorError, Kind, Message, from_frame, to_frame
+from appliance.errors import ApplianceError, DeadlineExceeded
 
 SLICE_S = 0.05
 _EVENTS = int(zmq.EVENTS)
@@ -43,7 +46,9 @@ class AsyncChannel:
 
     Args:
         context: the process's ZeroMQ context.
-        endpoint: maps (slot, generation) to the worker's endpoint.
+        number: this channel's number in its process (sent with requests).
+        reply_endpoint: where this channel receives replies.
+        endpoint: maps (slot, generation) to a worker's endpoint.
         router: for instance liveness checks.
         on_stray: called with a message no waiter expects (a late reply);
             it must give back the message's ring blocks.
@@ -52,41 +57,47 @@ class AsyncChannel:
     def __init__(
         self,
         context: zmq.Context[Any],
+        number: int,
+        reply_endpoint: str,
         endpoint: Callable[[int, int], str],
         router: Router,
-        on_stray: Callable[[Target, Message], None],
+        on_stray: Callable[[Message], None],
     ) -> None:
+        self.number = number
         self._context = context
         self._endpoint = endpoint
         self._router = router
         self._on_stray = on_stray
         self._loop = asyncio.get_running_loop()
-        self._sockets: dict[int, tuple[int, zmq.Socket[bytes], int]] = {}
+        self._pushes: dict[int, tuple[int, zmq.Socket[bytes]]] = {}
         self._inbox: dict[int, asyncio.Queue[Item]] = {}
         self._waiting: dict[int, tuple[Target, float]] = {}
         self._watchdog: asyncio.Task[None] | None = None
+        self._replies: zmq.Socket[bytes] = context.socket(zmq.PULL)
+        self._replies.setsockopt(zmq.LINGER, 0)
+        self._replies.bind(reply_endpoint)
+        self._fd = cast(int, self._replies.getsockopt(_FD))
+        self._loop.add_reader(self._fd, self._drain)
 
     def socket(self, target: Target) -> zmq.Socket[bytes]:
         """Return the loop's socket to ``target``, connecting if needed."""
-        known = self._sockets.get(target.slot)
+        known = self._pushes.get(target.slot)
         if known is not None:
-            generation, old, fd = known
+            generation, old = known
             if generation == target.generation:
                 return old
             # A replaced worker: drop whatever was queued for the old one.
-            self._loop.remove_reader(fd)
             old.close(0)
-        socket: zmq.Socket[bytes] = self._context.socket(zmq.DEALER)
+        socket: zmq.Socket[bytes] = self._context.socket(zmq.PUSH)
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(self._endpoint(target.slot, target.generation))
-        fd = cast(int, socket.getsockopt(_FD))
-        self._loop.add_reader(fd, self._drain, target, socket)
-        self._sockets[target.slot] = (target.generation, socket, fd)
+        self._pushes[target.slot] = (target.generation, socket)
         return socket
 
-    def _drain(self, target: Target, socket: zmq.Socket[bytes]) -> None:
-        while cast(int, socket.getsockopt(_EVENTS)) & _POLLIN:
-            frame = socket.recv(zmq.NOBLOCK)
+    def _drain(self) -> None:
+        replies = self._replies
+        while cast(int, replies.getsockopt(_EVENTS)) & _POLLIN:
+            frame = replies.recv(zmq.NOBLOCK)
             try:
                 message = from_frame(frame)
             except DescriptorError:
@@ -95,14 +106,14 @@ class AsyncChannel:
             if box is not None:
                 box.put_nowait(message)
             else:
-                self._on_stray(target, message)
+                self._on_stray(message)
 
-    def send(self, target: Target, message: Message) -> None:
-        socket = self.socket(target)
-        socket.send(to_frame(message), copy=True)
-        # The send may have consumed the edge of a reply that is waiting.
-        if cast(int, socket.getsockopt(_EVENTS)) & _POLLIN:
-            self._loop.call_soon(self._drain, target, socket)
+    def send(self, target: Target, message: Message, flags: int = 0) -> None:
+        message.channel = self.number
+        self.socket(target).send(to_frame(message), flags, copy=True)
+        # Look once more: the descriptor's edge may have been spent meanwhile.
+        if cast(int, self._replies.getsockopt(_EVENTS)) & _POLLIN:
+            self._loop.call_soon(self._drain)
 
     def expect(self, request_id: int) -> None:
         self._inbox[request_id] = asyncio.Queue()
@@ -145,22 +156,21 @@ class AsyncChannel:
                         DeadlineExceeded("the request's deadline passed before a reply came")
                     )
                 elif not self._router.is_current(target):
-                    box.put_nowait(
-                        WorkerLost(
-                            f"the model worker (pid {target.pid}) holding this request "
-                            "exited; the request may be retried"
-                        )
-                    )
+                    box.put_nowait(worker_lost(target))
                 else:
                     continue
                 del self._waiting[request_id]
 
     def close(self) -> None:
+        """Tell every worker this channel used to forget it, then close."""
         if self._watchdog is not None:
             self._watchdog.cancel()
-        for _generation, socket, fd in self._sockets.values():
-            with contextlib.suppress(ValueError, RuntimeError):
-                self._loop.remove_reader(fd)
+        with contextlib.suppress(ValueError, RuntimeError):
+            self._loop.remove_reader(self._fd)
+        for _generation, socket in self._pushes.values():
             with contextlib.suppress(zmq.ZMQError):
-                socket.close(0)
-        self._sockets.clear()
+                goodbye = Message(Kind.GOODBYE, 0, os.getpid(), channel=self.number)
+                socket.send(to_frame(goodbye), zmq.NOBLOCK)
+            socket.close(0)
+        self._pushes.clear()
+        self._replies.close(0)

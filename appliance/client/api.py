@@ -43,7 +43,6 @@ from appliance.core.descriptor import (
     place_tensors,
     read_tensors,
     ring_blocks,
-    to_frame,
 )
 from appliance.core.metadata import ModelMetadata
 from appliance.core.ring import Block, Ring
@@ -64,8 +63,10 @@ from appliance.metrics import record_call
 from appliance.process import pid_alive
 
 TensorLike = Tensor | npt.NDArray[Any]
-# Several clients may live in one process (tests do); each owns a ring.
+# Several clients may live in one process (tests do); each owns a ring, and
+# every channel of the process needs its own reply endpoint.
 _RING_NUMBERS = itertools.count()
+_CHANNEL_NUMBERS = itertools.count(1)
 
 
 class InferResult:
@@ -290,8 +291,14 @@ class ModelClient:
         timeout_s: float | None = None,
     ) -> InferResult:
         """:meth:`infer` for code running in an event loop (no thread hop)."""
-        with _recorded(model):
-            return await self._infer_async(model, inputs, outputs, parameters, timeout_s)
+        started = time.perf_counter()
+        try:
+            result = await self._infer_async(model, inputs, outputs, parameters, timeout_s)
+        except ApplianceError as ex:
+            record_call(model, ex.code, started)
+            raise
+        record_call(model, ErrorCode.OK, started)
+        return result
 
     async def _infer_async(
         self,
@@ -316,8 +323,14 @@ class ModelClient:
         loop = asyncio.get_running_loop()
         channel = self._async_channels.get(loop)
         if channel is None:
+            number = self._next_channel()
             channel = AsyncChannel(
-                self._context, self.tree.model_endpoint, self.router, self._stray
+                self._context,
+                number,
+                self.tree.reply_endpoint(self._pid, number),
+                self.tree.model_endpoint,
+                self.router,
+                self._stray,
             )
             self._async_channels[loop] = channel
         return channel
@@ -413,8 +426,15 @@ class ModelClient:
     def _channel(self) -> Channel:
         channel: Channel | None = getattr(self._local, "channel", None)
         if channel is None:
+            number = self._next_channel()
             channel = Channel(
-                self._context, self.tree.model_endpoint, self.router, self._stray, self._spin_s
+                self._context,
+                number,
+                self.tree.reply_endpoint(self._pid, number),
+                self.tree.model_endpoint,
+                self.router,
+                self._stray,
+                self._spin_s,
             )
             self._local.channel = channel
             with self._lock:
@@ -432,10 +452,18 @@ class ModelClient:
         timeout_s: float | None,
         args: dict[str, Any] | None,
     ) -> InferResult:
-        with _recorded(model):
-            return self._roundtrip_unrecorded(
+        # PERF: try/except rather than the _recorded context manager: this is
+        # every synchronous call's path.
+        started = time.perf_counter()
+        try:
+            result = self._roundtrip_unrecorded(
                 model, method, inputs, outputs, parameters, timeout_s, args
             )
+        except ApplianceError as ex:
+            record_call(model, ex.code, started)
+            raise
+        record_call(model, ErrorCode.OK, started)
+        return result
 
     def _roundtrip_unrecorded(
         self,
@@ -567,16 +595,26 @@ class ModelClient:
             return
         message = Message(Kind.RELEASE, 0, self._pid, {"blocks": block_list(blocks)})
         with contextlib.suppress(zmq.ZMQError):
-            self._channel().socket(target).send(to_frame(message), zmq.NOBLOCK)
+            self._channel().send(target, message, zmq.NOBLOCK)
 
-    def _stray(self, target: Target, message: Message) -> None:
+    def _next_channel(self) -> int:
+        number = next(_CHANNEL_NUMBERS)
+        if number > 0xFFFF:
+            raise RuntimeError("a client process may open at most 65535 channels")
+        return number
+
+    def _stray(self, message: Message) -> None:
         """Take back what a reply nobody waits for still holds."""
-        self._release_remote(target, ring_blocks(message.body.get("tensors", [])))
-        if message.kind in (Kind.REPLY, Kind.END):
-            with self._lock:
-                abandoned = self._abandoned.pop(message.request_id, None)
-            if abandoned is not None:
-                self._release_local(abandoned[1])
+        final = message.kind in (Kind.REPLY, Kind.END)
+        with self._lock:
+            abandoned = (self._abandoned.pop if final else self._abandoned.get)(
+                message.request_id, None
+            )
+        target = abandoned[0] if abandoned else self.router.target_of(message.pid)
+        if target is not None:
+            self._release_remote(target, ring_blocks(message.body.get("tensors", [])))
+        if final and abandoned is not None:
+            self._release_local(abandoned[1])
         self._sweep_abandoned()
 
     def _sweep_abandoned(self) -> None:

@@ -88,6 +88,15 @@ class Router:
         with self._lock:
             self._sent[slot] = max(0, self._sent.get(slot, 0) - 1)
 
+    def target_of(self, pid: int) -> Target | None:
+        """The current instance whose worker has ``pid``, if any."""
+        for slots in self.slots.values():
+            for slot in slots:
+                state, _role, _instance, slot_pid, generation, _depth = self.status.hot(slot)
+                if slot_pid == pid and state in (SlotState.READY, SlotState.STOPPING):
+                    return Target(slot, generation, pid)
+        return None
+
     def ready(self, model: str) -> bool:
         return any(self.status.hot(slot)[0] == _READY for slot in self.slots.get(model, ()))
 

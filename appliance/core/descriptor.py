@@ -7,8 +7,12 @@ A message is one ZeroMQ frame::
     | 32 bytes                      | body length B   | the order of "inline" |
     +-------------------------------+-----------------+-----------------------+
 
-    header: 'AP' | version u8 | kind u8 | code u16 | flags u16 | pid u32 |
+    header: 'AP' | version u8 | kind u8 | code u16 | channel u16 | pid u32 |
             request id u64 | deadline f64 | body length u32
+
+``pid`` and ``channel`` name the sender: a client's (pid, channel) is where
+its replies go (see :mod:`appliance.core.tree`), a worker's pid says which
+instance answered.
 
 One frame, not one per part: every frame is a separate call into libzmq,
 and on this machine kind each costs more than the bytes it carries.
@@ -58,6 +62,7 @@ class Kind(enum.IntEnum):
     END = 4  # worker -> client: the stream is over (or failed)
     RELEASE = 5  # client -> worker: {blocks: [[segment, offset, nbytes], ...]}
     CANCEL = 6  # client -> worker: stop the stream request_id
+    GOODBYE = 7  # client -> worker: this channel closes; forget it
 
 
 @dataclass(slots=True)
@@ -71,6 +76,7 @@ class Message:
     payloads: list[Any] = field(default_factory=list)
     code: int = 0
     deadline: float = 0.0
+    channel: int = 0
 
     @property
     def error_message(self) -> str:
@@ -93,7 +99,7 @@ def to_frame(message: Message) -> bytes:
         VERSION,
         message.kind,
         message.code,
-        0,
+        message.channel,
         message.pid,
         message.request_id,
         message.deadline,
@@ -115,7 +121,7 @@ def from_frame(frame: bytes) -> Message:
     """
     if len(frame) < HEADER.size:
         raise DescriptorError(f"a message needs {HEADER.size} header bytes, got {len(frame)}")
-    magic, version, kind, code, _flags, pid, request_id, deadline, length = HEADER.unpack_from(
+    magic, version, kind, code, channel, pid, request_id, deadline, length = HEADER.unpack_from(
         frame
     )
     message_kind = _KINDS.get(kind)
@@ -133,7 +139,7 @@ def from_frame(frame: bytes) -> Message:
         raise DescriptorError(f"bad descriptor body: {ex}") from None
     if end != len(frame):
         raise DescriptorError(f"descriptor frame has {len(frame) - end} stray bytes")
-    return Message(message_kind, request_id, pid, body, payloads, code, deadline)
+    return Message(message_kind, request_id, pid, body, payloads, code, deadline, channel)
 
 
 def error_message(kind: Kind, request_id: int, pid: int, code: ErrorCode, text: str) -> Message:
@@ -195,17 +201,24 @@ class SegmentReader:
     def __init__(self, attach: Any) -> None:
         self._attach = attach
         self._segments: dict[str, Any] = {}
+        self._bases: dict[str, int] = {}
 
     def view(self, segment: str, offset: int, nbytes: int) -> memoryview:
         mapped = self._segments.get(segment)
         if mapped is None:
             mapped = self._attach(segment)
             self._segments[segment] = mapped
+            first = np.frombuffer(mapped.buffer, dtype=np.uint8, count=min(1, mapped.size))
+            self._bases[segment] = int(first.__array_interface__["data"][0])
         if offset < 0 or nbytes < 0 or offset + nbytes > mapped.size:
             raise DescriptorError(
                 f"block [{offset}, {offset + nbytes}) lies outside segment {segment}"
             )
         return memoryview(mapped.buffer)[offset : offset + nbytes]
+
+    def base(self, segment: str) -> int:
+        """The address of a mapped segment's first byte in this process."""
+        return self._bases[segment]
 
     def forget(self, segment: str) -> bool:
         """Unmap one segment; return False if views of it are still alive."""
@@ -214,6 +227,7 @@ class SegmentReader:
             return True
         if mapped.close():
             del self._segments[segment]
+            del self._bases[segment]
             return True
         return False
 
@@ -223,6 +237,9 @@ class SegmentReader:
     def close(self) -> None:
         for name in list(self._segments):
             self.forget(name)
+
+
+_DTYPES = {dtype.value: dtype for dtype in DType}
 
 
 def read_tensors(
@@ -237,13 +254,13 @@ def read_tensors(
     for entry in entries:
         try:
             name, dtype_name, shape, place = entry
-            dtype = DType(dtype_name)
+            dtype = _DTYPES[dtype_name]
             if isinstance(place, int):
                 data: Any = payloads[place]
             else:
                 data = reader.view(str(place[0]), int(place[1]), int(place[2]))
             tensors[str(name)] = _tensor(dtype, shape, data)
-        except (ValueError, TypeError, IndexError, FileNotFoundError) as ex:
+        except (ValueError, TypeError, IndexError, KeyError, FileNotFoundError) as ex:
             raise BadRequest(f"tensor descriptor {entry!r:.120} is invalid: {ex}") from None
     return tensors
 

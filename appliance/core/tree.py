@@ -89,12 +89,16 @@ class Tree:
         """Where every process writes its Prometheus samples."""
         return self.dir / "metrics"
 
+    def reply_endpoint(self, pid: int, channel: int) -> str:
+        """ZeroMQ endpoint where client ``pid``'s ``channel`` receives replies."""
+        return f"ipc://{self.dir}/c{pid}-{channel}.sock"
+
     def metadata_path(self, model: str) -> Path:
         return self.dir / "models" / f"{model}.json"
 
     def check_paths(self) -> None:
         """Raise ValueError if socket paths would exceed the kernel's limit."""
-        longest = f"{self.dir}/m9999g99999.sock"
+        longest = f"{self.dir}/c4194304-65535.sock"
         if len(longest) > MAX_SOCKET_PATH or len(str(self.control_path)) > MAX_SOCKET_PATH:
             raise ValueError(
                 f"run_dir {self.run_dir} is too long for unix sockets (paths under it "

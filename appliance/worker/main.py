@@ -73,14 +73,12 @@ def run(
         limit_hint=f"models[{model}].response_ring_bytes",
     )
     context = zmq.Context()
-    socket = context.socket(zmq.ROUTER)
+    socket = context.socket(zmq.PULL)
     socket.setsockopt(zmq.LINGER, 0)
-    # An unroutable reply raises instead of vanishing, so its ring space is
-    # taken back at once (see WorkerServer._send).
-    socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
     server = WorkerServer(
         loaded,
         socket,
+        tree.reply_endpoint,
         ring,
         status,
         slot,
@@ -99,9 +97,9 @@ def run(
         server.serve()
     finally:
         status.set_state(slot, SlotState.STOPPING)
+        server.close()
         socket.close(0)
         context.term()
-        server.reader.close()
         ring.close()
     log.info("stopped")
     return ExitCode.OK

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from appliance.core.descriptor import SegmentReader
 from appliance.core.dtypes import DType
 from appliance.core.tensor import Array, Tensor
 
@@ -23,15 +24,15 @@ def address(array: Array) -> int:
     return int(array.__array_interface__["data"][0])
 
 
-def input_spans(entries: Iterable[Sequence[Any]], arrays: Mapping[str, Array]) -> list[Span]:
+def input_spans(entries: Iterable[Sequence[Any]], reader: SegmentReader) -> list[Span]:
     """Where each input that lives in shared memory is, in this process's mappings."""
     spans = []
-    for name, _dtype, _shape, place in entries:
-        array = arrays.get(name)
-        if isinstance(place, int) or array is None or array.dtype == object:
+    for _name, dtype, _shape, place in entries:
+        if isinstance(place, int) or dtype == "BYTES":
             continue
-        start = address(array)
-        spans.append((start, start + int(place[2]), str(place[0]), int(place[1])))
+        segment, offset, nbytes = str(place[0]), int(place[1]), int(place[2])
+        start = reader.base(segment) + offset
+        spans.append((start, start + nbytes, segment, offset))
     return spans
 
 

@@ -1,4 +1,4 @@
-"""The model worker's serving loop: one thread, one ROUTER socket, one model.
+"""The model worker's serving loop: one thread, one PULL socket in, one model.
 
 Each turn of the loop:
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -70,6 +70,7 @@ HEARTBEAT_S = 0.25
 # A stopping worker still serves requests routed to it just before its slot
 # was marked STOPPING; it exits once it has been idle this long.
 LINGER_S = 0.2
+CLOSE_LINGER_MS = 2000
 HOUSEKEEPING_S = 1.0
 COUNTERS_S = 0.1
 MAX_RECEIVE_PER_TURN = 512
@@ -89,7 +90,8 @@ class WorkerServer:
 
     Args:
         loaded: the model and its metadata.
-        socket: a bound ROUTER socket.
+        socket: the bound PULL socket requests arrive on.
+        reply_endpoint: where a client channel (pid, number) takes replies.
         ring: this worker's response ring.
         status: the tree's status table; ``slot`` is this instance's slot.
         inline_threshold: outputs up to this many bytes ride in the message.
@@ -99,6 +101,7 @@ class WorkerServer:
         self,
         loaded: Loaded,
         socket: zmq.Socket[bytes],
+        reply_endpoint: Callable[[int, int], str],
         ring: Ring,
         status: StatusTable,
         slot: int,
@@ -109,6 +112,8 @@ class WorkerServer:
         self.model = loaded.model
         self.metadata = loaded.metadata
         self.socket = socket
+        self.reply_endpoint = reply_endpoint
+        self._pushes: dict[tuple[int, int], zmq.Socket[bytes]] = {}
         self.ring = ring
         self.status = status
         self.slot = slot
@@ -195,26 +200,27 @@ class WorkerServer:
                 return
             self._last_message = time.monotonic()
             try:
-                identity, frame = socket.recv_multipart(zmq.NOBLOCK)
-                message = from_frame(frame)
+                message = from_frame(socket.recv(zmq.NOBLOCK))
             except (ValueError, zmq.Again) as ex:
                 log.warning("dropped a malformed message: %s", ex)
                 continue
             if message.kind is Kind.INFER:
-                self._accept(identity, message)
+                self._accept(message)
             elif message.kind is Kind.RELEASE:
                 self._release(message.pid, blocks_from(message.body.get("blocks", [])))
             elif message.kind is Kind.CANCEL:
                 self._cancel(message.pid, message.request_id)
+            elif message.kind is Kind.GOODBYE:
+                self._forget_channel((message.pid, message.channel))
 
-    def _accept(self, identity: bytes, message: Message) -> None:
+    def _accept(self, message: Message) -> None:
         try:
             tensors = read_tensors(message.body.get("tensors", []), message.payloads, self.reader)
-            pending = check_request(self.metadata, identity, message, tensors)
+            pending = check_request(self.metadata, message, tensors)
             if self.passthrough:
-                pending.spans = input_spans(message.body.get("tensors", []), pending.arrays)
+                pending.spans = input_spans(message.body.get("tensors", []), self.reader)
         except ApplianceError as ex:
-            self._fail(identity, message, ex)
+            self._fail(message, ex)
             return
         if pending.method == STREAM and not self.metadata.supports.get("predict_stream"):
             self._fail_pending(pending, Unsupported(f"model {self.metadata.name} does not stream"))
@@ -234,15 +240,39 @@ class WorkerServer:
                 self._end_stream(stream, None)
         self.batcher.drop(lambda p: p.message.pid == pid and p.request_id == request_id)
 
-    def _send(self, identity: bytes, outgoing: _Outgoing, blocks: list[Block]) -> None:
+    def _send(self, outgoing: _Outgoing, blocks: list[Block]) -> None:
         for block in blocks:
-            self.leases[block] = outgoing.pid_to
+            self.leases[block] = outgoing.to[0]
         try:
-            self.socket.send_multipart([identity, to_frame(outgoing.message)], zmq.NOBLOCK)
+            self._push_to(outgoing.to).send(to_frame(outgoing.message), zmq.NOBLOCK)
         except zmq.ZMQError:
-            # The client's socket is gone (ROUTER_MANDATORY) or full: nobody
-            # will release these blocks, so take them back now.
-            self._release(outgoing.pid_to, blocks)
+            # The client's channel has stopped reading (its queue is full):
+            # nobody will release these blocks, so take them back now.
+            self._release(outgoing.to[0], blocks)
+
+    def _push_to(self, to: tuple[int, int]) -> zmq.Socket[bytes]:
+        """The socket to a client channel (pid, number), connected on first use."""
+        socket = self._pushes.get(to)
+        if socket is None:
+            socket = self.socket.context.socket(zmq.PUSH)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(self.reply_endpoint(*to))
+            self._pushes[to] = socket
+        return socket
+
+    def _forget_channel(self, to: tuple[int, int]) -> None:
+        socket = self._pushes.pop(to, None)
+        if socket is not None:
+            socket.close(0)
+
+    def close(self) -> None:
+        """Close every reply socket, flushing what it holds, and unmap segments."""
+        for socket in self._pushes.values():
+            # SAFETY: the last replies may still be queued in libzmq; a zero
+            # linger would drop them with the socket.
+            socket.close(linger=CLOSE_LINGER_MS)
+        self._pushes.clear()
+        self.reader.close()
 
     # -- running work ---------------------------------------------------------
 
@@ -264,6 +294,10 @@ class WorkerServer:
                 live.append(pending)
         if not live:
             return
+        # SAFETY: the running batch counts as queued, or a drain could
+        # see an idle worker while this batch still owes its replies.
+        self.status.set_depth(self.slot, len(self.batcher) + len(live) + len(self.streams))
+        self._depth = -1
         head = live[0]
         if head.method == STREAM:
             self._start_stream(head)
@@ -380,19 +414,18 @@ class WorkerServer:
             entries = [borrowed.get(name) or next(placed) for name in outputs]
         body = {"tensors": entries}
         message = Message(kind, pending.request_id, self.pid, body, payloads)
-        self._send(pending.identity, _Outgoing(message, pending.message.pid), blocks)
+        self._send(_Outgoing(message, _reply_to(pending.message)), blocks)
         if finished:
             self._done_with(pending)
 
     def _fail_pending(
         self, pending: Pending, error: ApplianceError, kind: Kind = Kind.REPLY
     ) -> None:
-        self._fail(pending.identity, pending.message, error, kind)
+        self._fail(pending.message, error, kind)
         self._done_with(pending)
 
     def _fail(
         self,
-        identity: bytes,
         request: Message,
         error: ApplianceError,
         kind: Kind = Kind.REPLY,
@@ -401,7 +434,7 @@ class WorkerServer:
             self._counts[Counter.FAIL] += 1
             self._counts_dirty = True
         reply = error_message(kind, request.request_id, self.pid, error.code, error.message)
-        self._send(identity, _Outgoing(reply, request.pid), [])
+        self._send(_Outgoing(reply, _reply_to(request)), [])
 
     def _done_with(self, pending: Pending) -> None:
         """Drop a finished request's views and unmap its one-off segments."""
@@ -431,6 +464,8 @@ class WorkerServer:
             for stream in [s for s in self.streams if s.pending.message.pid == pid]:
                 self._end_stream(stream, BadRequest("client went away"))
             self.batcher.drop(lambda p, dead=pid: p.message.pid == dead)
+            for to in [to for to in self._pushes if to[0] == pid]:
+                self._forget_channel(to)
             for name in self.reader.names():
                 if owner_pid(name) == pid and not self.reader.forget(name):
                     self.unmapped.add(name)
@@ -441,7 +476,11 @@ class _Outgoing:
     """A message on its way out, with the pid of the client it is for."""
 
     message: Message
-    pid_to: int
+    to: tuple[int, int]  # the client's (pid, channel number)
+
+
+def _reply_to(request: Message) -> tuple[int, int]:
+    return (request.pid, request.channel)
 
 
 def _attach_read_only(name: str) -> Segment:

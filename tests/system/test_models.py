@@ -9,6 +9,7 @@ from appliance.client.api import ModelClient
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.tensor import Tensor
 from appliance.errors import BadRequest, ModelNotFound, Unsupported
+from tests.system.harness import Appliance
 
 HOLDOUT = "tests/data/digits_holdout.npz"
 
@@ -205,3 +206,12 @@ def test_metadata_describes_each_model(client: ModelClient) -> None:
     assert client.metadata("forward").supports["apply_hessian"] is False
     with pytest.raises(ModelNotFound):
         client.metadata("nope")
+
+
+def test_two_clients_in_one_process_each_get_their_replies(demo: Appliance) -> None:
+    first, second = demo.client(), demo.client()
+    for value in range(5):
+        for client in (first, second, first):
+            x = np.full((1, 4), value, dtype=np.float32)
+            with client.infer("identity", {"INPUT0": x}, timeout_s=10) as result:
+                np.testing.assert_array_equal(result.array("OUTPUT0"), x)

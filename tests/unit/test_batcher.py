@@ -27,7 +27,7 @@ def pending(rows: int, params: dict[str, object] | None = None, request_id: int 
     x = np.full((rows, 2), request_id, dtype=np.float32)
     body = {"method": "predict", "params": params or {}}
     message = Message(Kind.INFER, request_id, 1, body)
-    return check_request(META, b"id", message, {"x": Tensor.from_array(x)})
+    return check_request(META, message, {"x": Tensor.from_array(x)})
 
 
 def test_compatible_requests_batch_up_to_the_limit() -> None:
