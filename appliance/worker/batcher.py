@@ -36,7 +36,6 @@ SENS, VEC = "__sens__", "__vec__"
 class Pending:
     """One request waiting in (or running on) a model worker."""
 
-    identity: bytes
     message: Message
     arrays: dict[str, Array]
     method: str
@@ -53,9 +52,7 @@ class Pending:
         return self.message.request_id
 
 
-def check_request(
-    metadata: ModelMetadata, identity: bytes, message: Message, tensors: dict[str, Tensor]
-) -> Pending:
+def check_request(metadata: ModelMetadata, message: Message, tensors: dict[str, Tensor]) -> Pending:
     """Check a request against the model's declarations and build its arrays.
 
     Raises:
@@ -80,7 +77,7 @@ def check_request(
     key = _batch_key(arrays, parameters) if rows and method == PREDICT else None
     for name, tensor in extras.items():
         arrays[name] = _array(name, tensor)
-    return Pending(identity, message, arrays, method, parameters, outputs, rows, key)
+    return Pending(message, arrays, method, parameters, outputs, rows, key)
 
 
 def _check_output_names(metadata: ModelMetadata, names: list[str]) -> None:
