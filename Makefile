@@ -29,7 +29,7 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,onnx,torch]'
 	# graphpipe 1.0.4 pins requests 2.18 and flatbuffers 1.9, which break on
 	# Python 3.11; its client works with current ones (PROTOCOL-FACTS §1.4).
 	$(PY) -m pip install --quiet --no-deps graphpipe==1.0.4

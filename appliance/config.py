@@ -5,6 +5,10 @@ was expected, e.g. ``config.toml: models[1].instances: expected an integer
 >= 1, got 0``. The master hands children a JSON snapshot of the resolved
 configuration (:func:`to_dict` / :func:`from_dict`), so a child never sees a
 file that changed on disk after the master read it.
+
+``[[repositories]]`` name model repositories (see ``appliance/repository.py``):
+:func:`load` scans them and adds their models to ``models`` as ordinary
+entries, so a snapshot carries the versions the master chose.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import orjson
+
+from appliance import repository
+from appliance.repository import RepositoryError, VersionPolicy
 
 DEFAULT_CONFIG = Path(__file__).with_name("default.toml")
 MiB = 1 << 20
@@ -103,6 +110,18 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RepositoryConfig:
+    """A model repository (see appliance/repository.py) and its version policy.
+
+    ``versions`` is "latest", "all" or the version numbers to serve; a
+    model's own config.toml may set another. ``path`` is absolute once read.
+    """
+
+    path: str
+    versions: VersionPolicy = "latest"
+
+
+@dataclass(frozen=True, slots=True)
 class ApplianceConfig:
     source: str
     server: ServerConfig
@@ -111,6 +130,7 @@ class ApplianceConfig:
     mip: MipConfig
     shm: ShmConfig
     models: tuple[ModelConfig, ...]
+    repositories: tuple[RepositoryConfig, ...] = ()
 
     def mip_model(self, listener: MipListener) -> str:
         """The model a MIP listener serves: its own, the default, or the first."""
@@ -141,6 +161,9 @@ class ApplianceConfig:
 def load(path: Path | None = None) -> ApplianceConfig:
     """Read and check a TOML config; the packaged default when ``path`` is None.
 
+    The models of its ``[[repositories]]`` are scanned now and join
+    ``models``, after the ``[[models]]`` entries.
+
     Raises:
         ConfigError: the file is missing, not TOML, or a value is invalid.
     """
@@ -152,18 +175,30 @@ def load(path: Path | None = None) -> ApplianceConfig:
         raise ConfigError(f"{path}: no such config file") from None
     except tomllib.TOMLDecodeError as ex:
         raise ConfigError(f"{path}: not valid TOML: {ex}") from None
-    return from_dict(data, str(path))
+    return from_dict(data, str(path), scan_repositories=True)
 
 
-def from_dict(data: Mapping[str, Any], source: str) -> ApplianceConfig:
+def from_dict(
+    data: Mapping[str, Any], source: str, scan_repositories: bool = False
+) -> ApplianceConfig:
     """Check a config mapping (from TOML or a snapshot) and build it.
+
+    Args:
+        data: the mapping.
+        source: the file it came from; relative repository paths start there.
+        scan_repositories: add the models found in ``[[repositories]]`` (a
+            snapshot already lists them among its models, so it does not).
 
     Raises:
         ConfigError: a value is invalid.
     """
     reader = _Reader(source)
-    known = {"server", "http", "grpc", "mip", "shm", "models", "source"}
+    known = {"server", "http", "grpc", "mip", "shm", "models", "repositories", "source"}
     reader.no_extra(data, known, "")
+    repositories = tuple(reader.repositories(data.get("repositories", [])))
+    models = reader.models(data.get("models", []))
+    if scan_repositories:
+        models += reader.repository_models(repositories)
     config = ApplianceConfig(
         source=source,
         server=reader.section(ServerConfig, data.get("server", {}), "server"),
@@ -171,7 +206,8 @@ def from_dict(data: Mapping[str, Any], source: str) -> ApplianceConfig:
         grpc=reader.section(GrpcConfig, data.get("grpc", {}), "grpc"),
         mip=reader.mip(data.get("mip", {})),
         shm=reader.section(ShmConfig, data.get("shm", {}), "shm"),
-        models=tuple(reader.models(data.get("models", []))),
+        models=tuple(models),
+        repositories=repositories,
     )
     _check(config, reader)
     return config
@@ -186,6 +222,7 @@ def to_dict(config: ApplianceConfig) -> dict[str, Any]:
     ]
     data["server"]["python_path"] = list(config.server.python_path)
     data["mip"]["listeners"] = [dataclasses.asdict(item) for item in config.mip.listeners]
+    data["repositories"] = [dataclasses.asdict(item) for item in config.repositories]
     return data
 
 
@@ -303,6 +340,42 @@ class _Reader:
             model = self.value(f"{where}.model", item.get("model", ""), "str")
             listeners.append(MipListener(port, model))
         return MipConfig(workers, tuple(listeners), **values)
+
+    def repositories(self, raw: Any) -> list[RepositoryConfig]:
+        if not isinstance(raw, list):
+            self.fail("repositories", "expected an array of tables ([[repositories]])")
+        found = []
+        for index, item in enumerate(raw):
+            where = f"repositories[{index}]"
+            self.no_extra(item, {"path", "versions"}, where)
+            if "path" not in item:
+                self.fail(f"{where}.path", "missing; a repository needs the directory's path")
+            path = Path(self.value(f"{where}.path", item["path"], "str")).expanduser()
+            if not path.is_absolute():
+                path = Path(self.source).parent.absolute() / path
+            try:
+                versions = repository.parse_versions(item.get("versions", "latest"))
+            except RepositoryError as ex:
+                self.fail(f"{where}.versions", str(ex))
+            found.append(RepositoryConfig(os.path.normpath(path), versions))
+        return found
+
+    def repository_models(self, repositories: tuple[RepositoryConfig, ...]) -> list[ModelConfig]:
+        """Scan each repository; an entry that does not check out is served Broken."""
+        models = []
+        for index, repo in enumerate(repositories):
+            where = f"repositories[{index}]"
+            try:
+                entries = repository.scan(Path(repo.path), repo.versions)
+            except RepositoryError as ex:
+                self.fail(f"{where}.path", str(ex))
+            for entry in entries:
+                try:
+                    models.append(self.model(f"{where} model {entry['name']}", entry))
+                except ConfigError as ex:
+                    reason = str(ex).removeprefix(f"{self.source}: ")
+                    models.append(self.model(where, repository.broken(entry["name"], reason)))
+        return models
 
     def models(self, raw: Any) -> list[ModelConfig]:
         if not isinstance(raw, list):

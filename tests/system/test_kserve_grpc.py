@@ -386,8 +386,12 @@ def test_repository_index_and_model_control(client: grpcclient.InferenceServerCl
     error = failure(lambda: client.load_model("simple", config='{"max_batch_size": 16}'))
     assert "failed to load" in error.message()
     assert error.status() == "StatusCode.UNIMPLEMENTED"
-    error = failure(lambda: client.unload_model("simple"))
-    assert error.status() == "StatusCode.UNIMPLEMENTED"
+    client.unload_model("simple")
+    assert not client.is_model_ready("simple")
+    index = client.get_model_repository_index(as_json=True)["models"]
+    unloaded = {m["name"]: m for m in index}["simple"]
+    assert (unloaded["state"], unloaded["reason"]) == ("UNAVAILABLE", "unloaded")
+    client.load_model("simple")
     assert client.is_model_ready("simple")
 
 

@@ -430,8 +430,11 @@ def test_repository_index_and_model_control(client: httpclient.InferenceServerCl
     error = failure(lambda: client.load_model("simple", config='{"max_batch_size": 16}'))
     assert "failed to load" in error.message()
     assert error.status() == "501"
-    error = failure(lambda: client.unload_model("simple"))
-    assert error.status() == "501"
+    client.unload_model("simple")
+    assert not client.is_model_ready("simple")
+    unloaded = {m["name"]: m for m in client.get_model_repository_index()}["simple"]
+    assert (unloaded["state"], unloaded["reason"]) == ("UNAVAILABLE", "unloaded")
+    client.load_model("simple")
     assert client.is_model_ready("simple")
 
 

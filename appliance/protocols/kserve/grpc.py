@@ -19,7 +19,7 @@ from google.protobuf import json_format
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, DeadlineExceeded
-from appliance.protocols.kserve import pbcodec, service
+from appliance.protocols.kserve import pbcodec, repository, service
 from appliance.protocols.kserve.errors import grpc_status
 from appliance.protocols.kserve.inference import InferRequest, OutputData
 from appliance.protocols.kserve.pbcodec import pb
@@ -167,18 +167,18 @@ class InferenceServicer:
 
     @rpc
     def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
-        index = service.repository_index(self.client, request.ready)
+        index = repository.index(self.client, request.ready)
         return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
 
     @rpc
     def RepositoryModelLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
         parameters = pbcodec.decode_parameters(request.parameters)
-        service.load_model(self.client, request.model_name, parameters)
+        repository.load(self.client, request.model_name, parameters)
         return pb.RepositoryModelLoadResponse()
 
     @rpc
     def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
-        service.unload_model(self.client, request.model_name)
+        repository.unload(self.client, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared memory ---------------------------------------------------------------

@@ -33,7 +33,7 @@ import orjson
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, InternalError, TooLarge, Unsupported
-from appliance.protocols.kserve import codec, encoding, service
+from appliance.protocols.kserve import codec, encoding, repository, service
 from appliance.protocols.kserve.errors import DecodeError, http_body, http_status
 from appliance.protocols.kserve.shm import RegionTable
 from appliance.protocols.web import App
@@ -187,25 +187,25 @@ def _header_length(req: falcon.Request) -> int | None:
 
 
 class RepositoryResource(Resource):
-    """The model repository extension over the configured models."""
+    """The model repository extension: index, load and unload (see repository.py)."""
 
     @responder
     def on_post_index(self, req: falcon.Request, resp: falcon.Response) -> None:
         ready = self.json_body(req).get("ready", False)
-        _json(resp, service.repository_index(self.client, bool(ready)))
+        _json(resp, repository.index(self.client, bool(ready)))
 
     @responder
     def on_post_load(self, req: falcon.Request, resp: falcon.Response, model: str) -> None:
         parameters = self.json_body(req).get("parameters") or {}
         if not isinstance(parameters, dict):
             raise DecodeError("load parameters must be a JSON object")
-        service.load_model(self.client, model, parameters)
+        repository.load(self.client, model, parameters)
         _json(resp, {})
 
     @responder
     def on_post_unload(self, req: falcon.Request, resp: falcon.Response, model: str) -> None:
         self.body(req)
-        service.unload_model(self.client, model)
+        repository.unload(self.client, model)
 
 
 class SystemSharedMemoryResource(Resource):

@@ -9,7 +9,7 @@ both transports answer the same thing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import appliance
@@ -19,7 +19,7 @@ from appliance.core.dtypes import DType
 from appliance.core.metadata import ModelMetadata
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor, TensorSpec
-from appliance.errors import ApplianceError, BadRequest, ModelNotFound, ModelNotReady, Unsupported
+from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Unsupported
 from appliance.protocols.kserve.inference import (
     InferRequest,
     OutputData,
@@ -165,52 +165,6 @@ def _statistics(client: ModelClient, model: str) -> dict[str, Any]:
         "inference_stats": stats,
         "batch_stats": [],
     }
-
-
-def repository_index(client: ModelClient, ready_only: bool) -> list[dict[str, Any]]:
-    index = []
-    for model in client.models():
-        ready = client.model_ready(model)
-        if ready_only and not ready:
-            continue
-        index.append(
-            {
-                "name": model,
-                "version": version_of(client, model),
-                "state": "READY" if ready else "UNAVAILABLE",
-                "reason": "" if ready else "no ready instance",
-            }
-        )
-    return index
-
-
-def load_model(client: ModelClient, model: str, parameters: Mapping[str, Any]) -> None:
-    """Succeed for a configured, ready model: it is loaded already.
-
-    Raises:
-        ModelNotFound: the model is not configured.
-        Unsupported: a configuration or files were given.
-        ModelNotReady: it is configured but not (yet) ready.
-    """
-    if model not in client.models():
-        raise ModelNotFound(f"failed to load '{model}': no model of that name is configured")
-    if "config" in parameters or any(key.startswith("file:") for key in parameters):
-        raise Unsupported(
-            f"failed to load '{model}': models are configured by the appliance's config file "
-            "and cannot be changed at run time; edit it and restart"
-        )
-    if not client.model_ready(model):
-        raise ModelNotReady(f"model '{model}' is configured but has no ready instance yet")
-
-
-def unload_model(client: ModelClient, model: str) -> None:
-    """Refuse: the appliance serves every configured model until it stops."""
-    if model not in client.models():
-        raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
-    raise Unsupported(
-        f"failed to unload '{model}': the appliance serves every configured model; take the "
-        "host out of rotation with `appliance ctl offline` instead"
-    )
 
 
 def cuda_status(name: str) -> list[dict[str, Any]]:

@@ -1,0 +1,132 @@
+"""The model repository extension: index, load and unload, for both transports.
+
+SPEC: PROTOCOL-FACTS §2.5. The index lists every model the appliance knows:
+those it serves (READY, or UNAVAILABLE with the reason, such as the error a
+broken model file gave), then those configured or found in a model
+repository but not served now (UNAVAILABLE, "unloaded"). Load and unload
+drive the master (``ModelClient.load_model``/``unload_model``): a load reads
+the config file and the repositories again, so a new version dropped into a
+repository is served once its instances are ready; an unload stops routing
+to the model and retires its workers. Errors say "failed to load" as
+tritonclient's model_control examples expect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from appliance import repository
+from appliance.client.api import ModelClient
+from appliance.ctl import ControlError
+from appliance.errors import ModelNotFound, ModelNotReady, Unsupported
+from appliance.protocols.kserve.service import version_of
+
+# Loading imports the model and its runtime (torch alone takes seconds).
+LOAD_TIMEOUT_S = 300.0
+UNLOADED = "unloaded"
+
+
+def index(client: ModelClient, ready_only: bool) -> list[dict[str, Any]]:
+    """Return the index entries: served models in config order, then the rest by name."""
+    served = client.models()
+    entries = []
+    for model in served:
+        ready = client.model_ready(model)
+        entries.append(
+            {
+                "name": model,
+                "version": version_of(client, model),
+                "state": "READY" if ready else "UNAVAILABLE",
+                "reason": "" if ready else client.router.why_not_ready(model),
+            }
+        )
+    known = known_models(client)
+    for model in sorted(set(known) - set(served)):
+        entries.append(
+            {"name": model, "version": known[model], "state": "UNAVAILABLE", "reason": UNLOADED}
+        )
+    if ready_only:
+        entries = [entry for entry in entries if entry["state"] == "READY"]
+    return entries
+
+
+def known_models(client: ModelClient) -> dict[str, str]:
+    """Return model -> version for every model configured or in a repository now.
+
+    The repositories are scanned afresh, so a model dropped into one since
+    the start is known (and loadable); the version is "" for a model that
+    is not a repository file.
+    """
+    runtimes = (repository.ONNX_CLASS, repository.TORCHSCRIPT_CLASS)
+    known = {
+        model.name: str(model.options.get("version", "")) if model.cls in runtimes else ""
+        for model in client.config.models
+    }
+    for repo in client.config.repositories:
+        try:
+            entries = repository.scan(Path(repo.path), repo.versions)
+        except repository.RepositoryError:
+            continue  # the master refuses such a config at its next reload
+        for entry in entries:
+            known[entry["name"]] = str(entry["options"].get("version", ""))
+    return known
+
+
+def load(client: ModelClient, model: str, parameters: Mapping[str, Any]) -> None:
+    """(Re)load ``model`` from the config and repositories; return once it serves.
+
+    Raises:
+        Unsupported: a configuration or files were given with the request.
+        ModelNotFound: no such model is configured or in a repository.
+        ModelNotReady: it did not become ready; the message says why.
+    """
+    if "config" in parameters or any(key.startswith("file:") for key in parameters):
+        raise Unsupported(
+            f"failed to load '{model}': a model's configuration is its config file entry or "
+            "its config.toml in the model repository; edit that, then load it again"
+        )
+    known = known_models(client)
+    if model not in known and model not in client.models():
+        raise ModelNotFound(
+            f"failed to load '{model}': no model of that name is configured or in a model "
+            "repository"
+        )
+    try:
+        client.load_model(model, LOAD_TIMEOUT_S)
+    except ControlError as ex:
+        raise ModelNotReady(_refused("load", model, ex)) from None
+    wanted = known.get(model, "")
+    serving = version_of(client, model)
+    if wanted and serving != wanted:
+        # The master keeps the old instances when the new ones fail to load.
+        raise ModelNotReady(
+            f"failed to load '{model}' version {wanted}: its instances did not become ready, "
+            f"so version {serving} still serves (`appliance ctl status` and the log say why)"
+        )
+
+
+def unload(client: ModelClient, model: str) -> None:
+    """Stop serving ``model``; a known model that is not served is left as it is.
+
+    Raises:
+        ModelNotFound: no such model is configured or in a repository.
+        ModelNotReady: the master cannot unload now (a reload is running).
+    """
+    if model not in client.models():
+        if model in known_models(client):
+            return
+        raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+    try:
+        client.unload_model(model)
+    except ControlError as ex:
+        raise ModelNotReady(_refused("unload", model, ex)) from None
+
+
+def _refused(action: str, model: str, error: ControlError) -> str:
+    """Word the master's refusal (a reload running, say) as tritonclient expects."""
+    text = str(error)
+    return (
+        text if text.startswith(f"failed to {action}") else f"failed to {action} '{model}': {text}"
+    )

@@ -1,0 +1,295 @@
+"""A model repository: directories of model files become ``[[models]]`` entries.
+
+The layout is Triton's::
+
+    <repository>/
+      <model>/                 the model's name (letters, digits, '_', '.', '-')
+        config.toml            optional: batching, instances, threads, tensors
+        <version>/             a whole number; which ones serve is the version policy
+          model.onnx           served by ONNX Runtime  (platform onnxruntime_onnx)
+          model.pt             a TorchScript module     (platform pytorch_libtorch)
+
+:func:`scan` turns one repository into entries shaped like the config's
+``[[models]]`` tables, which ``appliance.config`` checks like any other. The
+class of an entry is its runtime; its options carry the file's path, its
+version and a stamp (size and modification time), so a reload sees a new
+version, or a file replaced in place, as a changed model.
+
+A model directory that cannot be served (no version, no model file, a bad
+``config.toml``) still becomes an entry, of the runtime ``Broken``, whose load
+fails with the reason: the appliance starts, serves the rest, and reports why
+in ``appliance ctl status`` and in every protocol's not-ready error.
+
+Rule: this module reads directories and TOML and nothing else. It imports no
+runtime (and no onnxruntime or torch), so the master, the config and the
+frontends may all call it.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ONNX_CLASS = "appliance.runtimes.onnx:OnnxModel"
+TORCHSCRIPT_CLASS = "appliance.runtimes.torchscript:TorchScriptModel"
+BROKEN_CLASS = "appliance.runtimes.broken:Broken"
+CONFIG_FILE = "config.toml"
+
+# Platform (Triton's names, and short ones) -> (model file name, runtime).
+PLATFORMS: dict[str, tuple[str, str]] = {
+    "onnxruntime_onnx": ("model.onnx", ONNX_CLASS),
+    "onnx": ("model.onnx", ONNX_CLASS),
+    "pytorch_libtorch": ("model.pt", TORCHSCRIPT_CLASS),
+    "torchscript": ("model.pt", TORCHSCRIPT_CLASS),
+}
+MODEL_FILES = {"model.onnx": ONNX_CLASS, "model.pt": TORCHSCRIPT_CLASS}
+
+# What a model's config.toml may hold, and the check of each value.
+SETTINGS = (
+    "platform",
+    "versions",
+    "instances",
+    "max_batch_size",
+    "max_queue_delay_ms",
+    "threads",
+    "description",
+    "inputs",
+    "outputs",
+)
+# These go to the [[models]] entry itself; the rest become runtime options.
+ENTRY_KEYS = ("instances", "max_batch_size", "max_queue_delay_ms")
+
+VersionPolicy = str | tuple[int, ...]
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
+
+
+class RepositoryError(ValueError):
+    """A repository or one of its models cannot be read; the message says why."""
+
+
+def parse_versions(raw: object) -> VersionPolicy:
+    """Check a version policy: "latest", "all", or a list of version numbers.
+
+    Raises:
+        RepositoryError: anything else.
+    """
+    if raw in ("latest", "all"):
+        assert isinstance(raw, str)
+        return raw
+    if (
+        isinstance(raw, list | tuple)
+        and raw
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in raw)
+    ):
+        return tuple(sorted(set(raw)))
+    raise RepositoryError(
+        f'expected "latest", "all" or a non-empty list of version numbers, got {raw!r}'
+    )
+
+
+def scan(root: Path, policy: VersionPolicy = "latest") -> list[dict[str, Any]]:
+    """Return a ``[[models]]`` entry per served version of each model in ``root``.
+
+    Models come in name order. When the policy serves several versions of a
+    model, the newest keeps the model's name and each older one is served as
+    ``<name>.v<version>``.
+
+    Raises:
+        RepositoryError: ``root`` is not a readable directory, or a model
+            directory's name is not a valid model name.
+    """
+    entries: list[dict[str, Any]] = []
+    for model_dir in model_dirs(root):
+        entries += model_entries(model_dir, policy)
+    return entries
+
+
+def model_dirs(root: Path) -> list[Path]:
+    """Return the model directories of a repository, by name.
+
+    Raises:
+        RepositoryError: ``root`` cannot be listed, or a name is invalid.
+    """
+    try:
+        children = sorted(root.iterdir())
+    except OSError as ex:
+        raise RepositoryError(f"cannot read model repository {root}: {ex.strerror}") from None
+    found = []
+    for child in children:
+        if child.name.startswith(".") or child.name == "__pycache__" or not child.is_dir():
+            continue
+        if not _NAME.match(child.name):
+            raise RepositoryError(
+                f"{child}: {child.name!r} is not a model name; use 1-63 letters, digits, "
+                "'_', '.' or '-'"
+            )
+        found.append(child)
+    return found
+
+
+def model_entries(model_dir: Path, policy: VersionPolicy) -> list[dict[str, Any]]:
+    """Return the entries of one model directory (a Broken one when it is unservable)."""
+    name = model_dir.name
+    try:
+        settings = read_settings(model_dir)
+        policy = parse_versions(settings.pop("versions", policy))
+        chosen = select_versions(model_dir, policy)
+    except RepositoryError as ex:
+        return [broken(name, str(ex))]
+    entries = []
+    for rank, version in enumerate(reversed(chosen)):
+        served_as = name if rank == 0 else f"{name}.v{version}"
+        try:
+            entries.append(_entry(served_as, model_dir / str(version), version, settings))
+        except RepositoryError as ex:
+            entries.append(broken(served_as, str(ex)))
+    return entries
+
+
+def broken(name: str, reason: str) -> dict[str, Any]:
+    """Return the entry of a model that cannot be served, and why."""
+    return {"name": name, "class": BROKEN_CLASS, "options": {"reason": reason}}
+
+
+def read_settings(model_dir: Path) -> dict[str, Any]:
+    """Read and check ``<model_dir>/config.toml``; ``{}`` when there is none.
+
+    Raises:
+        RepositoryError: the file is not TOML or holds an invalid value.
+    """
+    path = model_dir / CONFIG_FILE
+    try:
+        with path.open("rb") as stream:
+            settings = tomllib.load(stream)
+    except FileNotFoundError:
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as ex:
+        raise RepositoryError(f"{_short(path)}: cannot read it: {ex}") from None
+    for key, value in settings.items():
+        problem = _check_setting(key, value)
+        if problem:
+            raise RepositoryError(f"{_short(path)}: {key}: {problem}")
+    return settings
+
+
+def _check_setting(key: str, value: object) -> str:
+    """Return what is wrong with one setting, "" when nothing is."""
+    if key not in SETTINGS:
+        return f"unknown key; expected one of {', '.join(SETTINGS)}"
+    if key == "platform" and value not in PLATFORMS:
+        return f"expected one of {', '.join(PLATFORMS)}, got {value!r}"
+    if key == "versions":
+        try:
+            parse_versions(value)
+        except RepositoryError as ex:
+            return str(ex)
+    minimum = {"instances": 1, "threads": 1, "max_batch_size": 0}.get(key)
+    if minimum is not None and not _is_number(value, minimum, whole=True):
+        return f"expected an integer >= {minimum}, got {value!r}"
+    if key == "max_queue_delay_ms" and not _is_number(value, 0, whole=False):
+        return f"expected a number >= 0, got {value!r}"
+    if key == "description" and not isinstance(value, str):
+        return f"expected a string, got {value!r}"
+    if key in ("inputs", "outputs"):
+        return _check_tensors(value)
+    return ""
+
+
+def _is_number(value: object, minimum: int, whole: bool) -> bool:
+    kinds = int if whole else int | float
+    return isinstance(value, kinds) and not isinstance(value, bool) and value >= minimum
+
+
+def _check_tensors(value: object) -> str:
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        return "expected an array of tables ([[inputs]] / [[outputs]])"
+    for index, item in enumerate(value):
+        extra = set(item) - {"name", "dtype", "shape"}
+        if extra:
+            return f"[{index}]: unknown key {sorted(extra)[0]!r}; expected name, dtype, shape"
+        if not isinstance(item.get("name"), str) or not item["name"]:
+            return f"[{index}].name: expected a tensor name"
+        if "dtype" in item and not isinstance(item["dtype"], str):
+            return f"[{index}].dtype: expected a name such as FP32, got {item['dtype']!r}"
+        shape = item.get("shape")
+        if shape is not None and not (
+            isinstance(shape, list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape)
+        ):
+            return f"[{index}].shape: expected a list of sizes (-1 = any), got {shape!r}"
+    return ""
+
+
+def select_versions(model_dir: Path, policy: VersionPolicy) -> list[int]:
+    """Return the versions the policy serves, oldest first.
+
+    Raises:
+        RepositoryError: there is no version, or a listed one is missing.
+    """
+    present = sorted(
+        int(child.name) for child in model_dir.iterdir() if child.name.isdigit() and child.is_dir()
+    )
+    if not present:
+        raise RepositoryError(
+            f"{model_dir.name}/ has no version directory (such as {model_dir.name}/1/) "
+            f"holding {' or '.join(MODEL_FILES)}"
+        )
+    if policy == "latest":
+        return present[-1:]
+    if policy == "all":
+        return present
+    missing = [v for v in policy if v not in present]
+    if missing:
+        raise RepositoryError(
+            f"the version policy asks for version(s) {', '.join(map(str, missing))} of "
+            f"{model_dir.name}, but it has {', '.join(map(str, present))}"
+        )
+    return [v for v in present if v in policy]
+
+
+def _entry(
+    name: str, version_dir: Path, version: int, settings: Mapping[str, Any]
+) -> dict[str, Any]:
+    path, cls = _model_file(version_dir, settings.get("platform"))
+    try:
+        stat = path.stat()
+    except OSError as ex:
+        raise RepositoryError(f"{_short(path)}: {ex.strerror}") from None
+    options: dict[str, Any] = {
+        key: value for key, value in settings.items() if key not in (*ENTRY_KEYS, "platform")
+    }
+    options.update(path=str(path), version=str(version), stamp=f"{stat.st_size}:{stat.st_mtime_ns}")
+    entry: dict[str, Any] = {"name": name, "class": cls, "options": options}
+    entry.update({key: settings[key] for key in ENTRY_KEYS if key in settings})
+    return entry
+
+
+def _model_file(version_dir: Path, platform: str | None) -> tuple[Path, str]:
+    if platform is not None:
+        filename, cls = PLATFORMS[platform]
+        if not (version_dir / filename).is_file():
+            raise RepositoryError(f"{_short(version_dir)}/ has no {filename} (platform {platform})")
+        return version_dir / filename, cls
+    found = [name for name in MODEL_FILES if (version_dir / name).is_file()]
+    if not found:
+        others = ", ".join(sorted(child.name for child in version_dir.iterdir())[:5])
+        raise RepositoryError(
+            f"{_short(version_dir)}/ holds no {' or '.join(MODEL_FILES)} "
+            f"(it holds: {others or 'nothing'})"
+        )
+    if len(found) > 1:
+        raise RepositoryError(
+            f"{_short(version_dir)}/ holds both {' and '.join(found)}; set platform in "
+            f"{version_dir.parent.name}/{CONFIG_FILE}"
+        )
+    return version_dir / found[0], MODEL_FILES[found[0]]
+
+
+def _short(path: Path) -> str:
+    """Name a path from its model directory on: a status note holds 256 bytes."""
+    parts = path.parts
+    depth = {CONFIG_FILE: 2, **dict.fromkeys(MODEL_FILES, 3)}.get(path.name, 2)
+    return "/".join(parts[-depth:])
