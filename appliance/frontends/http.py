@@ -63,7 +63,7 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
         settings: dict[str, Any] = {
             "bind": [f"{config.server.host}:{self.port}"],
             "workers": config.http.workers,
-            "worker_class": "gthread",
+            "worker_class": "appliance.frontends.httpworker.LingeringThreadWorker",
             "threads": config.http.threads,
             "reuse_port": True,
             "timeout": int(config.http.timeout_s),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +42,7 @@ class Pending:
     parameters: dict[str, Any]
     outputs: list[str] | None
     rows: int = 0
-    key: bytes | None = None
+    key: Hashable | None = None
     arrived: float = field(default_factory=time.monotonic)
     # Where the inputs lie in shared memory (see passthrough.py).
     spans: list[tuple[int, int, str, int]] = field(default_factory=list)
@@ -151,9 +151,11 @@ def _batch_rows(metadata: ModelMetadata, arrays: dict[str, Array]) -> int:
     return count
 
 
-def _batch_key(arrays: dict[str, Array], parameters: dict[str, Any]) -> bytes:
-    shapes = [(name, array.shape[1:]) for name, array in sorted(arrays.items())]
-    return repr(shapes).encode() + orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS)
+def _batch_key(arrays: dict[str, Array], parameters: dict[str, Any]) -> Hashable:
+    """Requests with equal keys can share a batch: same trailing shapes and parameters."""
+    shapes = tuple((name, array.shape[1:]) for name, array in arrays.items())
+    params = orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS) if parameters else b""
+    return (shapes, params)
 
 
 class Batcher:
