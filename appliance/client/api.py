@@ -63,6 +63,7 @@ from appliance.metrics import record_call
 from appliance.process import pid_alive
 
 TensorLike = Tensor | npt.NDArray[Any]
+METADATA_RECHECK_S = 1.0
 # Several clients may live in one process (tests do); each owns a ring, and
 # every channel of the process needs its own reply endpoint.
 _RING_NUMBERS = itertools.count()
@@ -148,7 +149,7 @@ class ModelClient:
         self._reader = SegmentReader(Segment.attach)
         self._ids = itertools.count(1)
         self._abandoned: dict[int, tuple[Target, list[Block]]] = {}
-        self._metadata: dict[str, tuple[float, ModelMetadata]] = {}
+        self._metadata: dict[str, tuple[float, float, ModelMetadata, int]] = {}
         self._inflight = 0
         self._spin_budget_s = config.server.spin_wait_us / 1e6
         self._pid = os.getpid()
@@ -350,6 +351,15 @@ class ModelClient:
         """
         if model not in self.router.slots:
             raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+        now = time.monotonic()
+        generation = self.status.layout_generation
+        cached = self._metadata.get(model)
+        # PERF: a protocol asks for metadata on every request; the file only
+        # changes when a worker (re)loads, so look at it at most once a second,
+        # and at once after a reload swapped instances.
+        if cached is not None and now - cached[0] < METADATA_RECHECK_S:
+            if cached[3] == generation:
+                return cached[2]
         path = self.tree.metadata_path(model)
         try:
             mtime = path.stat().st_mtime
@@ -357,11 +367,9 @@ class ModelClient:
             raise ModelNotReady(
                 f"model {model} has not loaded yet; {self.router.why_not_ready(model)}"
             ) from None
-        cached = self._metadata.get(model)
-        if cached is None or cached[0] != mtime:
-            cached = (mtime, ModelMetadata.read(path))
-            self._metadata[model] = cached
-        return cached[1]
+        meta = cached[2] if cached is not None and cached[1] == mtime else ModelMetadata.read(path)
+        self._metadata[model] = (now, mtime, meta, generation)
+        return meta
 
     def model_ready(self, model: str) -> bool:
         return self.router.ready(model)
