@@ -111,14 +111,28 @@ def record_batch(model: str, rows: int, waits_s: list[float], compute_s: float) 
 
 
 def log_access(protocol: str, status: str, started: float, detail: str = "") -> None:
-    """Count a frontend request and write its access line (INFO, if enabled)."""
+    """Count a frontend request and write its access line (INFO, if enabled).
+
+    The record carries its fields as ``access`` too, for JSON lines
+    (``server.access_log = "json"``, see ``logs.JsonLines``).
+    """
     FRONTEND.labels(protocol, status).inc()
     if access_log.isEnabledFor(logging.INFO):
+        model = MODEL.get()
+        latency_ms = (time.perf_counter() - started) * 1000
+        fields = {
+            "protocol": protocol,
+            "model": model or None,
+            "status": status,
+            "latency_ms": round(latency_ms, 3),
+            "request": detail or None,
+        }
         access_log.info(
             "%s model=%s status=%s latency_ms=%.2f%s",
             protocol,
-            MODEL.get() or "-",
+            model or "-",
             status,
-            (time.perf_counter() - started) * 1000,
+            latency_ms,
             f" {detail}" if detail else "",
+            extra={"access": fields},
         )

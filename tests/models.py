@@ -95,3 +95,18 @@ class Failing(Model):
 
     def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
         raise RuntimeError("this model always fails")
+
+
+class Scaled(Model):
+    """y = ``factor`` * x after ``delay_s``: fixed-size numbers, so every protocol can call it.
+
+    A reload that changes ``factor`` shows in every protocol's replies.
+    """
+
+    inputs = [spec("x", "FP32", [-1, 4])]
+    outputs = [spec("y", "FP32", [-1, 4])]
+    max_batch_size = 16
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        time.sleep(float(self.options.get("delay_s", 0.0)))
+        return {"y": np.float32(self.options.get("factor", 2.0)) * inputs["x"]}

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError
+from appliance.metrics import MODEL, PROTOCOL, log_access
 from appliance.protocols.mip import batch, codec
 from appliance.protocols.mip.batch import Binding, Chunk
-from appliance.protocols.mip.codec import ErrorCode, InferRequest, MipError
+from appliance.protocols.mip.codec import ErrorCode, InferRequest, Kind, MipError
 from appliance.protocols.mip.errors import from_appliance
 
 log = logging.getLogger("appliance.mip")
@@ -28,7 +30,18 @@ class MipService:
         self.model = model
 
     async def infer(self, payload: bytes | bytearray) -> bytes:
-        """Return the reply frame to one inference payload."""
+        """Return the reply frame to one inference payload; log its access line."""
+        # Each request runs as a task of its own, with its own copy of these
+        # tags: model calls count under "mip" (see appliance/metrics.py).
+        PROTOCOL.set("mip")
+        MODEL.set(self.model)
+        started = time.perf_counter()
+        reply = await self._answer(payload)
+        status = ErrorCode(reply[2]).name if reply[1] == Kind.ERROR else "OK"
+        log_access("mip", status, started, "inference")
+        return reply
+
+    async def _answer(self, payload: bytes | bytearray) -> bytes:
         try:
             return await self._infer(payload)
         except MipError as ex:

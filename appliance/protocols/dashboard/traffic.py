@@ -1,0 +1,90 @@
+"""Cumulative model calls and latency from the Prometheus multiprocess files.
+
+Every frontend process records each model call (by protocol, model and
+outcome, with its latency) into ``PROMETHEUS_MULTIPROC_DIR`` (see
+``appliance/metrics.py``). Read together, the files give host-wide totals
+that only grow, across frontend and model restarts and reloads, so the page
+can turn two readings into rates and latency quantiles for the interval
+between them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY
+from prometheus_client.multiprocess import MultiProcessCollector
+
+# A call whose model is unknown is recorded with an empty model label.
+UNKNOWN_MODEL = "(unknown)"
+# The families appliance/metrics.py records model calls into.
+_FAMILIES = ("appliance_model_requests", "appliance_model_request_duration_seconds")
+_REQUESTS = "appliance_model_requests_total"
+_BUCKET = "appliance_model_request_duration_seconds_bucket"
+_SUM = "appliance_model_request_duration_seconds_sum"
+_COUNT = "appliance_model_request_duration_seconds_count"
+
+
+def read() -> dict[str, Any]:
+    """Return host-wide call totals by model and protocol, with latency buckets.
+
+    ``bounds`` are the latency buckets' upper bounds in seconds (None for the
+    last, unbounded one); each model's ``buckets`` counts calls at or below
+    each bound, cumulatively, as Prometheus does.
+    """
+    models: dict[str, dict[str, Any]] = {}
+    protocols: dict[str, float] = {}
+    bounds: dict[float, None] = {}
+    for name, labels, value in _samples():
+        model = labels.get("model") or UNKNOWN_MODEL
+        if name == _REQUESTS:
+            entry = _entry(models, model)
+            entry["ok" if labels.get("outcome") == "ok" else "fail"] += value
+            protocol = labels.get("protocol", "")
+            protocols[protocol] = protocols.get(protocol, 0.0) + value
+        elif name == _BUCKET:
+            bound = float(labels["le"])
+            bounds[bound] = None
+            buckets = _entry(models, model)["by_bound"]
+            buckets[bound] = buckets.get(bound, 0.0) + value
+        elif name in (_SUM, _COUNT):
+            key = "seconds" if name == _SUM else "count"
+            _entry(models, model)[key] += value
+    ordered = sorted(bounds)
+    for entry in models.values():
+        by_bound = entry.pop("by_bound")
+        entry["buckets"] = [by_bound.get(bound, 0.0) for bound in ordered]
+    return {
+        "bounds": [bound if math.isfinite(bound) else None for bound in ordered],
+        "models": models,
+        "protocols": protocols,
+    }
+
+
+def _entry(models: dict[str, dict[str, Any]], model: str) -> dict[str, Any]:
+    entry = models.get(model)
+    if entry is None:
+        entry = {"ok": 0.0, "fail": 0.0, "seconds": 0.0, "count": 0.0, "by_bound": {}}
+        models[model] = entry
+    return entry
+
+
+def _samples() -> Iterable[tuple[str, dict[str, str], float]]:
+    """Yield (sample name, labels, value) of the two model-call families."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        # PERF: only counters and histograms; gauges are not needed here.
+        files = [str(path) for path in Path(directory).glob("counter_*.db")]
+        files += [str(path) for path in Path(directory).glob("histogram_*.db")]
+        metrics: Iterable[Any] = MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
+    else:
+        # A process outside an appliance tree records in memory only.
+        metrics = REGISTRY.collect()
+    for metric in metrics:
+        if metric.name in _FAMILIES:
+            for sample in metric.samples:
+                yield sample.name, sample.labels, sample.value
