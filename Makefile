@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?=
 GENERATED := appliance/_generated
 
-.PHONY: help install run test test-unit lint fmt generate generate-check bench clean install-systemd
+.PHONY: help install run test test-unit lint fmt generate generate-check bench soak fuzz clean install-systemd
 
 # install-systemd: a virtual environment of its own under PREFIX, the unit, and
 # an example config (never overwritten). DESTDIR stages it elsewhere.
@@ -22,6 +22,8 @@ help:
 	@echo "make test      install, then run the whole test suite"
 	@echo "make lint      ruff format --check, ruff check, mypy"
 	@echo "make bench     run the benchmarks; results in bench/results/"
+	@echo "make soak      10 minutes of load on every protocol; fails if memory, fds or shm grow"
+	@echo "make fuzz      fuzz every codec, FUZZ_SECONDS (60) each; not part of make test"
 	@echo "make generate  regenerate protobuf/gRPC code from protos/"
 	@echo "make clean     remove build outputs and stale shared memory"
 	@echo "make install-systemd  install as a systemd service (PREFIX=/opt/appliance)"
@@ -62,8 +64,23 @@ generate: $(STAMP)
 generate-check: $(STAMP)
 	$(PY) tools/generate.py --check --out $(GENERATED)
 
+# BENCH_ARGS reaches every script, e.g. `make bench BENCH_ARGS=--quick`.
+# bench_peers.py installs its peers into bench/.peers/ on first use.
+BENCH_ARGS ?=
 bench: $(STAMP)
-	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
+	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script $(BENCH_ARGS) || exit 1; done
+
+soak: $(STAMP)
+	$(PY) bench/soak.py --minutes $(or $(MINUTES),10)
+
+# Each codec's fuzz target runs FUZZ_SECONDS with atheris (installed here, not
+# a dev extra), or with hypothesis if atheris does not install. Seeds, the
+# grown corpus and crash inputs stay in build/fuzz/<target>/.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz: $(STAMP)
+	$(PY) -m pip install --quiet atheris || echo "atheris did not install: fuzzing with hypothesis"
+	PYTHONPATH=. $(PY) -m tools.fuzz.run --seconds $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 install-systemd:
 	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,7 +50,8 @@ class ServerConfig:
     log_level: str = "info"
     python_path: tuple[str, ...] = ()
     spin_wait_us: int = 200
-    access_log: bool = True
+    # True (or "text"): one text line per request; "json": JSON lines; False: none.
+    access_log: bool | str = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,9 @@ class HttpConfig:
     workers: int = 2
     threads: int = 8
     timeout_s: float = 120.0
+    # Every REST protocol refuses a larger body (413), from Content-Length
+    # before reading it when the client sends one.
+    max_body_bytes: int = 64 * MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,8 @@ class MipListener:
 
     port: int
     model: str = ""
+    # With [auth] on, MIP (which cannot carry a token) is refused unless trusted.
+    trusted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +105,29 @@ class ShmConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS for HTTP and gRPC: PEM files, absolute once read ("" = plain TCP)."""
+
+    cert: str = ""
+    key: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """Bearer-token auth on every protocol: a file of tokens ("" = off), absolute once read."""
+
+    tokens_file: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tokens_file)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     cls: str
@@ -107,6 +137,10 @@ class ModelConfig:
     response_ring_bytes: int | None = None
     passthrough: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Requests an instance holds queued before it answers Overloaded.
+    max_queue: int = 1024
+    # The master kills an instance busy this long in one batch (None: never).
+    max_busy_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +165,8 @@ class ApplianceConfig:
     shm: ShmConfig
     models: tuple[ModelConfig, ...]
     repositories: tuple[RepositoryConfig, ...] = ()
+    tls: TlsConfig = TlsConfig()
+    auth: AuthConfig = AuthConfig()
 
     def mip_model(self, listener: MipListener) -> str:
         """The model a MIP listener serves: its own, the default, or the first."""
@@ -194,6 +230,7 @@ def from_dict(
     """
     reader = _Reader(source)
     known = {"server", "http", "grpc", "mip", "shm", "models", "repositories", "source"}
+    known |= {"tls", "auth"}
     reader.no_extra(data, known, "")
     repositories = tuple(reader.repositories(data.get("repositories", [])))
     models = reader.models(data.get("models", []))
@@ -208,6 +245,8 @@ def from_dict(
         shm=reader.section(ShmConfig, data.get("shm", {}), "shm"),
         models=tuple(models),
         repositories=repositories,
+        tls=reader.tls(data.get("tls", {})),
+        auth=reader.auth(data.get("auth", {})),
     )
     _check(config, reader)
     return config
@@ -253,8 +292,15 @@ def _check(config: ApplianceConfig, reader: _Reader) -> None:
     for port_key, port in ports:
         if not 0 <= port <= 65535:
             reader.fail(port_key, f"expected a port 0..65535, got {port}")
+    if config.http.max_body_bytes < 1:
+        reader.fail("http.max_body_bytes", "expected an integer >= 1")
     if config.server.log_level.lower() not in ("debug", "info", "warning", "error"):
         reader.fail("server.log_level", "expected one of debug, info, warning, error")
+    if config.server.access_log not in (True, False, "text", "json"):
+        reader.fail(
+            "server.access_log",
+            f'expected true, false, "text" or "json", got {config.server.access_log!r}',
+        )
 
 
 class _Reader:
@@ -287,17 +333,17 @@ class _Reader:
 
     def value(self, key: str, raw: Any, kind: Any) -> Any:
         kind = str(kind)
-        if kind == "bool":
-            if not isinstance(raw, bool):
-                self.fail(key, f"expected true or false, got {raw!r}")
-            return raw
+        if kind in ("bool", "bool | str"):
+            return self.flag(key, raw, strings=kind != "bool")
         if kind in ("int", "int | None"):
             if raw is None and "None" in kind:
                 return None
             if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
                 self.fail(key, f"expected an integer >= 0, got {raw!r}")
             return raw
-        if kind == "float":
+        if kind in ("float", "float | None"):
+            if raw is None and "None" in kind:
+                return None
             if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < 0:
                 self.fail(key, f"expected a number >= 0, got {raw!r}")
             return float(raw)
@@ -310,6 +356,14 @@ class _Reader:
                 self.fail(key, f"expected a list of strings, got {raw!r}")
             return tuple(raw)
         raise AssertionError(f"no reader for {kind}")
+
+    def flag(self, key: str, raw: Any, strings: bool) -> bool | str:
+        """A boolean, or (``strings``) a boolean or a string (checked in _check)."""
+        if not isinstance(raw, bool | str) or (isinstance(raw, str) and not strings):
+            self.fail(
+                key, f"expected true or false{' or a string' if strings else ''}, got {raw!r}"
+            )
+        return raw
 
     def mip(self, data: Any) -> MipConfig:
         limits = {
@@ -333,13 +387,64 @@ class _Reader:
         listeners = []
         for index, item in enumerate(raw):
             where = f"mip.listeners[{index}]"
-            self.no_extra(item, {"port", "model"}, where)
+            self.no_extra(item, {"port", "model", "trusted"}, where)
             if "port" not in item:
                 self.fail(f"{where}.port", "missing")
             port = self.value(f"{where}.port", item["port"], "int")
             model = self.value(f"{where}.model", item.get("model", ""), "str")
-            listeners.append(MipListener(port, model))
+            trusted = self.value(f"{where}.trusted", item.get("trusted", False), "bool")
+            listeners.append(MipListener(port, model, trusted))
         return MipConfig(workers, tuple(listeners), **values)
+
+    def path(self, key: str, raw: Any) -> str:
+        """A file's path; a relative one starts at the config file's directory."""
+        text = self.value(key, raw, "str")
+        if not text:
+            return ""
+        path = Path(text).expanduser()
+        if not path.is_absolute():
+            path = Path(self.source).parent.absolute() / path
+        return os.path.normpath(path)
+
+    def tls(self, data: Any) -> TlsConfig:
+        self.no_extra(data, {"cert", "key"}, "tls")
+        cert = self.path("tls.cert", data.get("cert", ""))
+        key = self.path("tls.key", data.get("key", ""))
+        if bool(cert) != bool(key):
+            self.fail("tls", "cert and key go together: give both PEM files, or neither")
+        for name, path, private in (("cert", cert, False), ("key", key, True)):
+            if path:
+                self.check_file(f"tls.{name}", path, 0o007 if private else 0)
+        return TlsConfig(cert, key)
+
+    def auth(self, data: Any) -> AuthConfig:
+        self.no_extra(data, {"tokens_file"}, "auth")
+        tokens_file = self.path("auth.tokens_file", data.get("tokens_file", ""))
+        if tokens_file:
+            self.check_file("auth.tokens_file", tokens_file, 0o077)
+            try:
+                read_tokens(Path(tokens_file))
+            except ValueError as ex:
+                self.fail("auth.tokens_file", str(ex))
+        return AuthConfig(tokens_file)
+
+    def check_file(self, key: str, path: str, forbidden: int) -> None:
+        """A readable regular file whose mode grants none of ``forbidden``."""
+        try:
+            info = os.stat(path)
+            with open(path, "rb"):
+                pass
+        except OSError as ex:
+            self.fail(key, f"cannot read {path}: {ex.strerror}")
+        if not stat.S_ISREG(info.st_mode):
+            self.fail(key, f"{path} is not a regular file")
+        if info.st_mode & forbidden:
+            mode = stat.S_IMODE(info.st_mode)
+            self.fail(
+                key,
+                f"{path} has mode {mode:04o}, readable by others; "
+                f"chmod {mode & ~forbidden:04o} it (it holds secrets)",
+            )
 
     def repositories(self, raw: Any) -> list[RepositoryConfig]:
         if not isinstance(raw, list):
@@ -382,6 +487,16 @@ class _Reader:
             self.fail("models", "expected an array of tables ([[models]])")
         return [self.model(f"models[{index}]", entry) for index, entry in enumerate(raw)]
 
+    def model_limits(self, where: str, data: Mapping[str, Any]) -> tuple[int, float | None]:
+        """Read a model's max_queue and max_busy_s."""
+        max_queue = self.value(f"{where}.max_queue", data.get("max_queue", 1024), "int")
+        if max_queue < 1:
+            self.fail(f"{where}.max_queue", f"expected an integer >= 1, got {max_queue}")
+        max_busy_s = self.value(f"{where}.max_busy_s", data.get("max_busy_s"), "float | None")
+        if max_busy_s is not None and max_busy_s <= 0:
+            self.fail(f"{where}.max_busy_s", f"expected a number of seconds > 0, got {max_busy_s}")
+        return max_queue, max_busy_s
+
     def model(self, where: str, data: Any) -> ModelConfig:
         known = {
             "name",
@@ -392,6 +507,8 @@ class _Reader:
             "response_ring_bytes",
             "passthrough",
             "options",
+            "max_queue",
+            "max_busy_s",
         }
         self.no_extra(data, known, where)
         for required in ("name", "class"):
@@ -409,6 +526,7 @@ class _Reader:
         options = data.get("options", {})
         if not isinstance(options, Mapping):
             self.fail(f"{where}.options", "expected a table")
+        max_queue, max_busy_s = self.model_limits(where, data)
         return ModelConfig(
             name=name,
             cls=cls,
@@ -424,7 +542,32 @@ class _Reader:
             ),
             passthrough=self.value(f"{where}.passthrough", data.get("passthrough", True), "bool"),
             options=dict(options),
+            max_queue=max_queue,
+            max_busy_s=max_busy_s,
         )
+
+
+def read_tokens(path: Path) -> list[str]:
+    """Read an auth tokens file: one token a line; blank lines and # comments skipped.
+
+    Raises:
+        ValueError: unreadable, no token, or a line with whitespace inside.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as ex:
+        raise ValueError(f"cannot read {path}: {ex}") from None
+    tokens = []
+    for number, line in enumerate(text.splitlines(), 1):
+        token = line.strip()
+        if not token or token.startswith("#"):
+            continue
+        if any(char.isspace() for char in token):
+            raise ValueError(f"{path} line {number}: a token may not contain whitespace")
+        tokens.append(token)
+    if not tokens:
+        raise ValueError(f"{path} holds no token (one per line; # starts a comment)")
+    return tokens
 
 
 def write_snapshot(config: ApplianceConfig, path: Path) -> None:

@@ -27,15 +27,20 @@ def become_child(title: str, master_pid: int) -> None:
             death signal was armed.
     """
     setproctitle.setproctitle(f"appliance: {title}")
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    die_with_parent()
     if master_pid and os.getppid() != master_pid:
         sys.exit(0)
     # The master decides when the tree stops; a stray SIGINT must not.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """Have the kernel send ``signum`` to this process when its parent dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def pid_alive(pid: int) -> bool:

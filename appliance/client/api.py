@@ -357,9 +357,8 @@ class ModelClient:
         # PERF: a protocol asks for metadata on every request; the file only
         # changes when a worker (re)loads, so look at it at most once a second,
         # and at once after a reload swapped instances.
-        if cached is not None and now - cached[0] < METADATA_RECHECK_S:
-            if cached[3] == generation:
-                return cached[2]
+        if cached is not None and now - cached[0] < METADATA_RECHECK_S and cached[3] == generation:
+            return cached[2]
         path = self.tree.metadata_path(model)
         try:
             mtime = path.stat().st_mtime
@@ -663,6 +662,11 @@ class ModelClient:
                 for block in blocks:
                     self._ring.release(block)
                 self._publish_ring()
+
+    @property
+    def in_flight(self) -> int:
+        """Calls of this process waiting for a model now."""
+        return self._inflight
 
     def _spin_s(self) -> float:
         """How long a waiting thread may poll before it blocks (see channel)."""

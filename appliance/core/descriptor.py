@@ -133,6 +133,9 @@ def from_frame(frame: bytes) -> Message:
         body = orjson.loads(view[HEADER.size : end])
         payloads: list[Any] = []
         for size in body.pop("inline", None) or ():
+            # A negative size would slice backwards over the header.
+            if type(size) is not int or size < 0:
+                raise TypeError(f"inline payload size {size!r} is not a byte count")
             payloads.append(view[end : end + size])
             end += size
     except (orjson.JSONDecodeError, TypeError, AttributeError) as ex:
@@ -255,7 +258,9 @@ def read_tensors(
         try:
             name, dtype_name, shape, place = entry
             dtype = _DTYPES[dtype_name]
-            if isinstance(place, int):
+            if type(place) is int:
+                if place < 0:
+                    raise IndexError(f"inline payload {place} does not exist")
                 data: Any = payloads[place]
             else:
                 data = reader.view(str(place[0]), int(place[1]), int(place[2]))
@@ -266,6 +271,8 @@ def read_tensors(
 
 
 def _tensor(dtype: DType, shape: Sequence[int], data: Any) -> Tensor:
+    if not all(type(dim) is int and dim >= 0 for dim in shape):
+        raise ValueError(f"shape {shape!r} must hold integers >= 0")
     if dtype is DType.BYTES:
         return Tensor(dtype, shape, memoryview(data).cast("B"))
     array = np.frombuffer(data, dtype=to_numpy(dtype))

@@ -174,9 +174,14 @@ def unpack_bytes(buffer: memoryview | bytes, count: int) -> npt.NDArray[np.objec
         ValueError: the buffer is shorter or longer than ``count`` elements.
     """
     view = memoryview(buffer).cast("B")
+    end = len(view)
+    if count > end // 4:
+        # Checked before allocating: the count comes from a shape a client sent.
+        raise ValueError(
+            f"BYTES data of {end} bytes cannot hold {count} elements (4 length bytes each)"
+        )
     out = np.empty(count, dtype=object)
     offset = 0
-    end = len(view)
     for index in range(count):
         if offset + 4 > end:
             raise ValueError(f"BYTES data ends after {index} of {count} elements")

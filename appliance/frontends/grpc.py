@@ -19,8 +19,10 @@ from pathlib import Path
 import grpc
 
 from appliance import logs
+from appliance.config import ApplianceConfig
 from appliance.core.status import SlotState
 from appliance.exitcodes import ExitCode
+from appliance.frontends import auth
 from appliance.frontends.context import FrontendContext
 from appliance.frontends.observe import GrpcObserver
 from appliance.process import become_child
@@ -46,7 +48,7 @@ def run(tree_dir: Path, master_pid: int, slot: int, port: int, index: int) -> in
     limit = config.grpc.max_message_bytes
     server = grpc.server(
         ThreadPoolExecutor(max_workers=config.grpc.threads, thread_name_prefix="grpc"),
-        interceptors=[GrpcObserver()],
+        interceptors=[GrpcObserver(), *auth.grpc_interceptors(config)],
         options=[
             ("grpc.so_reuseport", 1),
             ("grpc.max_receive_message_length", limit),
@@ -56,7 +58,11 @@ def run(tree_dir: Path, master_pid: int, slot: int, port: int, index: int) -> in
     for protocol in PROTOCOLS:
         protocol.add_to_server(server, client)
     address = f"{config.server.host}:{port}"
-    if server.add_insecure_port(address) != port:
+    if config.tls.enabled:
+        bound = server.add_secure_port(address, _credentials(config))
+    else:
+        bound = server.add_insecure_port(address)
+    if bound != port:
         log.error("cannot listen on %s", address)
         client.close()
         return ExitCode.BOOT_ERROR
@@ -75,3 +81,10 @@ def run(tree_dir: Path, master_pid: int, slot: int, port: int, index: int) -> in
     server.stop(grace=config.server.stop_timeout_s).wait()
     client.close()
     return ExitCode.OK
+
+
+def _credentials(config: ApplianceConfig) -> grpc.ServerCredentials:
+    """TLS from [tls]: the PEM key and certificate chain, read at start."""
+    key = Path(config.tls.key).read_bytes()
+    chain = Path(config.tls.cert).read_bytes()
+    return grpc.ssl_server_credentials([(key, chain)])

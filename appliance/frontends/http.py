@@ -20,11 +20,13 @@ from gunicorn.app.base import BaseApplication
 from appliance import logs
 from appliance.client.api import ModelClient
 from appliance.core.status import Role, SlotState
+from appliance.frontends import auth
 from appliance.frontends.context import FrontendContext
 from appliance.frontends.metrics import MetricsResource
 from appliance.frontends.observe import HttpObserver
 from appliance.frontends.slots import claim_slot
 from appliance.process import become_child
+from appliance.protocols.dashboard import rest as dashboard_rest
 from appliance.protocols.graphpipe import rest as graphpipe_rest
 from appliance.protocols.grps import rest as grps_rest
 from appliance.protocols.kserve import rest as kserve_rest
@@ -32,14 +34,14 @@ from appliance.protocols.umbridge import rest as umbridge_rest
 from appliance.protocols.web import App
 
 # Every protocol's REST routes, mounted into one app; each renders its own errors.
-PROTOCOLS = (kserve_rest, grps_rest, umbridge_rest, graphpipe_rest)
+PROTOCOLS = (kserve_rest, grps_rest, umbridge_rest, graphpipe_rest, dashboard_rest)
 
 log = logging.getLogger("appliance.http")
 
 
 def create_app(client: ModelClient) -> App:
     """Assemble the falcon app every protocol's REST routes mount into."""
-    app = falcon.App(middleware=[HttpObserver()])
+    app = falcon.App(middleware=[HttpObserver(), *auth.http_middleware(client.config)])
     for protocol in PROTOCOLS:
         protocol.add_routes(app, client)
     app.add_route("/metrics", MetricsResource(client))
@@ -77,6 +79,8 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
             "when_ready": self._when_ready,
             "worker_exit": self._worker_exit,
         }
+        if config.tls.enabled:
+            settings.update(certfile=config.tls.cert, keyfile=config.tls.key)
         for key, value in settings.items():
             self.cfg.set(key, value)
 
@@ -96,7 +100,10 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
         log.info("listening on %s:%d", self.context.config.server.host, self.port)
 
     def _worker_exit(self, _server: Any, _worker: Any) -> None:
-        if self.client is not None:
+        # A worker whose arbiter died may exit with requests still running;
+        # closing the client under them would fail them. The master removes
+        # a dead process's segments anyway.
+        if self.client is not None and not self.client.in_flight:
             self.client.close()
 
 

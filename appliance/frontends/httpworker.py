@@ -1,35 +1,194 @@
-"""A gunicorn worker class: gthread, but a thread keeps a busy connection.
+"""A gunicorn worker class: gthread, but threads never wait on slow clients.
 
-gunicorn's gthread worker hands a keep-alive connection back to its poller
-thread after every request, and the poller hands it to a pool thread again
-when the next request arrives: two thread hand-offs per request, which on
-this machine kind cost more than the request itself. This worker lets the
-thread that served a request wait briefly (``LINGER_S``) for the same
-connection's next one and serve it directly. A connection that stays quiet
-goes back to the poller as usual, and no thread lingers while every thread
-is busy, so idle clients never hold threads other clients need.
+Two changes to gunicorn's gthread worker:
+
+- Its poller thread reads each request (headers, and a body up to
+  ``PREREAD_BYTES``) without blocking before a pool thread takes the
+  connection. gthread hands a connection to a thread as soon as its first
+  byte arrives, and the thread then blocks reading the rest: a few clients
+  trickling bytes (slowloris) would hold every thread and starve the port.
+  A larger body is read by the thread, each read bounded by
+  ``CLIENT_IO_TIMEOUT_S``, and so is writing the response.
+- The thread that served a request waits briefly (``LINGER_S``) for the same
+  connection's next one and serves it directly: gthread's hand-off to the
+  poller and back costs two thread switches per request, more than the
+  request itself on this machine. A connection that stays quiet goes back to
+  the poller as usual, and no thread lingers while every thread is busy.
+
+When the worker must stop (SIGTERM, or its arbiter died), it closes its
+listening sockets at once: the port is shared with SO_REUSEPORT, and a
+listener that stays open but no longer accepts would keep receiving new
+connections from the kernel and leave them hanging. The kernel sends this
+worker SIGTERM when its arbiter dies (PR_SET_PDEATHSIG).
 
 Configured as ``appliance.frontends.httpworker.LingeringThreadWorker``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import select
+import selectors
 import threading
+import time
+from functools import partial
 from typing import Any
 
+from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import ThreadWorker
 
+from appliance.process import die_with_parent
+
 LINGER_S = 0.005
+# Bodies up to this size arrive whole before a thread is committed; larger
+# ones stream into the thread, which keeps its memory use what it was.
+PREREAD_BYTES = 1 << 20
+# A request whose headers (or small body) take longer is dropped.
+REQUEST_DEADLINE_S = 30.0
+# Bounds each blocking read of a large body, and writing a response.
+CLIENT_IO_TIMEOUT_S = 60.0
+# Past this many bytes without the end of the headers, gunicorn's parser
+# answers (it refuses oversized headers with its own error).
+HEADER_BYTES = 128 * 1024
+RECV_BYTES = 256 * 1024
+
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
+_CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r]*chunked", re.IGNORECASE)
+_CONTINUE = re.compile(rb"\r\nexpect:[ \t]*100-continue", re.IGNORECASE)
+
+
+def request_complete(data: bytes, body_limit: int) -> bool:
+    """Whether ``data`` holds enough of a request to give it a thread.
+
+    True once the headers and a small body have arrived, or the headers of
+    a large body, or when waiting longer could not help (oversized headers,
+    a client expecting ``100 Continue`` before it sends the body, a declared
+    length over ``body_limit`` that the app refuses unread). A chunked
+    body counts as whole once it ends with the last-chunk marker; one with
+    trailers waits for the deadline and then goes to a thread as it is.
+    """
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return len(data) > HEADER_BYTES
+    head = data[:end]
+    body = len(data) - end - 4
+    if _CONTINUE.search(head):
+        return True
+    if _CHUNKED.search(head):
+        return body > PREREAD_BYTES or data.endswith(b"0\r\n\r\n")
+    length = _CONTENT_LENGTH.search(head)
+    if length is None:
+        return True
+    declared = int(length.group(1))
+    return declared > body_limit or body >= min(declared, PREREAD_BYTES)
 
 
 class LingeringThreadWorker(ThreadWorker):  # type: ignore[misc]
-    """gthread with a short linger for a connection's next request."""
+    """gthread with non-blocking request reading and a short linger."""
 
     def init_process(self) -> None:
         self._busy = 0
         self._busy_lock = threading.Lock()
+        self._listening = True
+        # Connections whose request is still arriving, with their deadlines.
+        self._gathering: dict[Any, float] = {}
+        # The app refuses larger bodies from Content-Length, before reading.
+        self._body_limit: int = self.app.context.config.http.max_body_bytes
+        die_with_parent()
         super().init_process()
+
+    # -- stopping ------------------------------------------------------------
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        # Signal context: let the worker's own loop close the listeners.
+        self.method_queue.defer(self._close_listeners)
+
+    def is_parent_alive(self) -> bool:
+        alive = bool(super().is_parent_alive())
+        if not alive:
+            self._close_listeners()
+        return alive
+
+    def _close_listeners(self) -> None:
+        if not self._listening:
+            return
+        self._listening = False
+        self.set_accept_enabled(False)
+        for listener in self.sockets:
+            listener.close()
+
+    # -- reading requests in the poller thread ---------------------------------
+
+    def _prereads(self, conn: Any) -> bool:
+        # TLS and HTTP/2 frame their bytes themselves; those connections
+        # keep gthread's own reading.
+        if self.cfg.is_ssl or conn.is_http2:
+            return False
+        return not negotiation.prior_knowledge_allowed(self.cfg, conn.client)
+
+    def enqueue_req(self, conn: Any) -> None:
+        if not self._prereads(conn):
+            super().enqueue_req(conn)
+            return
+        # init() only builds the parser here (no TLS, no preface to sniff);
+        # the socket stays non-blocking while the poller reads from it.
+        conn.init()
+        conn.sock.setblocking(False)
+        self._gathering.setdefault(conn, time.monotonic() + REQUEST_DEADLINE_S)
+        self._gather(conn, registered=False)
+
+    def _gather(self, conn: Any, registered: bool) -> None:
+        state = _read_available(conn, self._body_limit)
+        if state is None:
+            if not registered:
+                callback = partial(self._on_readable, conn)
+                self.poller.register(conn.sock, selectors.EVENT_READ, callback)
+            return
+        if registered:
+            self.poller.unregister(conn.sock)
+        del self._gathering[conn]
+        if state is False and not conn.parser.unreader.buf.getbuffer().nbytes:
+            self._drop(conn)  # closed before sending anything
+        else:
+            self._dispatch(conn)
+
+    def _on_readable(self, conn: Any, _sock: Any) -> None:
+        self._gather(conn, registered=True)
+
+    def _dispatch(self, conn: Any) -> None:
+        conn.sock.setblocking(True)
+        conn.data_ready = True
+        super().enqueue_req(conn)
+
+    def _drop(self, conn: Any) -> None:
+        self.nr_conns -= 1
+        conn.close()
+
+    def murder_pending(self) -> None:
+        super().murder_pending()
+        now = time.monotonic()
+        for conn, deadline in list(self._gathering.items()):
+            if deadline > now:
+                continue
+            del self._gathering[conn]
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.poller.unregister(conn.sock)
+            # Headers that did arrive get a thread and the parser's answer
+            # (and a read timeout); a request still without them is dropped.
+            if b"\r\n\r\n" in conn.parser.unreader.buf.getvalue():
+                self._dispatch(conn)
+            else:
+                self._drop(conn)
+
+    # -- serving -------------------------------------------------------------
+
+    def handle_request(self, req: Any, conn: Any) -> Any:
+        # A large body's remainder and the response travel with a timeout,
+        # so a client that stops reading or writing frees its thread.
+        conn.sock.settimeout(CLIENT_IO_TIMEOUT_S)
+        return super().handle_request(req, conn)
 
     def handle(self, conn: Any) -> Any:
         with self._busy_lock:
@@ -44,19 +203,57 @@ class LingeringThreadWorker(ThreadWorker):  # type: ignore[misc]
                 self._busy -= 1
 
     def _next_request_soon(self, conn: Any) -> bool:
+        """Whether the connection's next request arrived whole within LINGER_S."""
         if self._busy >= self.cfg.threads:
             return False
-        # A pipelined request may already sit in the parser's buffer, where
-        # the socket shows nothing: serve it now.
-        unreader = conn.parser.unreader
-        if unreader.buf.getbuffer().nbytes:
-            return True
+        if not self._prereads(conn):
+            return self._readable_soon(conn)
+        deadline = time.monotonic() + LINGER_S
+        conn.sock.setblocking(False)
+        try:
+            while True:
+                state = _read_available(conn, self._body_limit)
+                if state is not None:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._readable_soon(conn, remaining):
+                    # Whatever arrived stays in the parser's buffer; the
+                    # poller reads the rest once the thread lets go.
+                    return False
+        finally:
+            conn.sock.setblocking(True)
+        # A closed connection goes to the parser, which ends it cleanly.
+        return state or bool(conn.parser.unreader.buf.getbuffer().nbytes)
+
+    def _readable_soon(self, conn: Any, wait_s: float = LINGER_S) -> bool:
         # PERF: one select() call; gunicorn's wait_for_data builds an epoll
         # selector (four system calls) every time.
+        if conn.parser is not None and conn.parser.unreader.buf.getbuffer().nbytes:
+            return True  # a pipelined request already waits in the buffer
         try:
-            readable, _, _ = select.select([conn.sock], [], [], LINGER_S)
+            readable, _, _ = select.select([conn.sock], [], [], wait_s)
         except (OSError, ValueError):
             return False
-        ready = bool(readable)
-        conn.data_ready = ready
-        return ready
+        return bool(readable)
+
+
+def _read_available(conn: Any, body_limit: int) -> bool | None:
+    """Read what the non-blocking socket has into the parser's buffer.
+
+    Returns True when the buffer holds a request to serve, False when the
+    client closed the connection (or it failed), None while more is due.
+    """
+    buffer = conn.parser.unreader.buf
+    buffer.seek(0, 2)
+    while True:
+        if request_complete(buffer.getvalue(), body_limit):
+            return True
+        try:
+            data = conn.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return False
+        if not data:
+            return False
+        buffer.write(data)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from appliance import logs
 from appliance.client.api import ModelClient
-from appliance.config import MipConfig
+from appliance.config import ApplianceConfig, MipConfig
 from appliance.core.status import SlotState
 from appliance.exitcodes import ExitCode
 from appliance.frontends.context import FrontendContext
@@ -48,6 +48,23 @@ PIPELINE_DEPTH = 8
 # After a fatal error: how long to keep reading (and discarding) so that the
 # error frame is not lost to a reset caused by unread data.
 LINGER_S = 1.0
+
+
+# [auth] is on (see frontends/auth.py) and MIP cannot carry a token: a
+# listener not marked trusted answers pings (health checks) and closes the
+# connection at its first other frame with this PROTOCOL error.
+AUTH_REFUSAL = (
+    "this MIP listener is closed: the appliance requires a token ([auth]) and MIP cannot "
+    "carry one; mark the listener trusted in [mip] listeners to serve it without one"
+)
+
+
+def auth_locked(config: ApplianceConfig, index: int) -> bool:
+    """Whether MIP listener ``index`` refuses work: auth is on and it is not trusted."""
+    if not config.auth.enabled:
+        return False
+    listeners = config.mip.listeners
+    return not (index < len(listeners) and listeners[index].trusted)
 
 
 class _Close:
@@ -73,9 +90,11 @@ Reply = bytes | asyncio.Task[bytes] | _Close
 class MipConnection(asyncio.BufferedProtocol):
     """One client connection: frames in, replies out in order."""
 
-    def __init__(self, process: Process, service: MipService) -> None:
+    def __init__(self, process: Process, service: MipService, locked: bool = False) -> None:
         self.process = process
         self.service = service
+        # [auth] is on and this listener is not trusted: pings only (see auth.py).
+        self.locked = locked
         self.limits = process.limits
         self.frames = codec.FrameReader(process.limits.max_frame_bytes)
         self.loop = asyncio.get_running_loop()
@@ -191,6 +210,9 @@ class MipConnection(asyncio.BufferedProtocol):
                 "closing the connection"
             )
             self._replies.append(codec.encode_error(ErrorCode.PROTOCOL, message))
+            self._replies.append(_CLOSE)
+        elif isinstance(event, Frame) and self.locked and event.header.kind != Kind.PING:
+            self._replies.append(codec.encode_error(ErrorCode.PROTOCOL, AUTH_REFUSAL))
             self._replies.append(_CLOSE)
         elif isinstance(event, Frame):
             self._replies.append(self._answer(event))
@@ -326,9 +348,10 @@ async def serve(context: FrontendContext, slot: int, listeners: list[tuple[int, 
     host = context.config.server.host
     loop = asyncio.get_running_loop()
     servers = []
-    for port, model in listeners:
+    for index, (port, model) in enumerate(listeners):
         service = MipService(process.client, model)
-        factory = functools.partial(MipConnection, process, service)
+        locked = auth_locked(context.config, index)
+        factory = functools.partial(MipConnection, process, service, locked)
         servers.append(await loop.create_server(factory, host, port, reuse_port=True))
         log.info("listening on %s:%d for model %s", host, port, model)
     stop = asyncio.Event()
@@ -360,6 +383,7 @@ def run(
     context = FrontendContext.open(tree_dir)
     title = f"mip[{index}]"
     logs.setup(title, context.config.server.log_level)
+    logs.set_access_log(context.config.server.access_log)
     become_child(title, master_pid)
     asyncio.run(serve(context, slot, listeners))
     return ExitCode.OK

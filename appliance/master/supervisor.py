@@ -30,7 +30,7 @@ from appliance.config import ApplianceConfig, ConfigError, load, write_snapshot
 from appliance.core.status import Counter, Role, SlotState, StatusTable
 from appliance.core.tree import Tree, new_tree_id
 from appliance.ctl import ControlError, request
-from appliance.master import commands, sweep, systemd
+from appliance.master import commands, sweep, systemd, watchdog
 from appliance.master.children import Child
 from appliance.master.control import ControlServer
 from appliance.master.drain import Drain
@@ -38,6 +38,7 @@ from appliance.master.plan import Plan, make_plan
 from appliance.master.ports import PortError, reserve
 from appliance.master.reload import Reload
 from appliance.master.stats import ProcessStats
+from appliance.process import pid_alive
 
 log = logging.getLogger("appliance.master")
 
@@ -87,6 +88,7 @@ class Supervisor:
         self._notified_ready = False
         self._request_totals: collections.deque[tuple[float, int]] = collections.deque()
         self.reloads = 0
+        self.watchdog = watchdog.Watchdog()
 
     @property
     def status(self) -> StatusTable:
@@ -111,7 +113,7 @@ class Supervisor:
 
     def _timeout(self) -> float:
         now = time.monotonic()
-        waits = [self._housekeeping_at - now]
+        waits = [self._housekeeping_at - now, self.watchdog.wait_s(now, self.config)]
         waits += [c.next_start - now for c in self.children if c.next_start is not None]
         waits += [c.retire_at - now for c in self.children if c.retire_at is not None]
         if self.reloading is not None:
@@ -140,6 +142,7 @@ class Supervisor:
         if now >= self._housekeeping_at:
             self._housekeeping_at = now + HOUSEKEEPING_S
             self._housekeeping()
+        self.watchdog.check(now, self.status, self.models(), self.config)
         self._update_readiness()
 
     # -- start and stop ---------------------------------------------------------
@@ -150,6 +153,9 @@ class Supervisor:
         Raises:
             StartError: another appliance uses the run_dir, or a port is taken.
         """
+        # Everything the tree writes (state, snapshot, layout, metrics files,
+        # sockets) is for this user alone; the children inherit the umask.
+        os.umask(0o077)
         tree = self.tree
         self._refuse_second_instance()
         try:
@@ -482,6 +488,18 @@ class Supervisor:
         temp.write_bytes(orjson.dumps(state, option=orjson.OPT_INDENT_2))
         temp.replace(self.tree.state_path)
 
+    def _forget_dead_http_workers(self) -> None:
+        """Free the slots of gunicorn workers that died (killed, or orphaned).
+
+        gunicorn forks them, so the master sees no exit; left alone, their
+        last in-flight count would hold up a drain.
+        """
+        first, count = self.plan.http_worker_slots
+        for slot in range(first, first + count):
+            state, _role, _instance, pid, _generation, _depth = self.status.hot(slot)
+            if state != SlotState.EMPTY and pid and not pid_alive(pid):
+                self.status.clear(slot)
+
     def sample_stats(self) -> list[int]:
         """Refresh RSS and CPU of every process of the tree; return their pids."""
         pids = [os.getpid(), *(c.pid for c in self.children if c.pid)]
@@ -509,6 +527,7 @@ class Supervisor:
 
     def _housekeeping(self) -> None:
         self._sample_requests()
+        self._forget_dead_http_workers()
         self.status.beat_master()
         pids = self.sample_stats()
         sweep.sweep_dead_processes(self.tree, set(pids))

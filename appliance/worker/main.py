@@ -85,6 +85,7 @@ def run(
         config.shm.inline_threshold_bytes,
         model_config.max_queue_delay_ms / 1000.0,
         model_config.passthrough,
+        model_config.max_queue,
     )
 
     def handle_term(_signum: int, _frame: types.FrameType | None) -> None:

@@ -47,6 +47,7 @@ from appliance.errors import (
     DeadlineExceeded,
     ErrorCode,
     ModelFailed,
+    Overloaded,
     Unsupported,
 )
 from appliance.metrics import record_batch
@@ -108,6 +109,7 @@ class WorkerServer:
         inline_threshold: int,
         max_queue_delay_s: float,
         passthrough: bool = True,
+        max_queue: int = 1024,
     ) -> None:
         self.model = loaded.model
         self.metadata = loaded.metadata
@@ -119,6 +121,7 @@ class WorkerServer:
         self.slot = slot
         self.inline_threshold = inline_threshold
         self.passthrough = passthrough
+        self.max_queue = max_queue
         self.batcher = Batcher(loaded.max_batch_size, max_queue_delay_s)
         self.streams: list[Stream] = []
         self.reader = SegmentReader(_attach_read_only)
@@ -214,6 +217,10 @@ class WorkerServer:
                 self._forget_channel((message.pid, message.channel))
 
     def _accept(self, message: Message) -> None:
+        if len(self.batcher) >= self.max_queue:
+            # Refused before its tensors are mapped: a full queue costs no memory.
+            self._fail(message, self._overloaded())
+            return
         try:
             tensors = read_tensors(message.body.get("tensors", []), message.payloads, self.reader)
             pending = check_request(self.metadata, message, tensors)
@@ -226,6 +233,14 @@ class WorkerServer:
             self._fail_pending(pending, Unsupported(f"model {self.metadata.name} does not stream"))
             return
         self.batcher.add(pending)
+
+    def _overloaded(self) -> Overloaded:
+        name = self.metadata.name
+        return Overloaded(
+            f"model {name} is overloaded: its instance (pid {self.pid}) already holds "
+            f"{len(self.batcher)} queued requests, the limit (models[{name}].max_queue) is "
+            f"{self.max_queue}; retry later, or add instances"
+        )
 
     def _release(self, pid: int, blocks: list[Block]) -> None:
         for block in blocks:
@@ -340,11 +355,14 @@ class WorkerServer:
     def _finish(self, pending: Pending, compute: Any) -> None:
         started = time.monotonic()
         begin = time.perf_counter_ns()
+        self.status.beat(self.slot, busy_since=started)  # for the hang watchdog
         try:
             outputs = compute()
         except Exception as ex:
             self._fail_pending(pending, self._as_error(ex))
             return
+        finally:
+            self.status.beat(self.slot)
         self._reply(pending, Kind.REPLY, outputs)
         self._count([pending], started, time.perf_counter_ns() - begin)
 
@@ -357,7 +375,10 @@ class WorkerServer:
         self.streams.append(Stream(pending, parts))
 
     def _step_streams(self) -> None:
+        if not self.streams:
+            return
         for stream in list(self.streams):
+            self.status.beat(self.slot, busy_since=time.monotonic())  # for the hang watchdog
             try:
                 part = next(stream.parts)
                 outputs = methods.stream_part(self.metadata, part)
@@ -368,6 +389,7 @@ class WorkerServer:
                 self._end_stream(stream, self._as_error(ex))
                 continue
             self._reply(stream.pending, Kind.PART, outputs, finished=False)
+        self.status.beat(self.slot)
 
     def _end_stream(self, stream: Stream, error: ApplianceError | None) -> None:
         self.streams.remove(stream)

@@ -29,7 +29,7 @@ SIMPLE_IN1 = np.ones((1, 16), dtype=np.int32)
 
 @pytest.fixture(scope="module")
 def appliance() -> Iterator[Appliance]:
-    with running(MODELS, grpc={"max_message_bytes": LIMIT}) as started:
+    with running(MODELS, http={"max_body_bytes": LIMIT}) as started:
         yield started
 
 

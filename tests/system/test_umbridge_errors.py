@@ -212,7 +212,8 @@ def test_an_oversized_body_is_refused_without_reading_it(served: Appliance) -> N
         assert reply.status == 413
         error = json.loads(reply.read())["error"]
         assert error["type"] == "InvalidInput"
-        assert "exceeds the UM-Bridge limit of 67108864 bytes" in error["message"]
+        assert "exceeds the limit of 67108864 bytes (http.max_body_bytes)" in error["message"]
+        assert "use_shmem=True" in error["message"]
     finally:
         conn.close()
 

@@ -20,7 +20,10 @@ class StubClient:
     """Serves nothing; ``metadata`` raises what it is told to."""
 
     def __init__(self, default_model: str, error: Exception) -> None:
-        self.config = SimpleNamespace(server=SimpleNamespace(default_model=default_model))
+        self.config = SimpleNamespace(
+            server=SimpleNamespace(default_model=default_model),
+            http=SimpleNamespace(max_body_bytes=1 << 20),
+        )
         self.error = error
 
     def models(self) -> list[str]:

@@ -101,11 +101,13 @@ def test_json_rendering_matches_protobufs_own(array: np.ndarray[Any, Any]) -> No
         json_format.MessageToJson(pbcodec.encode_message(payload), preserving_proto_field_name=True)
     )
     # Float32 values may be written with different digits (7.6e-44 and
-    # 7.56701e-44 are the same float32): compare them as float32.
+    # 7.56701e-44 are the same float32): compare them as float32, by their
+    # text so that NaN equals NaN.
     for side in (ours, theirs):
         for tensor in side.get("gtensors", {}).get("tensors", []):
             if "flat_float32" in tensor:
-                tensor["flat_float32"] = np.asarray(tensor["flat_float32"], np.float32).tolist()
+                values = np.asarray(tensor["flat_float32"], np.float32)
+                tensor["flat_float32"] = [str(value) for value in values]
     assert ours == theirs
 
 

@@ -247,7 +247,7 @@ def test_name_and_config_types(name: Any, config: Any, error: str | None) -> Non
         (Unsupported("u"), 400, "UnsupportedFeature"),
         (ModelFailed("f"), 500, "InvalidOutput"),
         (ModelNotReady("r"), 503, "ModelNotReady"),
-        (Overloaded("o"), 503, "Overloaded"),
+        (Overloaded("o"), 429, "Overloaded"),
         (DeadlineExceeded("d"), 504, "DeadlineExceeded"),
         (WorkerLost("w"), 500, "WorkerLost"),
         (InternalError("i"), 500, "InternalError"),

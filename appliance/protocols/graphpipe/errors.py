@@ -73,7 +73,7 @@ _HTTP_STATUS: dict[ErrorCode, str] = {
     ErrorCode.BAD_REQUEST: "400 Bad Request",
     ErrorCode.MODEL_NOT_FOUND: "404 Not Found",
     ErrorCode.MODEL_NOT_READY: "503 Service Unavailable",
-    ErrorCode.OVERLOADED: "503 Service Unavailable",
+    ErrorCode.OVERLOADED: "429 Too Many Requests",
     ErrorCode.TOO_LARGE: "413 Payload Too Large",
 }
 

@@ -38,12 +38,10 @@ from appliance.protocols.graphpipe.errors import (
     http_status,
 )
 from appliance.protocols.graphpipe.wire import MetadataInfo, describe, metadata_json
-from appliance.protocols.web import App
+from appliance.protocols.web import App, read_body
 
 log = logging.getLogger("appliance.graphpipe")
 
-# A flatbuffer cannot be larger (its offsets are 32-bit, signed in spirit).
-MAX_BODY_BYTES = (1 << 31) - 1
 FLATBUFFER_TYPE = "application/octet-stream"
 
 Responder = Callable[..., None]
@@ -99,7 +97,7 @@ class GraphPipeResource:
 
     @_guarded
     def on_post(self, req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
-        body = _read_body(req)
+        body = read_body(req, self.client.config.http.max_body_bytes)
         try:
             request = decode_request(body)
         except DecodeError as ex:
@@ -143,24 +141,6 @@ class GraphPipeResource:
                 "use /graphpipe/<model> for one of: " + ", ".join(self.client.models())
             )
         return name
-
-
-def _read_body(req: falcon.Request) -> bytes:
-    length = req.content_length
-    if length is not None and length > MAX_BODY_BYTES:
-        raise _TextError(
-            falcon.HTTP_413,
-            f"graphpipe: a {length}-byte body exceeds a flatbuffer's limit of {MAX_BODY_BYTES}",
-        )
-    # A chunked body has no Content-Length; gunicorn ends wsgi.input at its
-    # end (wsgi.input_terminated), where falcon's bounded_stream reads nothing.
-    stream = req.stream if length is None else req.bounded_stream
-    body: bytes = stream.read(MAX_BODY_BYTES + 1)
-    if len(body) > MAX_BODY_BYTES:
-        raise _TextError(
-            falcon.HTTP_413, f"graphpipe: the body exceeds a flatbuffer's limit of {MAX_BODY_BYTES}"
-        )
-    return body
 
 
 def add_routes(app: App, client: ModelClient) -> None:

@@ -22,7 +22,6 @@ This module is pure: no falcon, grpc, sockets.
 from __future__ import annotations
 
 import base64
-import binascii
 from typing import Any
 
 import numpy as np
@@ -135,7 +134,7 @@ def _base64(value: object) -> bytes:
     text = value.replace("-", "+").replace("_", "/")
     try:
         return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or a character beyond ASCII
         raise bad_request("bin_data is not valid base64") from None
 
 

@@ -51,7 +51,7 @@ _CODES: tuple[tuple[type[ApplianceError], int], ...] = (
     (TooLarge, 413),
     (Unsupported, 501),
     (ModelNotReady, 503),
-    (Overloaded, 503),
+    (Overloaded, 429),  # a full queue: retry later
     (WorkerLost, 503),
     (DeadlineExceeded, 504),
     (ModelFailed, 500),

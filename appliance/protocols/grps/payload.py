@@ -12,6 +12,7 @@ This module is pure: no falcon, grpc, sockets.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +133,8 @@ _INT_RANGES: dict[DType, tuple[int, int]] = {
     DType.INT32: (-(1 << 31), (1 << 31) - 1),
     DType.INT64: (-(1 << 63), (1 << 63) - 1),
 }
+MAX_DIMS = 64
+MAX_ELEMENTS = 1 << 59
 _FLOAT_MAX = {DType.FP16: 65504.0, DType.FP32: float(np.finfo(np.float32).max)}
 _SPECIAL_FLOATS = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
 
@@ -166,6 +169,13 @@ def tensor_from_flat(
     """
     dtype = GRPS_TYPES[grps_type][0]
     dims = [len(values)] if shape is None else shape
+    # numpy refuses more dims, or dims whose product (zeros aside) passes
+    # 2**63 bytes, even for an empty tensor.
+    if len(dims) > MAX_DIMS or math.prod(max(dim, 1) for dim in dims) > MAX_ELEMENTS:
+        raise bad_request(
+            f"{where}: shape {dims} is too big: at most {MAX_DIMS} dims whose product "
+            f"(zeros aside) is at most {MAX_ELEMENTS}"
+        )
     count = dtypes.element_count(dims)
     if count != len(values):
         raise bad_request(
@@ -203,7 +213,10 @@ def numbers_to_array(where: str, values: object, dtype: DType) -> Array:
         raise bad_request(f"{where} must be a flat list of numbers") from None
     if raw.ndim != 1:
         raise bad_request(f"{where} must be a flat list of numbers, not a nested one")
-    if raw.dtype.kind not in "iuf":
+    # numpy reads a list mixing floats (or uint64-sized values) with other
+    # integers as float64, which rounds integers beyond 2**53: convert those
+    # for integer types one value at a time.
+    if raw.dtype.kind not in "iuf" or (raw.dtype.kind == "f" and dtype in _INT_RANGES):
         raw = _from_text(where, values, dtype)
     return fit_numbers(where, raw, dtype)
 
@@ -221,6 +234,8 @@ def _from_text(where: str, values: list[Any], dtype: DType) -> Array:
                 value = float(value) if is_float else int(value)
             except ValueError:
                 raise bad_request(f"{where}: {value!r} is not a number") from None
+        elif isinstance(value, float) and not is_float and value.is_integer():
+            value = int(value)
         out.append(value)
     try:
         return np.asarray(out, dtype=np.float64 if is_float else None)

@@ -38,12 +38,9 @@ from appliance.protocols.grps.codec import (
 )
 from appliance.protocols.grps.errors import OK, GrpsError, bad_request
 from appliance.protocols.grps.payload import Kind, Payload
-from appliance.protocols.web import App
+from appliance.protocols.web import App, read_body
 
 ROOT = "/grps/v1"
-# SAFETY: the same bound as GRPS's gRPC message limit; a body this large is
-# read into memory once, so anything bigger is refused before reading.
-MAX_BODY_BYTES = 1 << 30
 # Query parameters GRPS itself reads; the others reach the model as parameters.
 RESERVED_PARAMS = ("model", "streaming", "return-ndarray")
 # SPEC: PROTOCOL-FACTS §3.2 — GRPS's default streaming response content type.
@@ -132,7 +129,7 @@ class ModelMetadataResource:
     @_guarded
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         try:
-            doc = orjson.loads(read_body(req) or b"{}")
+            doc = orjson.loads(read_body(req, self.client.config.http.max_body_bytes) or b"{}")
         except orjson.JSONDecodeError as ex:
             raise bad_request(f"the body is not valid JSON: {ex}") from None
         name = doc.get("str_data") if isinstance(doc, dict) else None
@@ -162,7 +159,7 @@ class PredictResource:
         want_ndarray = _flag(req, "return-ndarray")
         if streaming and want_ndarray:
             raise bad_request("streaming=true and return-ndarray=true cannot be used together")
-        payload = decode_body(req)
+        payload = decode_body(req, self.client.config.http.max_body_bytes)
         # SPEC: grps.md "模型选择" — the payload's model wins over ?model=.
         payload.model = payload.model or req.get_param("model") or ""
         pairs = [(k, v if isinstance(v, str) else v[-1]) for k, v in req.params.items()]
@@ -219,7 +216,7 @@ def _flag(req: falcon.Request, name: str) -> bool:
     return (req.get_param(name) or "").lower() == "true"
 
 
-def decode_body(req: falcon.Request) -> Payload:
+def decode_body(req: falcon.Request, limit: int) -> Payload:
     """Return the request's payload from a JSON or octet-stream body.
 
     SPEC: PROTOCOL-FACTS §3.2 — the Content-Type must be exactly one of the
@@ -235,25 +232,12 @@ def decode_body(req: falcon.Request) -> Payload:
             f"Unsupported content type {content_type!r}: GRPS predict takes exactly "
             f"{JSON_TYPE} or {BINARY_TYPE}"
         )
-    body = read_body(req)
+    body = read_body(req, limit)
     if not body:
         raise bad_request("The http body is empty.")
     if content_type == BINARY_TYPE:
         return Payload(Kind.BIN_DATA, data=body)
     return decode_json_request(body)
-
-
-def read_body(req: falcon.Request) -> bytes:
-    """Return the whole body, refusing one above MAX_BODY_BYTES."""
-    length = req.content_length
-    if length is not None and length > MAX_BODY_BYTES:
-        raise GrpsError(413, f"the body of {length} bytes exceeds the limit of {MAX_BODY_BYTES}")
-    # A chunked body has no Content-Length; gunicorn ends wsgi.input at its end.
-    stream = req.stream if length is None else req.bounded_stream
-    body: bytes = stream.read(MAX_BODY_BYTES + 1)
-    if len(body) > MAX_BODY_BYTES:
-        raise GrpsError(413, f"the body exceeds the limit of {MAX_BODY_BYTES} bytes")
-    return body
 
 
 class MonitorResource:

@@ -185,7 +185,12 @@ def tensor_from_json(name: str, dtype: DType, shape: tuple[int, ...], data: obje
     if array.size != count:
         raise DecodeError(_count_message(what, array.size, shape, count))
     _check_range(what, dtype, array)
-    return Tensor(dtype, shape, array.astype(target).reshape(shape))
+    with np.errstate(over="ignore"):
+        converted = array.astype(target)
+    if target.kind == "f" and np.any(np.isinf(converted) & np.isfinite(array)):
+        # Refused rather than turned into infinity, as every other protocol here does.
+        raise DecodeError(f"{what}: a value is too large for {dtype.value}")
+    return Tensor(dtype, shape, converted.reshape(shape))
 
 
 def _exact_integers(what: str, dtype: DType, flat: list[object]) -> np.ndarray[Any, Any]:

@@ -49,7 +49,10 @@ def _inflate(body: bytes, wbits: int, limit: int) -> bytes:
     inflater = zlib.decompressobj(wbits)
     out = inflater.decompress(body, limit + 1)
     if len(out) > limit:
-        raise TooLarge(f"the decompressed request body exceeds the limit of {limit} bytes")
+        raise TooLarge(
+            f"the decompressed request body exceeds the limit of {limit} bytes "
+            "(http.max_body_bytes)"
+        )
     if not inflater.eof:
         raise zlib.error("truncated stream")
     return out

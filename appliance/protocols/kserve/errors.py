@@ -29,7 +29,8 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.MODEL_NOT_READY: 503,
     ErrorCode.UNSUPPORTED: 501,
     ErrorCode.TOO_LARGE: 413,
-    ErrorCode.OVERLOADED: 503,
+    # A full queue: 429 tells clients and balancers to retry later, unlike 503.
+    ErrorCode.OVERLOADED: 429,
     ErrorCode.DEADLINE_EXCEEDED: 504,
     ErrorCode.WORKER_LOST: 503,
     ErrorCode.MODEL_FAILED: 500,

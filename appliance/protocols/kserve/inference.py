@@ -9,6 +9,7 @@ RPC library.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,9 @@ TRANSPORT_PARAMETERS = frozenset(
 )
 # The largest dimension count a request may claim.
 MAX_RANK = 64
+# The largest product of a shape's non-zero dims: numpy refuses an array
+# whose size in bytes passes 2**63 even when a zero dim leaves it empty.
+MAX_ELEMENTS = 1 << 59
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,11 @@ def parse_shape(shape: object, what: str) -> tuple[int, ...]:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
             raise DecodeError(f"{what}: shape {list(shape)} must hold integers >= 0")
         dims.append(int(dim))
+    if math.prod(max(dim, 1) for dim in dims) > MAX_ELEMENTS:
+        raise DecodeError(
+            f"{what}: shape {dims} claims more than {MAX_ELEMENTS} elements "
+            "(zero dims aside), more than any tensor can hold"
+        )
     return tuple(dims)
 
 
@@ -141,10 +150,18 @@ def tensor_from_buffer(
     Raises:
         DecodeError: the byte size does not match the shape and datatype.
     """
-    if dtype is DType.BYTES:
-        # The model worker unpacks it and checks the element count.
-        return Tensor(dtype, shape, buffer)
     size = len(buffer) if isinstance(buffer, bytes) else buffer.nbytes
+    if dtype is DType.BYTES:
+        # The model worker unpacks it and checks the element count; refuse
+        # here what cannot fit (each element has a 4-byte length), before a
+        # huge claimed count reaches it.
+        count = dtypes.element_count(shape)
+        if count * 4 > size:
+            raise DecodeError(
+                f"input {name}: shape {list(shape)} of BYTES needs at least {count * 4} bytes "
+                f"(a 4-byte length per element), got {size}"
+            )
+        return Tensor(dtype, shape, buffer)
     expected = dtypes.element_count(shape) * dtypes.item_size(dtype)
     if size != expected:
         raise DecodeError(

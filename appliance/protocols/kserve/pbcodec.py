@@ -56,6 +56,17 @@ _CONTENTS_FIELD: dict[DType, str] = {
     DType.BYTES: "bytes_contents",
 }
 
+# The numpy type of each InferTensorContents field's proto type.
+_FIELD_NUMPY: dict[str, type[np.generic]] = {
+    "bool_contents": np.bool_,
+    "int_contents": np.int32,
+    "int64_contents": np.int64,
+    "uint_contents": np.uint32,
+    "uint64_contents": np.uint64,
+    "fp32_contents": np.float32,
+    "fp64_contents": np.float64,
+}
+
 
 def decode_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """Turn a map of InferParameter into plain Python values (all five kinds)."""
@@ -161,7 +172,9 @@ def _from_contents(name: str, dtype: DType, shape: tuple[int, ...], contents: An
         array[:] = list(values)
         return Tensor(dtype, shape, array.reshape(shape))
     target = dtypes.to_numpy(dtype)
-    wide = np.asarray(values)
+    # The field's own type: numpy would guess float64 for a mix of small and
+    # >= 2**63 uint64 values, and corrupt them.
+    wide = np.fromiter(values, dtype=_FIELD_NUMPY[field], count=len(values))
     if target.kind in "iu" and wide.size:
         info = np.iinfo(cast(Any, target))
         if wide.min() < info.min or wide.max() > info.max:

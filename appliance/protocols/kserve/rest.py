@@ -32,11 +32,11 @@ import falcon
 import orjson
 
 from appliance.client.api import ModelClient
-from appliance.errors import ApplianceError, InternalError, TooLarge, Unsupported
+from appliance.errors import ApplianceError, InternalError, Unsupported
 from appliance.protocols.kserve import codec, encoding, repository, service
 from appliance.protocols.kserve.errors import DecodeError, http_body, http_status
 from appliance.protocols.kserve.shm import RegionTable
-from appliance.protocols.web import App
+from appliance.protocols.web import App, read_body
 
 log = logging.getLogger("appliance.kserve")
 JSON = "application/json"
@@ -81,19 +81,11 @@ class Resource:
     def __init__(self, client: ModelClient, regions: RegionTable) -> None:
         self.client = client
         self.regions = regions
-        self.limit = client.config.grpc.max_message_bytes
+        self.limit = client.config.http.max_body_bytes
 
     def body(self, req: falcon.Request) -> bytes:
-        """Read the whole (decompressed) request body, within the message limit."""
-        length = req.content_length
-        if length is not None and length > self.limit:
-            raise TooLarge(
-                f"the request body of {length} bytes exceeds the limit of {self.limit} bytes "
-                "(grpc.max_message_bytes)"
-            )
-        data: bytes = req.bounded_stream.read() if length is not None else req.stream.read()
-        if len(data) > self.limit:
-            raise TooLarge(f"the request body exceeds the limit of {self.limit} bytes")
+        """Read the whole (decompressed) request body, within http.max_body_bytes."""
+        data = read_body(req, self.limit)
         return encoding.decode_content(data, req.get_header("Content-Encoding"), self.limit)
 
     def json_body(self, req: falcon.Request) -> dict[str, Any]:

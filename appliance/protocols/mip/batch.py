@@ -41,6 +41,8 @@ from appliance.protocols.mip.codec import (
 
 Array = npt.NDArray[Any]
 MAX_COUNT = 255  # n-input and n-output are u8
+# The most bytes one request's items may decode to (images, JSON as numbers).
+MAX_DECODED_BYTES = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,8 @@ def plan(binding: Binding, request: InferRequest) -> list[Chunk]:
     Raises:
         MipError: SHAPE when an item does not fit its input.
     """
-    columns = [_column(binding, request, index) for index in range(request.n_input)]
+    budget = [MAX_DECODED_BYTES]
+    columns = [_column(binding, request, index, budget) for index in range(request.n_input)]
     batch = request.batch_size
     if not binding.stacked:
         return [
@@ -125,18 +128,29 @@ def plan(binding: Binding, request: InferRequest) -> list[Chunk]:
     ]
 
 
-def _column(binding: Binding, request: InferRequest, index: int) -> list[Array]:
+def _column(binding: Binding, request: InferRequest, index: int, budget: list[int]) -> list[Array]:
+    """Decode one input's items; ``budget[0]`` is what decoded rows may still take."""
     spec, shape = binding.specs[index], binding.row_shape(index)
     name = binding.names[index]
-    return [
-        items.decode_row(
+    rows = []
+    for element in range(request.batch_size):
+        row = items.decode_row(
             request.item(element, index),
             spec,
             shape,
             f"model {binding.model} input {name} (batch element {element})",
         )
-        for element in range(request.batch_size)
-    ]
+        budget[0] -= row.nbytes
+        if budget[0] < 0:
+            # A small compressed image can decode to MAX_PIXELS: many of them
+            # in one frame would add up to far more than the frame.
+            raise MipError(
+                ErrorCode.MEMORY,
+                f"model {binding.model}: the request's items decode to more than "
+                f"{MAX_DECODED_BYTES} bytes (at input {name}, batch element {element})",
+            )
+        rows.append(row)
+    return rows
 
 
 def _uniform(column: list[Array]) -> bool:

@@ -36,7 +36,10 @@ MAX_U32 = 0xFFFFFFFF
 # Error frames carry a UTF-8 message as payload; KubeMo's client reads and
 # discards an error's payload (PROTOCOL-FACTS §4.3), so this costs it nothing.
 MAX_MESSAGE_BYTES = 4096
+# The most items (n-input x batch size) one inference request may hold.
+MAX_ITEMS = 65536
 _RECEIVE_BYTES = 64 * 1024
+_FIRST_PAYLOAD_BYTES = 256 * 1024
 _MIN_FREE_BYTES = 4096
 
 
@@ -158,8 +161,11 @@ class FrameReader:
 
     def get_buffer(self) -> memoryview:
         """Return a writable buffer for the next received bytes (never empty)."""
-        payload = self._payload
-        if payload is not None and self._start == self._end and self._filled < len(payload):
+        payload, header = self._payload, self._header
+        receiving = header is not None and self._filled < header.remaining
+        if payload is not None and receiving and self._start == self._end:
+            if self._filled == len(payload):
+                payload = self._grow()
             self._into_payload = True
             return memoryview(payload)[self._filled :]
         self._into_payload = False
@@ -232,22 +238,40 @@ class FrameReader:
         if header.remaining == 0:
             return Frame(header, b"")
         self._header = header
-        self._payload = bytearray(header.remaining)
+        # The payload buffer grows as bytes arrive (see _grow): a header alone
+        # claiming max_frame_bytes must not cost that much memory.
+        self._payload = bytearray(min(header.remaining, _FIRST_PAYLOAD_BYTES))
         self._filled = 0
         return None
+
+    def _grow(self) -> bytearray:
+        """Replace a full payload buffer by one four times as large (up to the frame's size).
+
+        PERF: growing 4x copies a third of the payload once more, in all. The
+        old buffer is replaced, never resized, since it may still be lent out.
+        """
+        assert self._header is not None
+        assert self._payload is not None
+        size = min(4 * len(self._payload), self._header.remaining)
+        grown = bytearray(size)
+        grown[: self._filled] = self._payload
+        self._payload = grown
+        return grown
 
     def _fill(self) -> Frame | None:
         header, payload = self._header, self._payload
         assert header is not None
         assert payload is not None
-        taken = min(len(payload) - self._filled, self._end - self._start)
-        if taken:
+        while (pending := self._end - self._start) and self._filled < header.remaining:
+            if self._filled == len(payload):
+                payload = self._grow()
+            taken = min(len(payload) - self._filled, pending)
             payload[self._filled : self._filled + taken] = self._buf[
                 self._start : self._start + taken
             ]
             self._filled += taken
             self._start += taken
-        if self._filled < len(payload):
+        if self._filled < header.remaining:
             return None
         self._header = self._payload = None
         return Frame(header, payload)
@@ -282,7 +306,7 @@ def decode_infer_request(payload: bytes | bytearray | memoryview) -> InferReques
 
     Raises:
         MipError: SHAPE when the payload does not match its own header or an
-            item type is unknown.
+            item type is unknown; MEMORY when it holds more than MAX_ITEMS items.
     """
     view = memoryview(payload).cast("B")
     if len(view) < INFER_HEADER.size:
@@ -297,6 +321,15 @@ def decode_infer_request(payload: bytes | bytearray | memoryview) -> InferReques
             ErrorCode.SHAPE,
             f"inference request has n-input {n_input} and batch size {batch_size}; "
             "both must be at least 1",
+        )
+    if n_input * batch_size > MAX_ITEMS:
+        # Each item becomes Python objects and a decoded row, hundreds of
+        # bytes for an 8-byte empty item: a frame of millions of them would
+        # cost gigabytes.
+        raise MipError(
+            ErrorCode.MEMORY,
+            f"inference request has n-input {n_input} x batch size {batch_size} = "
+            f"{n_input * batch_size} items; at most {MAX_ITEMS} are served per request",
         )
     items = []
     offset = INFER_HEADER.size

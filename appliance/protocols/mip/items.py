@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -68,6 +68,7 @@ TENSOR_DTYPES: dict[int, DType] = {
 TENSOR_CODES: dict[DType, int] = {dtype: code for code, dtype in TENSOR_DTYPES.items()}
 TENSOR_HEADER = struct.Struct("!BBH")
 MAX_NDIM = 32
+MAX_ELEMENTS = 1 << 59
 
 
 def shape_error(message: str) -> MipError:
@@ -100,6 +101,12 @@ def decode_tensor(data: memoryview, where: str) -> Array:
     shape = struct.unpack_from(f"!{ndim}L", data, TENSOR_HEADER.size)
     body = data[start:]
     count = math.prod(shape)
+    if math.prod(max(dim, 1) for dim in shape) > MAX_ELEMENTS:
+        # numpy refuses such a shape even when a zero dim leaves it empty.
+        raise shape_error(
+            f"{where}: TENSOR shape {list(shape)} is too big: the product of its dims "
+            f"(zeros aside) passes {MAX_ELEMENTS}"
+        )
     if dtype is DType.BYTES:
         return _unpack_bytes(body, count, shape, where)
     size = dtypes.item_size(dtype)
@@ -207,6 +214,10 @@ def _numeric(value: Any, dtype: DType, where: str) -> Array:
     if kind not in "biuf" or (kind == "b") != (dtype is DType.BOOL):
         wanted = "true/false" if dtype is DType.BOOL else "numbers"
         raise shape_error(f"{where}: the input is {dtype.value}; the JSON value must hold {wanted}")
+    if target.kind in "iu" and kind == "f":
+        # numpy reads integers mixed with floats, or with values past
+        # int64, as float64, rounding those beyond 2**53: convert exactly.
+        array = _exact_integers(value, array.shape, dtype, where)
     if target.kind in "iu":
         _check_integers(array, target, dtype, where)
     # An overflow is reported below as a SHAPE error, not warned about.
@@ -215,6 +226,30 @@ def _numeric(value: Any, dtype: DType, where: str) -> Array:
     if target.kind == "f":
         _check_floats(array, converted, dtype, where)
     return converted
+
+
+def _exact_integers(value: Any, shape: tuple[int, ...], dtype: DType, where: str) -> Array:
+    flat: list[int] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, float) and item.is_integer():
+            flat.append(int(item))
+        elif type(item) is int:
+            flat.append(item)
+        else:
+            raise shape_error(
+                f"{where}: the input is {dtype.value}; the JSON value holds non-integers"
+            )
+    info = np.iinfo(cast(Any, dtypes.to_numpy(dtype)))
+    if flat and (min(flat) < info.min or max(flat) > info.max):
+        raise shape_error(
+            f"{where}: the input is {dtype.value}; JSON values {min(flat)}..{max(flat)} are "
+            f"outside {info.min}..{info.max}"
+        )
+    return np.array(flat, dtype=dtypes.to_numpy(dtype)).reshape(shape)
 
 
 def _check_integers(array: Array, target: np.dtype[Any], dtype: DType, where: str) -> None:

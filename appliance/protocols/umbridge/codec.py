@@ -362,7 +362,8 @@ def _short(value: Any) -> str:
     try:
         text = orjson.dumps(value).decode()
     except TypeError:
-        text = repr(value)
+        # Nested too deeply for orjson (repr would recurse further and fail).
+        text = _kind(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

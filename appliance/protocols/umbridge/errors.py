@@ -80,7 +80,7 @@ _MAPPING: tuple[tuple[type[ApplianceError], int, str], ...] = (
     # reports an output that does not fit the declaration as ModelFailed.
     (ModelFailed, 500, ErrorType.INVALID_OUTPUT),
     (ModelNotReady, 503, "ModelNotReady"),
-    (Overloaded, 503, "Overloaded"),
+    (Overloaded, 429, "Overloaded"),  # a full queue: retry later
     (DeadlineExceeded, 504, "DeadlineExceeded"),
 )
 

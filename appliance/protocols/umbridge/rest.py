@@ -29,18 +29,16 @@ from appliance.errors import ApplianceError
 from appliance.protocols.umbridge.bridge import Bridge
 from appliance.protocols.umbridge.codec import Feature, decode_body
 from appliance.protocols.umbridge.errors import (
-    ErrorType,
     UmBridgeError,
     encode_error,
     from_appliance,
-    invalid_input,
 )
-from appliance.protocols.web import App
+from appliance.protocols.web import App, read_body
 
-# SAFETY: a JSON float64 takes up to ~25 bytes, so this admits vectors of
-# about 2.5 million numbers; larger ones belong on the shared-memory side
-# channel, which carries only names in its JSON.
-MAX_BODY_BYTES = 64 << 20
+# SAFETY: a JSON float64 takes up to ~25 bytes, so http.max_body_bytes
+# (64 MiB by default) admits vectors of about 2.5 million numbers; larger ones
+# belong on the shared-memory side channel, which carries only names.
+SHMEM_HINT = "pass large vectors through shared memory (use_shmem=True)"
 
 log = logging.getLogger("appliance.umbridge")
 
@@ -58,43 +56,15 @@ class InfoResource:
 class PostResource:
     """One POST endpoint: read the body, run ``handler``, render the reply."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, max_body_bytes: int) -> None:
         self.handler = handler
+        self.limit = max_body_bytes
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        respond(resp, lambda: self.handler(decode_body(read_body(req))))
+        respond(resp, lambda: self.handler(decode_body(self._body(req))))
 
-
-def read_body(req: falcon.Request) -> bytes:
-    """Return the whole body, refusing one above MAX_BODY_BYTES.
-
-    Raises:
-        UmBridgeError: 413 InvalidInput, the body is too large.
-    """
-    try:
-        length = req.content_length
-    except falcon.HTTPError:
-        raise invalid_input("the Content-Length header is not a byte count") from None
-    if length is None:
-        chunked = "chunked" in (req.get_header("Transfer-Encoding") or "").lower()
-        # Without a length or chunked framing an HTTP/1.1 request has no body.
-        data = req.stream.read(MAX_BODY_BYTES + 1) if chunked else b""
-    elif length > MAX_BODY_BYTES:
-        raise _too_large(length)
-    else:
-        data = req.bounded_stream.read(length)
-    if len(data) > MAX_BODY_BYTES:
-        raise _too_large(len(data))
-    return data
-
-
-def _too_large(length: int) -> UmBridgeError:
-    return UmBridgeError(
-        413,
-        ErrorType.INVALID_INPUT,
-        f"the request body of {length} bytes exceeds the UM-Bridge limit of {MAX_BODY_BYTES} "
-        "bytes; pass large vectors through shared memory (use_shmem=True)",
-    )
+    def _body(self, req: falcon.Request) -> bytes:
+        return read_body(req, self.limit, SHMEM_HINT)
 
 
 def respond(resp: falcon.Response, produce: Callable[[], bytes]) -> None:
@@ -118,15 +88,16 @@ def respond(resp: falcon.Response, produce: Callable[[], bytes]) -> None:
 def add_routes(app: App, client: ModelClient) -> None:
     """Mount the UM-Bridge routes."""
     bridge = Bridge(client)
+    limit = client.config.http.max_body_bytes
     app.add_route("/Info", InfoResource(bridge))
-    app.add_route("/ModelInfo", PostResource(bridge.model_info))
-    app.add_route("/InputSizes", PostResource(lambda r: bridge.sizes(r, outputs=False)))
-    app.add_route("/OutputSizes", PostResource(lambda r: bridge.sizes(r, outputs=True)))
-    app.add_route("/TestShMem", PostResource(bridge.test_shmem))
+    app.add_route("/ModelInfo", PostResource(bridge.model_info, limit))
+    app.add_route("/InputSizes", PostResource(lambda r: bridge.sizes(r, outputs=False), limit))
+    app.add_route("/OutputSizes", PostResource(lambda r: bridge.sizes(r, outputs=True), limit))
+    app.add_route("/TestShMem", PostResource(bridge.test_shmem, limit))
     for feature in Feature:
         for via_shm, suffix in ((False, ""), (True, "ShMem")):
             handler = _caller(bridge, feature, via_shm)
-            app.add_route(f"/{feature}{suffix}", PostResource(handler))
+            app.add_route(f"/{feature}{suffix}", PostResource(handler, limit))
 
 
 def _caller(bridge: Bridge, feature: Feature, via_shm: bool) -> Handler:

@@ -1,0 +1,254 @@
+"""Bearer-token auth on every protocol: falcon middleware, a gRPC interceptor, MIP's rule.
+
+With ``[auth] tokens_file`` set, every request must present one of the
+file's tokens (one a line, see ``config.read_tokens``; the file may be
+readable by its owner only). The file is read again when it changes, so
+tokens rotate without a restart.
+
+- HTTP: ``Authorization: Bearer <token>``, or Basic auth with the token as
+  the password (any user name), which stock clients that take only a URL
+  send for ``http://user:<token>@host:8000`` (umbridge, graphpipe). Health
+  checks stay open: ``/v2/health/live|ready`` and ``/grps/v1/health/live|ready``.
+  A refusal is 401 in the protocol's own error form, with a
+  ``WWW-Authenticate`` challenge.
+- gRPC: metadata ``authorization: Bearer <token>``; refusals end with
+  UNAUTHENTICATED. Open: grpc.health.v1 Check/Watch, KServe ServerLive and
+  ServerReady, GRPS CheckLiveness and CheckReadiness.
+- MIP cannot carry a token: a listener not marked ``trusted`` answers pings
+  (health) and closes a connection at its first other frame, with a
+  PROTOCOL error frame that says why (``frontends/mip.py``, which does not
+  import this module's falcon and gRPC).
+
+Tokens are compared as SHA-256 digests with ``hmac.compare_digest``, against
+every accepted token each time, so the time taken says nothing about them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import falcon
+import grpc
+import orjson
+
+from appliance.config import ApplianceConfig, read_tokens
+from appliance.frontends.observe import Handler, Interceptor, protocol_of_path
+
+log = logging.getLogger("appliance.auth")
+
+# How often the tokens file's metadata is looked at for a change.
+RECHECK_S = 1.0
+OPEN_PATHS = frozenset(
+    {"/v2/health/live", "/v2/health/ready", "/grps/v1/health/live", "/grps/v1/health/ready"}
+)
+OPEN_METHODS = frozenset(
+    {
+        "/grpc.health.v1.Health/Check",
+        "/grpc.health.v1.Health/Watch",
+        "/inference.GRPCInferenceService/ServerLive",
+        "/inference.GRPCInferenceService/ServerReady",
+        "/grps.protos.v1.GrpsService/CheckLiveness",
+        "/grps.protos.v1.GrpsService/CheckReadiness",
+    }
+)
+CHALLENGE = 'Bearer realm="appliance", Basic realm="appliance"'
+
+
+def _digest(token: str | bytes) -> bytes:
+    data = token.encode("utf-8", "surrogateescape") if isinstance(token, str) else token
+    return hashlib.sha256(data).digest()
+
+
+class Tokens:
+    """The accepted tokens, read from their file and again whenever it changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._signature = self._stat()
+        self._digests = tuple(_digest(token) for token in read_tokens(path))
+        self._next_check = time.monotonic() + RECHECK_S
+
+    def accepts(self, token: str | bytes | None) -> bool:
+        """Whether ``token`` is one of the accepted tokens (constant time per token)."""
+        if token is None:
+            return False
+        self._refresh()
+        presented = _digest(token)
+        found = False
+        for digest in self._digests:
+            found |= hmac.compare_digest(presented, digest)
+        return found
+
+    def _stat(self) -> tuple[int, int, int]:
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return (0, 0, 0)
+        return (info.st_mtime_ns, info.st_size, info.st_ino)
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        with self._lock:
+            if now < self._next_check:
+                return
+            self._next_check = now + RECHECK_S
+            signature = self._stat()
+            if signature == self._signature:
+                return
+            try:
+                digests = tuple(_digest(token) for token in read_tokens(self.path))
+            except ValueError as ex:
+                log.warning("keeping the previous tokens: %s", ex)
+                return
+            self._signature, self._digests = signature, digests
+            log.info("read %d tokens from %s", len(digests), self.path)
+
+
+def load(config: ApplianceConfig) -> Tokens | None:
+    """The tokens to check, or None when auth is off."""
+    if not config.auth.enabled:
+        return None
+    return Tokens(Path(config.auth.tokens_file))
+
+
+# -- HTTP --------------------------------------------------------------------------
+
+
+def http_token(authorization: str | None) -> str | None:
+    """The token in an Authorization header: Bearer, or Basic's password."""
+    if not authorization:
+        return None
+    scheme, _, value = authorization.strip().partition(" ")
+    scheme, value = scheme.lower(), value.strip()
+    if scheme == "bearer":
+        return value or None
+    if scheme == "basic":
+        try:
+            decoded = base64.b64decode(value, validate=True).decode("utf-8", "surrogateescape")
+        except (binascii.Error, ValueError):
+            return None
+        _user, colon, password = decoded.partition(":")
+        return password if colon and password else None
+    return None
+
+
+class HttpAuth:
+    """falcon middleware: 401 for a request without an accepted token (health aside)."""
+
+    def __init__(self, tokens: Tokens) -> None:
+        self.tokens = tokens
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if req.path in OPEN_PATHS:
+            return
+        token = http_token(req.get_header("Authorization"))
+        if self.tokens.accepts(token):
+            return
+        why = "no token was sent" if token is None else "the token is not accepted"
+        refuse_http(req, resp, f"unauthorized: {why}; send Authorization: Bearer <token>")
+
+
+def refuse_http(req: falcon.Request, resp: falcon.Response, message: str) -> None:
+    """Answer 401 in the error form of the protocol the path belongs to."""
+    protocol = protocol_of_path(req.method, req.path)
+    resp.status = falcon.HTTP_401
+    resp.set_header("WWW-Authenticate", CHALLENGE)
+    if protocol == "kserve":
+        resp.content_type = "application/json"
+        resp.data = orjson.dumps({"error": message})
+    elif protocol == "grps":
+        resp.content_type = "application/json;charset=utf-8"
+        resp.data = orjson.dumps({"status": {"code": 401, "msg": message, "status": "FAILURE"}})
+    elif protocol == "umbridge":
+        resp.content_type = "application/json"
+        resp.data = orjson.dumps({"error": {"type": "Unauthorized", "message": message}})
+    else:
+        resp.content_type = "text/plain; charset=utf-8"
+        resp.data = message.encode()
+    resp.complete = True
+
+
+def http_middleware(config: ApplianceConfig) -> list[Any]:
+    """The middleware to install: [HttpAuth] when auth is on, else none."""
+    tokens = load(config)
+    return [] if tokens is None else [HttpAuth(tokens)]
+
+
+# -- gRPC ----------------------------------------------------------------------------
+
+
+def grpc_token(metadata: Any) -> str | None:
+    """The bearer token in a call's ``authorization`` metadata."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+            scheme, _, token = text.strip().partition(" ")
+            if scheme.lower() != "bearer":
+                return None
+            return token.strip() or None
+    return None
+
+
+class GrpcAuth(Interceptor):
+    """A server interceptor: UNAUTHENTICATED for a call without an accepted token."""
+
+    def __init__(self, tokens: Tokens) -> None:
+        self.tokens = tokens
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Handler | None],
+        details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
+        handler = continuation(details)
+        if handler is None or details.method in OPEN_METHODS:
+            return handler
+        token = grpc_token(details.invocation_metadata)
+        if self.tokens.accepts(token):
+            return handler
+        why = "no token was sent" if token is None else "the token is not accepted"
+        return _refusing(
+            handler, f"unauthorized: {why}; send metadata authorization: Bearer <token>"
+        )
+
+
+def _refusing(handler: Handler, message: str) -> Handler:
+    """A handler of the same kind as ``handler`` that ends every call UNAUTHENTICATED."""
+
+    def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    kinds = (
+        ("unary_unary", grpc.unary_unary_rpc_method_handler),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler),
+    )
+    for attribute, build in kinds:
+        if getattr(handler, attribute) is not None:
+            built: Handler = build(
+                refuse,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+            return built
+    return handler
+
+
+def grpc_interceptors(config: ApplianceConfig) -> list[Any]:
+    """The interceptors to install: [GrpcAuth] when auth is on, else none."""
+    tokens = load(config)
+    return [] if tokens is None else [GrpcAuth(tokens)]
