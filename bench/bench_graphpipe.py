@@ -23,17 +23,14 @@ bench/results/graphpipe.json holds every repeat. Usage::
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +41,7 @@ from appliance._generated.graphpipe import Tensor as fb_tensor  # noqa: E402
 from appliance.core.tensor import Tensor  # noqa: E402
 from appliance.protocols.graphpipe import codec  # noqa: E402
 from appliance.protocols.graphpipe.wire import new_builder  # noqa: E402
+from bench.loadgen import tensor, thread_loop, write_results  # noqa: E402
 from tests.system.harness import demo_models, running  # noqa: E402
 from tests.unit.test_graphpipe_encoder import encode_infer_request  # noqa: E402
 
@@ -54,19 +52,9 @@ COUNTS = {"64B": 400, "64KiB": 300, "1MiB": 100, "16MiB": 12}
 CODEC_COUNT = 10
 
 
-def tensor(nbytes: int) -> np.ndarray[Any, Any]:
-    count = max(1, nbytes // 4)
-    return np.random.default_rng(0).random(count, dtype=np.float32).reshape(1, count)
-
-
 def median_us(call: Callable[[], object], count: int) -> float:
-    call()  # warm up: connections, first-touch pages
-    times = []
-    for _ in range(count):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    """Median microseconds of ``count`` sequential calls, after one to warm up."""
+    return thread_loop(lambda _index: call, count, 1, warmup=1)["p50_us"]
 
 
 def round_trips(base: str, client: Any, quick: bool) -> dict[str, dict[str, float]]:
@@ -158,18 +146,7 @@ def main() -> int:
             runs["codec"].append(codec_timings())
     summary = summarise(runs)
     report(summary)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_bytes(
-        orjson.dumps(
-            {
-                "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-                "repeats": args.repeats,
-                "summary": summary,
-                "runs": runs,
-            },
-            option=orjson.OPT_INDENT_2,
-        )
-    )
+    write_results(RESULTS, repeats=args.repeats, summary=summary, runs=runs)
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 0
 

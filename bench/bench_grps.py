@@ -27,12 +27,10 @@ bench/results/grps.json holds every repeat. Usage::
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import os
+import functools
 import statistics
 import sys
 import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +40,21 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.loadgen import (  # noqa: E402
+    ClientPool,
+    ProcessTree,
+    median_row,
+    mode_call,
+    mode_grid,
+    tensor,
+    write_results,
+)
 from tests.system.harness import demo_models, running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "grps.json"
 MiB = 1 << 20
 SIZES = {"64B": 64, "16KiB": 16 << 10, "1MiB": MiB}
 MODES = ("rest-json", "grpc", "kserve-grpc", "direct")
-WARMUP_S = 0.3
-
-
-def tensor(nbytes: int) -> np.ndarray:
-    count = max(1, nbytes // 4)
-    return np.random.default_rng(0).random(count, dtype=np.float32).reshape(1, count)
 
 
 def gtensors_json(x: np.ndarray) -> bytes:
@@ -117,43 +118,6 @@ def check(last: Any, x: np.ndarray) -> None:
         raise AssertionError("identity returned other data than it was sent")
 
 
-def client_process(conn: Connection, ports: dict[str, int], run_dir: str) -> None:
-    """Serve run commands from the parent until told to stop."""
-    caller = Caller(ports, run_dir)
-    conn.send("ready")
-    try:
-        while True:
-            command = conn.recv()
-            if command is None:
-                return
-            mode, nbytes, start_at, stop_at = command
-            x = tensor(nbytes)
-            while time.time() < start_at:
-                caller.call(mode, x)  # warm up until everyone starts
-            latencies = []
-            while (now := time.perf_counter()) and time.time() < stop_at:
-                caller.call(mode, x)
-                latencies.append(time.perf_counter() - now)
-            conn.send(latencies)
-    finally:
-        caller.close()
-
-
-def measure(conns: list[Connection], mode: str, nbytes: int, seconds: float) -> dict[str, float]:
-    start_at = time.time() + WARMUP_S
-    for conn in conns:
-        conn.send((mode, nbytes, start_at, start_at + seconds))
-    latencies = sorted(value for conn in conns for value in conn.recv())
-    done = len(latencies)
-    return {
-        "requests": done,
-        "rps": done / seconds,
-        "p50_ms": latencies[done // 2] * 1e3,
-        "p99_ms": latencies[min(done - 1, int(done * 0.99))] * 1e3,
-        "mbps": done * nbytes / seconds / 1e6,
-    }
-
-
 def codec_times(nbytes: int, budget_s: float = 0.5) -> dict[str, float]:
     """Return ms per reply-encode + request-decode of one tensor, per codec."""
     from google.protobuf import json_format
@@ -208,9 +172,6 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.repeats = 0.5, 1
-    runs: dict[str, dict[str, list[dict[str, float]]]] = {
-        mode: {size: [] for size in SIZES} for mode in MODES
-    }
     codec_runs: dict[str, list[dict[str, float]]] = {size: [] for size in SIZES}
     for _repeat in range(args.repeats):
         for size, nbytes in SIZES.items():
@@ -221,54 +182,28 @@ def main() -> int:
         "shm": {"request_ring_bytes": 64 * MiB, "response_ring_bytes": 64 * MiB},
     }
     with running(demo_models("identity"), **sections) as appliance:
-        context = mp.get_context("spawn")
-        pipes = [context.Pipe() for _ in range(args.clients)]
-        processes = [
-            context.Process(
-                target=client_process, args=(child, appliance.ports, str(appliance.run_dir))
-            )
-            for _parent, child in pipes
-        ]
-        for process in processes:
-            process.start()
-        conns = [parent for parent, _child in pipes]
-        try:
-            for conn in conns:
-                if conn.recv() != "ready":
-                    raise RuntimeError("a client process failed to start")
-            for repeat in range(args.repeats):
-                print(f"repeat {repeat + 1}/{args.repeats}", file=sys.stderr)
-                for size, nbytes in SIZES.items():
-                    for mode in MODES:
-                        runs[mode][size].append(measure(conns, mode, nbytes, args.seconds))
-        finally:
-            for conn in conns:
-                conn.send(None)
-            for process in processes:
-                process.join(30)
+        runs = serve(appliance, args)
     summary = summarise(runs, codec_runs)
     report(summary, args.clients)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_bytes(
-        orjson.dumps(
-            {
-                "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-                "clients": args.clients,
-                "seconds": args.seconds,
-                "repeats": args.repeats,
-                "summary": summary,
-                "runs": runs,
-                "codec_runs": codec_runs,
-            },
-            option=orjson.OPT_INDENT_2,
-        )
+    write_results(
+        RESULTS,
+        clients=args.clients,
+        seconds=args.seconds,
+        repeats=args.repeats,
+        summary=summary,
+        runs=runs,
+        codec_runs=codec_runs,
     )
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 0
 
 
-def _median(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+def serve(appliance: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Run every serving measurement from ``args.clients`` processes, repeats outermost."""
+    caller_args = (appliance.ports, str(appliance.run_dir))
+    with ClientPool(args.clients, functools.partial(mode_call, Caller)) as pool:
+        server = ProcessTree(appliance.process.pid)
+        return mode_grid(pool, MODES, SIZES, caller_args, args.seconds, args.repeats, server)
 
 
 def summarise(
@@ -276,10 +211,10 @@ def summarise(
     codec_runs: dict[str, list[dict[str, float]]],
 ) -> dict[str, Any]:
     table = {
-        mode: {size: _median(rows) for size, rows in by_size.items()}
+        mode: {size: median_row(rows) for size, rows in by_size.items()}
         for mode, by_size in runs.items()
     }
-    codecs = {size: _median(rows) for size, rows in codec_runs.items()}
+    codecs = {size: median_row(rows) for size, rows in codec_runs.items()}
     ratios = {
         size: {
             "grps_grpc_vs_kserve_grpc_rps": table["grpc"][size]["rps"]

@@ -22,21 +22,19 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.loadgen import tensor, thread_loop, write_results  # noqa: E402
 from tests.system.harness import demo_models, running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "internal.json"
@@ -54,46 +52,17 @@ TARGETS = {
 }
 
 
-def tensor(nbytes: int) -> np.ndarray:
-    count = max(1, nbytes // 4)
-    return np.random.default_rng(0).random(count, dtype=np.float32).reshape(1, count)
-
-
 def closed_loop(
     call: Callable[[np.ndarray, int], None], x: np.ndarray, count: int, inflight: int
 ) -> dict[str, float]:
-    """Run ``count`` calls from ``inflight`` threads; return latency and throughput.
+    """Run ``count`` calls from ``inflight`` threads after a tenth as many to warm up.
 
     ``call(x, i)`` is told which thread (0..inflight-1) it runs in.
     """
-    latencies: list[float] = []
-    lock = threading.Lock()
-    per_thread = max(1, count // inflight)
-
-    def worker(index: int) -> None:
-        mine = []
-        for _ in range(per_thread):
-            start = time.perf_counter()
-            call(x, index)
-            mine.append(time.perf_counter() - start)
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(inflight)]
-    began = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - began
-    latencies.sort()
-    done = len(latencies)
-    return {
-        "p50_us": latencies[done // 2] * 1e6,
-        "p99_us": latencies[min(done - 1, int(done * 0.99))] * 1e6,
-        "rps": done / elapsed,
-        "gbps": done * x.nbytes / elapsed / 1e9,
-    }
+    warmup = max(1, count // 10 // inflight)
+    row = thread_loop(lambda index: lambda: call(x, index), count, inflight, warmup)
+    row["gbps"] = row["requests"] * x.nbytes / row["elapsed_s"] / 1e9
+    return row
 
 
 def two_copies(nbytes: int, repeats: int = 7) -> float:
@@ -142,9 +111,7 @@ def queue_path(
     try:
         results = {}
         for name, nbytes in sizes.items():
-            x = tensor(nbytes)
-            closed_loop(call, x, max(inflight, counts[name] // 10), inflight)
-            results[name] = closed_loop(call, x, counts[name], inflight)
+            results[name] = closed_loop(call, tensor(nbytes), counts[name], inflight)
         return results
     finally:
         inbox.put(None)
@@ -164,9 +131,7 @@ def appliance_path(
 
     results = {}
     for name, nbytes in sizes.items():
-        x = tensor(nbytes)
-        closed_loop(call, x, max(inflight, counts[name] // 10), inflight)
-        results[name] = closed_loop(call, x, counts[name], inflight)
+        results[name] = closed_loop(call, tensor(nbytes), counts[name], inflight)
     return results
 
 
@@ -202,19 +167,13 @@ def main() -> int:
     copies = {name: two_copies(nbytes) for name, nbytes in SIZES.items()}
     summary = summarise(runs, copies)
     report(summary)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_bytes(
-        orjson.dumps(
-            {
-                "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-                "repeats": args.repeats,
-                "two_copy_seconds": copies,
-                "summary": summary,
-                "targets": TARGETS,
-                "runs": runs,
-            },
-            option=orjson.OPT_INDENT_2,
-        )
+    write_results(
+        RESULTS,
+        repeats=args.repeats,
+        two_copy_seconds=copies,
+        summary=summary,
+        targets=TARGETS,
+        runs=runs,
     )
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 0

@@ -23,33 +23,31 @@ holds every repeat. Usage::
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
+import functools
 import os
-import statistics
 import sys
-import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.loadgen import (  # noqa: E402
+    ClientPool,
+    ProcessTree,
+    median_row,
+    mode_call,
+    mode_grid,
+    write_results,
+)
 from tests.system.harness import demo_models, running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "kserve.json"
 MiB = 1 << 20
 SIZES = {"64B": 64, "16KiB": 16 << 10, "1MiB": MiB}
 MODES = ("grpc", "rest", "shm", "direct")
-WARMUP_S = 0.3
-
-
-def tensor(nbytes: int) -> np.ndarray:
-    count = max(1, nbytes // 4)
-    return np.random.default_rng(0).random(count, dtype=np.float32).reshape(1, count)
 
 
 class Caller:
@@ -110,43 +108,6 @@ def check(last: Any, x: np.ndarray) -> None:
         raise AssertionError("identity returned other data than it was sent")
 
 
-def client_process(conn: Connection, ports: dict[str, int], run_dir: str) -> None:
-    """Serve run commands from the parent until told to stop."""
-    caller = Caller(ports, run_dir)
-    conn.send("ready")
-    try:
-        while True:
-            command = conn.recv()
-            if command is None:
-                return
-            mode, nbytes, start_at, stop_at = command
-            x = tensor(nbytes)
-            while time.time() < start_at:
-                caller.call(mode, x)  # warm up until everyone starts
-            latencies = []
-            while (now := time.perf_counter()) and time.time() < stop_at:
-                caller.call(mode, x)
-                latencies.append(time.perf_counter() - now)
-            conn.send(latencies)
-    finally:
-        caller.close()
-
-
-def measure(conns: list[Connection], mode: str, nbytes: int, seconds: float) -> dict[str, float]:
-    start_at = time.time() + WARMUP_S
-    for conn in conns:
-        conn.send((mode, nbytes, start_at, start_at + seconds))
-    latencies = sorted(value for conn in conns for value in conn.recv())
-    done = len(latencies)
-    return {
-        "requests": done,
-        "rps": done / seconds,
-        "p50_ms": latencies[done // 2] * 1e3,
-        "p99_ms": latencies[min(done - 1, int(done * 0.99))] * 1e3,
-        "mbps": done * nbytes / seconds / 1e6,
-    }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=4, help="client processes")
@@ -162,67 +123,33 @@ def main() -> int:
         "shm": {"request_ring_bytes": 64 * MiB, "response_ring_bytes": 64 * MiB},
     }
     with running(demo_models("identity"), **sections) as appliance:
-        runs = run_clients(appliance.ports, str(appliance.run_dir), args)
+        runs = run_clients(appliance, args)
     summary = summarise(runs)
     report(summary, args.clients)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_bytes(
-        orjson.dumps(
-            {
-                "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-                "clients": args.clients,
-                "seconds": args.seconds,
-                "repeats": args.repeats,
-                "summary": summary,
-                "runs": runs,
-            },
-            option=orjson.OPT_INDENT_2,
-        )
+    write_results(
+        RESULTS,
+        clients=args.clients,
+        seconds=args.seconds,
+        repeats=args.repeats,
+        summary=summary,
+        runs=runs,
     )
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 0
 
 
-def run_clients(
-    ports: dict[str, int], run_dir: str, args: argparse.Namespace
-) -> dict[str, dict[str, list[dict[str, float]]]]:
-    """Start the client processes and run every measurement, repeats outermost."""
-    runs: dict[str, dict[str, list[dict[str, float]]]] = {
-        mode: {size: [] for size in SIZES} for mode in MODES
-    }
-    context = mp.get_context("spawn")
-    pipes = [context.Pipe() for _ in range(args.clients)]
-    processes = [
-        context.Process(target=client_process, args=(child, ports, run_dir))
-        for _parent, child in pipes
-    ]
-    for process in processes:
-        process.start()
-    conns = [parent for parent, _child in pipes]
-    try:
-        for conn in conns:
-            if conn.recv() != "ready":
-                raise RuntimeError("a client process failed to start")
-        for repeat in range(args.repeats):
-            print(f"repeat {repeat + 1}/{args.repeats}", file=sys.stderr)
-            for size, nbytes in SIZES.items():
-                for mode in MODES:
-                    runs[mode][size].append(measure(conns, mode, nbytes, args.seconds))
-    finally:
-        for conn in conns:
-            conn.send(None)
-        for process in processes:
-            process.join(30)
-    return runs
+def run_clients(appliance: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Run every measurement from ``args.clients`` client processes, repeats outermost."""
+    caller_args = (appliance.ports, str(appliance.run_dir))
+    with ClientPool(args.clients, functools.partial(mode_call, Caller)) as pool:
+        server = ProcessTree(appliance.process.pid)
+        return mode_grid(pool, MODES, SIZES, caller_args, args.seconds, args.repeats, server)
 
 
 def summarise(runs: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, Any]:
     table: dict[str, dict[str, dict[str, float]]] = {}
     for mode, by_size in runs.items():
-        table[mode] = {
-            size: {key: statistics.median(r[key] for r in repeats) for key in repeats[0]}
-            for size, repeats in by_size.items()
-        }
+        table[mode] = {size: median_row(repeats) for size, repeats in by_size.items()}
     ratios = {
         size: {
             "grpc_vs_direct_rps": table["grpc"][size]["rps"] / table["direct"][size]["rps"],
@@ -236,12 +163,15 @@ def summarise(runs: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, A
 
 def report(summary: dict[str, Any], clients: int) -> None:
     print(f"\nidentity, {clients} client processes, closed loop (medians over repeats)")
-    print(f"{'mode':>7} {'size':>6} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'MB/s':>8}")
+    print(
+        f"{'mode':>7} {'size':>6} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'MB/s':>8} "
+        f"{'srv us/req':>10}"
+    )
     for mode, by_size in summary["by_mode"].items():
         for size, row in by_size.items():
             print(
                 f"{mode:>7} {size:>6} {row['rps']:>9.0f} {row['p50_ms']:>8.3f} "
-                f"{row['p99_ms']:>8.3f} {row['mbps']:>8.1f}"
+                f"{row['p99_ms']:>8.3f} {row['mbps']:>8.1f} {row['server_cpu_us']:>10.0f}"
             )
     print("\nratios of throughput, same run:")
     for size, row in summary["ratios"].items():

@@ -28,19 +28,16 @@ import argparse
 import asyncio
 import contextlib
 import io
-import os
 import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 from kubemo.client import Client as KubemoClient
 from kubemo.serialize import Text
 
@@ -53,6 +50,7 @@ from appliance.protocols.mip.client import (  # noqa: E402
     encode_request,
     tensor_item,
 )
+from bench.loadgen import latency_stats, thread_loop, write_results  # noqa: E402
 from tests.system.harness import demo_models, running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "mip.json"
@@ -112,41 +110,10 @@ def tensor(nbytes: int) -> np.ndarray:
     return np.random.default_rng(0).random(max(1, nbytes // 4), dtype=np.float32)
 
 
-def closed_loop(call: Callable[[int], None], count: int, inflight: int) -> dict[str, float]:
-    """Run ``count`` calls from ``inflight`` threads; ``call(i)`` knows its thread."""
-    latencies: list[float] = []
-    lock = threading.Lock()
-    per_thread = max(1, count // inflight)
-
-    def worker(index: int) -> None:
-        mine = []
-        for _ in range(per_thread):
-            start = time.perf_counter()
-            call(index)
-            mine.append(time.perf_counter() - start)
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(inflight)]
-    began = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - began
-    latencies.sort()
-    done = len(latencies)
-    return {
-        "p50_us": latencies[done // 2] * 1e6,
-        "p99_us": latencies[min(done - 1, int(done * 0.99))] * 1e6,
-        "rps": done / elapsed,
-        "elapsed_s": elapsed,
-    }
-
-
 def measure(call: Callable[[int], None], count: int, inflight: int) -> dict[str, float]:
-    closed_loop(call, max(inflight, count // 10), inflight)  # warm up
-    return closed_loop(call, count, inflight)
+    """Run ``count`` calls from ``inflight`` threads; ``call(i)`` knows its thread."""
+    warmup = max(1, count // 10 // inflight)
+    return thread_loop(lambda index: lambda: call(index), count, inflight, warmup)
 
 
 def tensor_path(port: int, x: np.ndarray, count: int, inflight: int) -> dict[str, float]:
@@ -193,13 +160,7 @@ def internal_async_path(client: Any, x: np.ndarray, count: int) -> dict[str, flo
     began = time.perf_counter()
     latencies = asyncio.run(loop())
     elapsed = (time.perf_counter() - began) * count / len(latencies)
-    latencies = sorted(latencies[count // 10 :])
-    return {
-        "p50_us": latencies[count // 2] * 1e6,
-        "p99_us": latencies[min(count - 1, int(count * 0.99))] * 1e6,
-        "rps": count / elapsed,
-        "elapsed_s": elapsed,
-    }
+    return {**latency_stats(latencies[count // 10 :], elapsed), "elapsed_s": elapsed}
 
 
 def kubemo_path(url: str, data: bytes, count: int) -> dict[str, float]:
@@ -349,19 +310,13 @@ def main() -> int:
             runs.append(one_repeat(app, client, (reference, tcp), counts, kcounts))
     table = summarise(runs)
     report(table)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_bytes(
-        orjson.dumps(
-            {
-                "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-                "repeats": args.repeats,
-                "counts": counts,
-                "kubemo_counts": kcounts,
-                "summary": table,
-                "runs": runs,
-            },
-            option=orjson.OPT_INDENT_2,
-        )
+    write_results(
+        RESULTS,
+        repeats=args.repeats,
+        counts=counts,
+        kubemo_counts=kcounts,
+        summary=table,
+        runs=runs,
     )
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 0

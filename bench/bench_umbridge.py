@@ -28,8 +28,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -46,6 +46,7 @@ import umbridge
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.loadgen import thread_loop, write_results  # noqa: E402
 from tests.system.harness import demo_models, running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "umbridge.json"
@@ -124,43 +125,21 @@ def caller(url: str, kind: str) -> Callable[[float], list[list[float]]]:
 
 
 def closed_loop(url: str, kind: str, count: int, inflight: int) -> dict[str, float]:
-    """Run ``count`` Evaluate calls from ``inflight`` threads."""
-    latencies: list[float] = []
-    lock = threading.Lock()
-    failures: list[BaseException] = []
+    """Run ``count`` Evaluate calls from ``inflight`` threads, after a tenth to warm up."""
 
-    def worker(index: int) -> None:
-        try:
-            call = caller(url, kind)
-            mine = []
-            for i in range(count // inflight):
-                x = float(index * 100000 + i)
-                start = time.perf_counter()
-                reply = call(x)
-                mine.append(time.perf_counter() - start)
-                if reply != [[2.0 * x]]:
-                    raise AssertionError(f"forward({x}) returned {reply}")
-            with lock:
-                latencies.extend(mine)
-        except BaseException as ex:
-            failures.append(ex)
+    def make_call(index: int) -> Callable[[], None]:
+        evaluate = caller(url, kind)
+        numbers = itertools.count(index * 100000)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(inflight)]
-    began = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - began
-    if failures:
-        raise failures[0]
-    latencies.sort()
-    done = len(latencies)
-    return {
-        "p50_us": latencies[done // 2] * 1e6,
-        "p99_us": latencies[min(done - 1, int(done * 0.99))] * 1e6,
-        "rps": done / elapsed,
-    }
+        def call() -> None:
+            x = float(next(numbers))
+            reply = evaluate(x)
+            if reply != [[2.0 * x]]:
+                raise AssertionError(f"forward({x}) returned {reply}")
+
+        return call
+
+    return thread_loop(make_call, count, inflight, warmup=max(1, count // 10 // inflight))
 
 
 def measure(urls: dict[str, str], count: int) -> dict[str, Any]:
@@ -169,7 +148,6 @@ def measure(urls: dict[str, str], count: int) -> dict[str, Any]:
     for kind in CLIENTS:
         for inflight in INFLIGHT:
             for server, url in urls.items():
-                closed_loop(url, kind, max(inflight, count // 10), inflight)  # warm up
                 run[f"{server}/{kind}/{inflight}"] = closed_loop(url, kind, count, inflight)
     return run
 
@@ -218,17 +196,15 @@ def main() -> int:
             runs.append(measure(urls, count))
     summary = summarize(runs)
     print_table(summary)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    result = {
-        "bench": "umbridge",
-        "model": "forward",
-        "count": count,
-        "repeats": args.repeats,
-        "cpus": os.cpu_count(),
-        "summary": summary,
-        "runs": runs,
-    }
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(
+        RESULTS,
+        bench="umbridge",
+        model="forward",
+        count=count,
+        repeats=args.repeats,
+        summary=summary,
+        runs=runs,
+    )
     return 0
 
 

@@ -1,0 +1,347 @@
+"""End to end against peers: every protocol, MLServer, UM-Bridge and a falcon floor.
+
+One run, one machine, one load generator (bench/loadgen.py: client
+processes, each a closed loop with one request in flight, for a fixed time):
+
+1. Load: ``identity`` at 16 B, 16 KiB, 1 MiB and 16 MiB and ``digits`` (a
+   batch of 1) over KServe gRPC, REST (binary and JSON tensors) and system
+   shared memory (tritonclient), GRPS REST and gRPC, GraphPipe, UM-Bridge and
+   MIP, at 1, 4, 16 and 64 clients (trimmed: bench/plan.py says where).
+2. Peers in the same run, each in its own virtual environment under
+   bench/.peers/ (made on first use): MLServer 1.7.1 with parallel_workers 1
+   and 0 over V2 REST and gRPC (same tritonclient load), UM-Bridge's own
+   server, and a bare falcon+gunicorn app that answers in place (gthread, the
+   appliance's worker class, and sync). Ratios appliance/peer per row.
+3. Batching: digits at 64 clients, dynamic batching on (max_batch_size 64,
+   2 ms) and off (max_batch_size 0), over KServe gRPC, MIP and the internal
+   client.
+4. Scaling: 1, 2 and 4 model instances, and 1, 2 and 4 frontend processes
+   per protocol, at 16 clients (the machine has 2 cores).
+5. Results: bench/results/peers.json, bench/results/peers.png (latency
+   against throughput; matplotlib in bench/.peers/plot), and the table in
+   README.md's Performance section (full runs only).
+6. The issue's targets, printed as met / MISSED with the values.
+
+Server CPU per request (psutil, the server's whole process tree) is in every
+row: the Python load generator shares the 2 vCPUs, so throughput understates
+what the server alone could do. Usage::
+
+    python bench/bench_peers.py [--quick] [--seconds S] [--repeats R] [--no-scaling]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import callers, readme_table, report, servers  # noqa: E402
+from bench.loadgen import ClientPool, ProcessTree, write_results  # noqa: E402
+from bench.plan import (  # noqa: E402
+    APPLIANCE,
+    BATCHING_CLIENTS,
+    BATCHING_PROTOCOLS,
+    FULL_SWEEP,
+    PACED_SHARE,
+    PAYLOADS,
+    PEERS,
+    QUICK_1MIB,
+    QUICK_SWEEP,
+    SCALING,
+    SCALING_CELLS,
+    SCALING_CLIENTS,
+    SIZES,
+    SYSTEMS,
+    System,
+    appliance_models,
+    appliance_sections,
+    spec_for,
+)
+from tests.system.harness import running  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+README = ROOT / "README.md"
+STARTED = time.monotonic()
+# What the run needs after the load grid: paced, batching, scaling, plot.
+RESERVE_S = 200.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="about 2 minutes: fewer cells")
+    parser.add_argument("--seconds", type=float, help="per measurement (1.0; quick 0.5)")
+    parser.add_argument("--repeats", type=int, help="repeats of everything (3; quick 1)")
+    parser.add_argument("--no-scaling", action="store_true", help="skip the scaling part")
+    parser.add_argument("--no-peers", action="store_true", help="the appliance alone")
+    parser.add_argument(
+        "--budget-min",
+        type=float,
+        default=20.0,
+        help="the whole run's bound: no further repeat of the load grid starts if it would "
+        "end past it (the other parts take about 3 minutes)",
+    )
+    args = parser.parse_args()
+    args.seconds = args.seconds or (0.5 if args.quick else 1.0)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    record: dict[str, Any] = {
+        "args": vars(args),
+        "peers": {},
+        "rows": [],
+        "paced": [],
+        "batching": [],
+        "scaling": [],
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "grid_repeats": 0,
+        "grid_repeat_s": 0.0,
+    }
+    began = time.monotonic()
+    clients = ClientPool(
+        BATCHING_CLIENTS, callers.make_call, preload=callers.PRELOAD, method="forkserver"
+    )
+    with clients as pool:
+        print(f"{pool.size} client processes up ({time.monotonic() - began:.0f} s)")
+        main_phase(pool, args, record)
+        if not args.no_scaling:
+            scaling_phase(pool, args, record)
+    record["elapsed_s"] = time.monotonic() - began
+    finish(args, record)
+    return 0
+
+
+def log(text: str) -> None:
+    print(f"[{time.monotonic() - STARTED:6.0f} s] {text}", flush=True)
+
+
+def appliance_endpoints(appliance: Any) -> dict[str, Any]:
+    ports = appliance.ports
+    return {
+        "grpc": f"127.0.0.1:{ports['grpc']}",
+        "http": f"127.0.0.1:{ports['http']}",
+        "mip": {x["model"]: int(x["port"]) for x in appliance.state["mip_listeners"]},
+        "run_dir": str(appliance.run_dir),
+    }
+
+
+def peer_factories() -> dict[str, Callable[[], Any]]:
+    http = appliance_sections()["http"]
+    sizes = {label: n // 4 for label, n in SIZES.items() if label != "16MiB"}
+    return {
+        "mlserver-pw1": lambda: servers.mlserver(1),
+        "mlserver-pw0": lambda: servers.mlserver(0),
+        "umbridge": lambda: servers.umbridge_server(sizes),
+        "floor-gthread": lambda: servers.floor("gthread", http["workers"], http["threads"]),
+        "floor-sync": lambda: servers.floor("sync", http["workers"], 1),
+    }
+
+
+@contextlib.contextmanager
+def everything(args: argparse.Namespace, record: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The appliance and every peer that starts: endpoints and process trees by server."""
+    with contextlib.ExitStack() as stack:
+        appliance = stack.enter_context(running(appliance_models(), **appliance_sections()))
+        record["appliance"] = {"sections": appliance_sections(), "models": appliance_models()}
+        where = {"appliance": appliance_endpoints(appliance), "client": appliance.client()}
+        trees = {"appliance": ProcessTree(appliance.process.pid)}
+        log("appliance up")
+        for name, factory in ({} if args.no_peers else peer_factories()).items():
+            try:
+                server = stack.enter_context(factory())
+            except servers.PeerUnavailable as error:
+                record["peers"][name] = {"available": False, "reason": str(error)}
+                log(f"peer {name} unavailable: {error}")
+                continue
+            record["peers"][name] = {"available": True, "details": server.details}
+            where[name], trees[name] = server.urls, server.tree
+            log(f"peer {name} up")
+        yield {"where": where, "trees": trees}
+
+
+def main_phase(pool: ClientPool, args: argparse.Namespace, record: dict[str, Any]) -> None:
+    sweep = QUICK_SWEEP if args.quick else FULL_SWEEP
+    deadline = STARTED + args.budget_min * 60 - RESERVE_S
+    with everything(args, record) as servers_up:
+        where, trees = servers_up["where"], servers_up["trees"]
+        systems = [s for s in (*APPLIANCE, *PEERS) if s.server in where]
+        try:
+            for repeat in range(args.repeats):
+                began = time.monotonic()
+                if repeat and began + record["grid_repeat_s"] > deadline:
+                    log(f"load grid: {repeat} repeat(s); another would pass --budget-min")
+                    break
+                for payload in PAYLOADS:
+                    for system in systems:
+                        levels = system.levels(payload, sweep)
+                        if args.quick and payload == "1MiB" and system.name not in QUICK_1MIB:
+                            continue
+                        if levels:
+                            spec = spec_for(system, payload, where)
+                            for concurrency in levels:
+                                row = pool.measure(
+                                    spec, concurrency, args.seconds, trees[system.server]
+                                )
+                                record["rows"].append(tagged(row, system, payload, repeat))
+                            pool.release()
+                    log(f"repeat {repeat + 1}/{args.repeats}: {payload} done")
+                record["grid_repeats"] = repeat + 1
+                record["grid_repeat_s"] = time.monotonic() - began
+            paced(pool, args, record, where, trees)
+            batching(pool, args, record, where, trees)
+        finally:
+            pool.release()
+
+
+def tagged(row: dict[str, Any], system: System, payload: str, repeat: int) -> dict[str, Any]:
+    if row["errors"]:
+        print(f"  {system.name} {payload} c={row['concurrency']}: {row['error']}")
+    return {
+        "system": system.name,
+        "server": system.server,
+        "payload": payload,
+        "repeat": repeat,
+    } | row
+
+
+def paced(
+    pool: ClientPool,
+    args: argparse.Namespace,
+    record: dict[str, Any],
+    where: dict[str, Any],
+    trees: dict[str, ProcessTree],
+) -> None:
+    """p99 at equal offered load: 16 clients paced at a share of the slower server's rate."""
+    summary = report.summarise(record["rows"])
+    for ours, theirs in (
+        ("kserve-grpc", ("mlserver-pw1 grpc", "mlserver-pw0 grpc")),
+        ("kserve-rest-json", ("mlserver-pw1 rest-json", "mlserver-pw0 rest-json")),
+    ):
+        group = [SYSTEMS[ours], *(SYSTEMS[n] for n in theirs if SYSTEMS[n].server in where)]
+        rates = [report.cell(summary, s.name, "16B", 16) for s in group[:2]]
+        if len(group) < 2 or None in rates:
+            continue
+        rate = PACED_SHARE * min(row["rps"] for row in rates if row)
+        for repeat in range(args.repeats):
+            for system in group:
+                spec = spec_for(system, "16B", where)
+                row = pool.measure(spec, 16, args.seconds * 2, trees[system.server], rate=rate)
+                record["paced"].append(tagged(row, system, "16B", repeat))
+            pool.release()
+    log("paced done")
+
+
+def batching(
+    pool: ClientPool,
+    args: argparse.Namespace,
+    record: dict[str, Any],
+    where: dict[str, Any],
+    trees: dict[str, ProcessTree],
+) -> None:
+    """digits at 64 clients, batched (64 rows, 2 ms) and unbatched, per protocol."""
+    endpoint = {"kserve-grpc": "grpc", "mip": "mip", "direct": "run_dir"}
+    models = {"digits": "digits", "digits-unbatched": "digits_unbatched"}
+    for repeat in range(args.repeats):
+        for protocol in BATCHING_PROTOCOLS:
+            system = System(protocol, "appliance", protocol, endpoint[protocol])
+            for payload, model in models.items():
+                spec = spec_for(system, payload, where)
+                before = counters(where["client"], model)
+                row = pool.measure(spec, BATCHING_CLIENTS, args.seconds, trees["appliance"])
+                row |= batch_figures(before, counters(where["client"], model))
+                record["batching"].append(tagged(row, system, payload, repeat))
+            pool.release()
+    log("batching done")
+
+
+def counters(client: Any, model: str) -> dict[str, int]:
+    return {counter.name: value for counter, value in client.counters(model).items()}
+
+
+def batch_figures(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """Rows per batch, and the worker's compute and queue time, from its counters."""
+    delta = {key: after[key] - before[key] for key in before}
+    batches, rows, done = delta["BATCHES"], delta["BATCH_ROWS"], delta["SUCCESS"]
+    return {
+        "rows_per_batch": rows / batches if batches else math.nan,
+        "compute_us_per_row": delta["COMPUTE_NS"] / rows / 1e3 if rows else math.nan,
+        "queue_us_per_request": delta["QUEUE_NS"] / done / 1e3 if done else math.nan,
+    }
+
+
+def scaling_phase(pool: ClientPool, args: argparse.Namespace, record: dict[str, Any]) -> None:
+    """Throughput at 16 clients with more model instances, then more frontend processes."""
+    for instances, frontends in SCALING:
+        models = appliance_models(instances, umbridge=False)
+        with running(models, **appliance_sections(frontends)) as appliance:
+            where = {"appliance": appliance_endpoints(appliance)}
+            tree = ProcessTree(appliance.process.pid)
+            try:
+                for repeat in range(args.repeats):
+                    for name, payload in SCALING_CELLS:
+                        spec = spec_for(SYSTEMS[name], payload, where)
+                        row = pool.measure(spec, SCALING_CLIENTS, args.seconds, tree)
+                        row = tagged(row, SYSTEMS[name], payload, repeat)
+                        record["scaling"].append(
+                            row | {"instances": instances, "frontends": frontends}
+                        )
+                    pool.release()
+            finally:
+                pool.release()
+        log(f"scaling: {instances} instance(s), {frontends} frontend(s) done")
+
+
+def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
+    summary = report.summarise(record["rows"])
+    paced_rows = report.grouped_medians(record["paced"], ("system",))
+    batching_rows = report.grouped_medians(record["batching"], ("system", "payload"))
+    scaling_rows = report.grouped_medians(
+        record["scaling"], ("instances", "frontends", "system", "payload")
+    )
+    ratios = report.peer_ratios(summary)
+    targets = report.targets(summary, paced_rows, batching_rows)
+    report.print_grid(summary)
+    readme_table.print_extras(ratios, paced_rows, batching_rows, scaling_rows)
+    report.print_targets(targets)
+    name = "peers-quick" if args.quick else "peers"
+    results = RESULTS / f"{name}.json"
+    write_results(
+        results,
+        **record,
+        summary=summary,
+        ratios=ratios,
+        paced_summary=paced_rows,
+        batching_summary=batching_rows,
+        scaling_summary=scaling_rows,
+        targets=targets,
+    )
+    print(f"\nwrote {results.relative_to(ROOT)}")
+    plot(results, RESULTS / f"{name}.png")
+    if not args.quick:
+        text = readme_table.render(record, summary, ratios, batching_rows, scaling_rows, targets)
+        if readme_table.update(README, text):
+            print(f"updated the Performance table in {README.name}")
+
+
+def plot(results: Path, png: Path) -> None:
+    """Draw latency against throughput with matplotlib from its bench-only venv."""
+    try:
+        python = servers.plot_python()
+    except servers.PeerUnavailable as error:
+        print(f"no plot: {error}")
+        return
+    script = ROOT / "bench" / "peers" / "plot.py"
+    done = subprocess.run([str(python), str(script), str(results), str(png)], check=False)
+    if done.returncode == 0:
+        print(f"wrote {png.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

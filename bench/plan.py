@@ -1,0 +1,211 @@
+"""What bench_peers.py measures: payloads, systems, the sweep and its trims.
+
+A *system* is one server spoken to over one protocol by one client: the
+appliance over each of its protocols, and each peer over the protocol it
+shares with the appliance. Peers name the appliance system they are
+compared with (``versus``), so every peer row gets an appliance/peer ratio.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+SIZES = {"16B": 16, "16KiB": 16 << 10, "1MiB": MiB, "16MiB": 16 * MiB}
+PAYLOADS = ("16B", "16KiB", "1MiB", "16MiB", "digits")
+
+# Concurrency (client processes, one request in flight each) per payload.
+# Trimmed so the full run stays near 20 minutes on 2 vCPUs: 64 clients only
+# where requests are small (16 B, digits); 16 MiB only at 1 and 4 (64 MiB in
+# flight already exceeds the default rings, and the client copies dominate).
+FULL_SWEEP: dict[str, tuple[int, ...]] = {
+    "16B": (1, 4, 16, 64),
+    "16KiB": (1, 16),
+    "1MiB": (1, 4, 16),
+    "16MiB": (1, 4),
+    "digits": (1, 4, 16, 64),
+}
+# --quick: what the targets need, and digits.
+QUICK_SWEEP: dict[str, tuple[int, ...]] = {"16B": (1, 16), "1MiB": (16,), "digits": (1, 16)}
+# --quick measures 1 MiB only where a target needs it, and over shared memory.
+QUICK_1MIB = {
+    "kserve-grpc",
+    "kserve-rest-json",
+    "kserve-shm",
+    "mlserver-pw1 grpc",
+    "mlserver-pw1 rest-json",
+}
+# JSON wires carry 1 MiB of FP32 as 3-5 MB of text, which the Python clients
+# take ~0.5 s of CPU to build and parse: 1 MiB up to 4 clients, except the
+# pair the issue's 1 MiB REST target compares (16 clients); 16 MiB (40-80 MB
+# of text) not at all.
+JSON_CAPS = {"16MiB": 0, "1MiB": 4}
+JSON_TARGET_CAPS = {"16MiB": 0}
+UMBRIDGE_CAPS = {"16MiB": 0, "1MiB": 4}
+
+
+@dataclass(frozen=True)
+class System:
+    """A server, the protocol a client speaks to it, and what it is compared with."""
+
+    name: str
+    server: str  # "appliance" or a peer's name
+    protocol: str  # a key of bench.callers.BUILDERS
+    endpoint: str  # which of the server's URLs: grpc, http, mip
+    options: dict[str, Any] = field(default_factory=dict)
+    caps: dict[str, int] = field(default_factory=dict)  # payload -> highest concurrency
+    versus: str | None = None  # the appliance system a peer is compared with
+
+    def levels(self, payload: str, sweep: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+        cap = self.caps.get(payload, 1 << 30)
+        return tuple(c for c in sweep.get(payload, ()) if c <= cap)
+
+
+REST_JSON = {"binary": False}
+APPLIANCE = (
+    System("kserve-grpc", "appliance", "kserve-grpc", "grpc"),
+    System("kserve-rest", "appliance", "kserve-rest", "http"),
+    System("kserve-rest-json", "appliance", "kserve-rest", "http", REST_JSON, JSON_TARGET_CAPS),
+    System("kserve-shm", "appliance", "kserve-shm", "grpc"),
+    System("grps-rest", "appliance", "grps-rest", "http", caps=JSON_CAPS),
+    # GRPS's GenericTensor carries repeated floats: 16 MiB is 4 M list items per side.
+    System("grps-grpc", "appliance", "grps-grpc", "grpc", caps={"16MiB": 1}),
+    System("graphpipe", "appliance", "graphpipe", "http"),
+    System("umbridge", "appliance", "umbridge", "http", caps=UMBRIDGE_CAPS),
+    System("mip", "appliance", "mip", "mip"),
+)
+FLOOR_CAPS = {"digits": 0}
+PEERS = (
+    System("mlserver-pw1 grpc", "mlserver-pw1", "kserve-grpc", "grpc", versus="kserve-grpc"),
+    System(
+        "mlserver-pw1 rest-json",
+        "mlserver-pw1",
+        "kserve-rest",
+        "rest",
+        REST_JSON,
+        JSON_TARGET_CAPS,
+        versus="kserve-rest-json",
+    ),
+    System("mlserver-pw0 grpc", "mlserver-pw0", "kserve-grpc", "grpc", versus="kserve-grpc"),
+    System(
+        "mlserver-pw0 rest-json",
+        "mlserver-pw0",
+        "kserve-rest",
+        "rest",
+        REST_JSON,
+        JSON_CAPS,
+        versus="kserve-rest-json",
+    ),
+    System(
+        "umbridge-ref", "umbridge", "umbridge", "umbridge", caps=UMBRIDGE_CAPS, versus="umbridge"
+    ),
+    System(
+        "floor-gthread",
+        "floor-gthread",
+        "kserve-rest",
+        "rest",
+        caps=FLOOR_CAPS,
+        versus="kserve-rest",
+    ),
+    System(
+        "floor-sync", "floor-sync", "kserve-rest", "rest", caps=FLOOR_CAPS, versus="kserve-rest"
+    ),
+)
+SYSTEMS = {system.name: system for system in (*APPLIANCE, *PEERS)}
+# Protocols with no peer that installs here (PEERS.md §5): GRPS ships no
+# pip package, GraphPipe's servers are Go binaries, KubeMo is a proof of concept.
+NO_PEER = {
+    "kserve-shm": "MLServer has no system shared-memory extension",
+    "grps-rest": "NetEase GRPS has no pip package (PEERS.md §5)",
+    "grps-grpc": "NetEase GRPS has no pip package (PEERS.md §5)",
+    "graphpipe": "GraphPipe's servers are Go binaries, not on PyPI",
+    "mip": "KubeMo's server is a proof of concept (bench_mip.py compares it)",
+}
+
+# Scaling: (model instances, frontend processes per protocol), each its own appliance.
+SCALING = ((1, 1), (2, 1), (4, 1), (1, 2), (1, 4))
+SCALING_CELLS = (
+    ("kserve-rest", "16B"),
+    ("kserve-grpc", "16B"),
+    ("kserve-grpc", "digits-unbatched"),
+)
+SCALING_CLIENTS = 16
+BATCHING_CLIENTS = 64
+BATCHING_PROTOCOLS = ("kserve-grpc", "mip", "direct")
+BATCH_DELAY_MS = 2.0
+# Equal offered load: this share of the slower server's closed-loop 16-client rate.
+PACED_SHARE = 0.7
+
+
+def payload_spec(payload: str) -> dict[str, Any]:
+    if payload.startswith("digits"):
+        served = "digits_unbatched" if payload == "digits-unbatched" else "digits"
+        return {"model": "digits", "served_as": served}
+    return {"model": "identity", "nbytes": SIZES[payload]}
+
+
+def spec_for(system: System, payload: str, endpoints: dict[str, Any]) -> dict[str, Any]:
+    """The caller spec (bench.callers) for ``system`` at ``payload``."""
+    spec: dict[str, Any] = {"protocol": system.protocol, **system.options}
+    spec.update(payload_spec(payload))
+    where = endpoints[system.server]
+    if system.protocol == "umbridge" and payload in SIZES:
+        spec["served_as"] = f"umb_identity_{payload}"
+    if system.endpoint == "mip":
+        spec["host"], spec["port"] = "127.0.0.1", where["mip"][spec.get("served_as", spec["model"])]
+    else:
+        spec["url"] = where[system.endpoint]
+    if system.protocol == "direct":
+        spec["run_dir"] = where["run_dir"]
+    return spec
+
+
+def appliance_sections(frontends: int | None = None) -> dict[str, Any]:
+    """Config sections as `make run` has them (appliance/default.toml), ports 0.
+
+    Access logs are off here, as they are for every peer.
+    """
+    defaults = tomllib.loads((ROOT / "appliance" / "default.toml").read_text())
+    sections: dict[str, Any] = {"server": {"access_log": False}}
+    for name in ("http", "grpc", "mip", "shm"):
+        table = {k: v for k, v in defaults[name].items() if k not in ("port", "listeners")}
+        if frontends is not None and name in ("http", "grpc", "mip"):
+            table["workers"] = frontends
+        sections[name] = table
+    listeners = [{"port": 0, "model": m} for m in ("identity", "digits", "digits_unbatched")]
+    sections["mip"]["listeners"] = listeners
+    return sections
+
+
+def appliance_models(instances: int = 1, umbridge: bool = True) -> list[dict[str, Any]]:
+    """identity and digits as in default.toml, digits unbatched, and UM-Bridge's identities."""
+    models: list[dict[str, Any]] = [
+        {
+            "name": "identity",
+            "class": "appliance.demos.identity:Identity",
+            "response_ring_bytes": 128 * MiB,
+        },
+        {
+            "name": "digits",
+            "class": "appliance.demos.digits:Digits",
+            "max_batch_size": 64,
+            "max_queue_delay_ms": BATCH_DELAY_MS,
+        },
+        {"name": "digits_unbatched", "class": "appliance.demos.digits:Digits", "max_batch_size": 0},
+    ]
+    for label, nbytes in SIZES.items():
+        if umbridge and label != "16MiB":
+            models.append(
+                {
+                    "name": f"umb_identity_{label}",
+                    "class": "bench.peers.appliance_models:FixedIdentity",
+                    "options": {"size": nbytes // 4},
+                }
+            )
+    for model in models:
+        model["instances"] = instances
+    return models

@@ -1,0 +1,243 @@
+"""bench_peers.py's tables: the console's extras and README.md's Performance section.
+
+:func:`render` builds the markdown that :func:`update` puts between the
+``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers in README.md, so a
+rerun replaces the table and nothing else.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.plan import NO_PEER, PEERS, SYSTEMS
+from bench.report import Summary, cell, find, ratio
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+LABELS = {
+    "kserve-grpc": "appliance, KServe gRPC",
+    "kserve-rest": "appliance, KServe REST (binary)",
+    "kserve-rest-json": "appliance, KServe REST (JSON)",
+    "kserve-shm": "appliance, KServe gRPC + system shm",
+    "grps-rest": "appliance, GRPS REST (JSON)",
+    "grps-grpc": "appliance, GRPS gRPC",
+    "graphpipe": "appliance, GraphPipe",
+    "umbridge": "appliance, UM-Bridge (JSON)",
+    "mip": "appliance, MIP (TENSOR items)",
+    "mlserver-pw1 grpc": "MLServer 1.7.1 pw=1, gRPC",
+    "mlserver-pw1 rest-json": "MLServer 1.7.1 pw=1, REST (JSON)",
+    "mlserver-pw0 grpc": "MLServer 1.7.1 pw=0, gRPC",
+    "mlserver-pw0 rest-json": "MLServer 1.7.1 pw=0, REST (JSON)",
+    "umbridge-ref": "UM-Bridge 1.2.10 server",
+    "floor-gthread": "falcon+gunicorn floor, gthread",
+    "floor-sync": "falcon+gunicorn floor, sync",
+}
+# (header, payload, concurrency, key): the README's columns.
+COLUMNS = (
+    ("16 B c=1 p50 ms", "16B", 1, "p50_ms"),
+    ("16 B c=16 req/s", "16B", 16, "rps"),
+    ("16 B c=16 p99 ms", "16B", 16, "p99_ms"),
+    ("16 B c=16 server µs/req", "16B", 16, "server_cpu_us"),
+    ("16 KiB c=16 req/s", "16KiB", 16, "rps"),
+    ("1 MiB c=16 req/s", "1MiB", 16, "rps"),
+    ("16 MiB c=4 req/s", "16MiB", 4, "rps"),
+    ("digits c=64 req/s", "digits", 64, "rps"),
+)
+
+
+def fmt(value: float | None, key: str = "rps") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if key in ("p50_ms", "p99_ms"):
+        return f"{value:.2f}"
+    if key == "ratio":
+        return f"{value:.2f}x"
+    return f"{value:,.0f}"
+
+
+def grid_table(summary: Summary) -> list[str]:
+    lines = [
+        "| system | " + " | ".join(c[0] for c in COLUMNS) + " |",
+        "|---" * (len(COLUMNS) + 1) + "|",
+    ]
+    for name in SYSTEMS:
+        if name not in summary:
+            continue
+        values = []
+        for _header, payload, concurrency, key in COLUMNS:
+            row = cell(summary, name, payload, concurrency)
+            values.append(fmt(row[key] if row else None, key))
+        lines.append(f"| {LABELS[name]} | " + " | ".join(values) + " |")
+    return lines
+
+
+def ratio_table(summary: Summary) -> list[str]:
+    lines = [
+        "| appliance / peer | " + " | ".join(c[0] for c in COLUMNS) + " |",
+        "|---" * (len(COLUMNS) + 1) + "|",
+    ]
+    for peer in PEERS:
+        if peer.name not in summary or peer.versus is None:
+            continue
+        values = []
+        for _header, payload, concurrency, key in COLUMNS:
+            ours = cell(summary, peer.versus, payload, concurrency)
+            theirs = cell(summary, peer.name, payload, concurrency)
+            both = ours is not None and theirs is not None
+            values.append(fmt(ratio(ours[key], theirs[key]) if both else None, "ratio"))
+        label = f"{LABELS[peer.versus].removeprefix('appliance, ')} / {LABELS[peer.name]}"
+        lines.append(f"| {label} | " + " | ".join(values) + " |")
+    return lines
+
+
+def batching_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| digits, 64 clients | batched req/s | p99 ms | server µs/req | rows/batch "
+        "| unbatched req/s | p99 ms | server µs/req | req/s ratio | server µs/req ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for protocol in sorted({r["system"] for r in rows}):
+        on = find(rows, system=protocol, payload="digits")
+        off = find(rows, system=protocol, payload="digits-unbatched")
+        cells = [
+            fmt(on and on["rps"]),
+            fmt(on and on["p99_ms"], "p99_ms"),
+            fmt(on and on["server_cpu_us"]),
+            fmt(on and on["rows_per_batch"], "p50_ms"),
+            fmt(off and off["rps"]),
+            fmt(off and off["p99_ms"], "p99_ms"),
+            fmt(off and off["server_cpu_us"]),
+            fmt(ratio(on and on["rps"], off and off["rps"]), "ratio"),
+            fmt(ratio(off and off["server_cpu_us"], on and on["server_cpu_us"]), "ratio"),
+        ]
+        lines.append(f"| {protocol} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
+    cells = sorted({(r["system"], r["payload"]) for r in rows})
+    head = " | ".join(f"{s} {p} req/s (server µs/req)" for s, p in cells)
+    lines = [f"| model instances | frontends | {head} |", "|---|---|" + "---|" * len(cells)]
+    for instances, frontends in sorted({(r["instances"], r["frontends"]) for r in rows}):
+        values = []
+        for system, payload in cells:
+            row = find(
+                rows, instances=instances, frontends=frontends, system=system, payload=payload
+            )
+            values.append(f"{fmt(row and row['rps'])} ({fmt(row and row['server_cpu_us'])})")
+        lines.append(f"| {instances} | {frontends} | " + " | ".join(values) + " |")
+    return lines
+
+
+def target_lines(targets: list[dict[str, Any]]) -> list[str]:
+    lines = ["| target | value | limit | verdict | measured |", "|---|---|---|---|---|"]
+    for item in targets:
+        verdict = {True: "met", False: "**MISSED**", None: "not measured"}[item["met"]]
+        value = fmt(item["value"], "ratio")
+        lines.append(
+            f"| {item['target']} | {value} | {item['limit']} | {verdict} | {item['detail']} |"
+        )
+    return lines
+
+
+def render(
+    record: dict[str, Any],
+    summary: Summary,
+    ratios: list[dict[str, Any]],
+    batching: list[dict[str, Any]],
+    scaling: list[dict[str, Any]],
+    targets: list[dict[str, Any]],
+) -> str:
+    """The markdown between the README's markers."""
+    del ratios  # the ratio table is computed from the summary, column by column
+    args = record["args"]
+    when = datetime.date.today().isoformat()
+    start = ", ".join(f"{x:.1f}" for x in record["load_average_start"])
+    end = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    out = [
+        f"Measured by `bench/bench_peers.py` on {when}: {os.cpu_count()} vCPUs, Python "
+        f"{sys.version.split()[0]}, load average {start} at the start and {end} at the end; "
+        f"{record['grid_repeats']} repeat(s) of {args['seconds']:g} s per cell, medians; the "
+        "whole run took "
+        f"{record['elapsed_s'] / 60:.0f} min. c = client processes, each with one request in "
+        "flight. The load generator shares the 2 vCPUs with the server: server µs/req (CPU "
+        "of the server's whole process tree per request, psutil) does not depend on it.",
+        "",
+        *grid_table(summary),
+        "",
+        "Ratios, appliance over peer, same client and wire (req/s: higher is better for the "
+        "appliance; latency and µs/req: lower is):",
+        "",
+        *ratio_table(summary),
+        "",
+        "Targets (issue 10):",
+        "",
+        *target_lines(targets),
+        "",
+        "Dynamic batching (`digits`, max_batch_size 64 and max_queue_delay_ms 2 against 0; "
+        "the last column is unbatched over batched server CPU per request, what batching "
+        "saves the server whatever the load generator can drive):",
+        "",
+        *batching_table(batching),
+        "",
+        "Scaling at 16 clients. **This machine has 2 cores**: past two busy processes, more "
+        "instances or frontends only share them, so the numbers show the cost of growth, "
+        "not a speed-up:",
+        "",
+        *scaling_table(scaling),
+        "",
+        *_peer_notes(record),
+        "",
+        "![latency against throughput](bench/results/peers.png)",
+    ]
+    return "\n".join(out)
+
+
+def _peer_notes(record: dict[str, Any]) -> list[str]:
+    notes = [f"- No peer for {name}: {why}." for name, why in NO_PEER.items()]
+    for name, peer in record["peers"].items():
+        if not peer["available"]:
+            notes.append(f"- {name} could not run here: {peer['reason']}")
+    notes.append(
+        "- MLServer speaks no binary tensor extension over REST: its REST rows (and the "
+        "appliance rows they are compared with) carry JSON tensors."
+    )
+    return notes
+
+
+def update(readme: Path, text: str) -> bool:
+    """Replace what stands between the markers; False (and a warning) without them."""
+    body = readme.read_text()
+    start, end = body.find(BEGIN), body.find(END)
+    if start < 0 or end < start:
+        print(f"{readme.name} has no {BEGIN} ... {END} markers: table not written")
+        return False
+    readme.write_text(body[: start + len(BEGIN)] + "\n" + text + "\n" + body[end:])
+    return True
+
+
+def print_extras(
+    ratios: list[dict[str, Any]],
+    paced: list[dict[str, Any]],
+    batching: list[dict[str, Any]],
+    scaling: list[dict[str, Any]],
+) -> None:
+    print("\nappliance / peer, same client and wire (rps: >1 better; p50, p99, cpu: <1 better)")
+    for r in ratios:
+        print(
+            f"  {r['appliance']:>17} / {r['peer']:<24}{r['payload']:>7} c={r['concurrency']:<3}"
+            f" rps {r['rps']:6.2f}  p50 {r['p50']:6.2f}  p99 {r['p99']:6.2f}"
+            f"  cpu {r['server_cpu']:6.2f}"
+        )
+    print("\nequal offered load, 16 clients, 16 B (paced; latency from the scheduled time)")
+    for r in paced:
+        print(
+            f"  {r['system']:<24} offered {r['offered_rps']:7.0f}  got {r['rps']:7.0f}"
+            f"  p50 {r['p50_ms']:7.3f}  p99 {r['p99_ms']:7.3f} ms"
+        )
+    print("\n" + "\n".join(batching_table(batching)))
+    print("\nscaling (2 vCPUs)\n" + "\n".join(scaling_table(scaling)))

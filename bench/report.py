@@ -1,0 +1,256 @@
+"""bench_peers.py's numbers: medians, appliance/peer ratios, the issue's targets.
+
+Everything here reads the run's record (rows of every repeat) and returns
+plain data; bench/readme_table.py turns it into markdown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from bench.loadgen import median_row
+from bench.plan import PEERS, SYSTEMS
+
+Summary = dict[str, dict[str, dict[int, dict[str, Any]]]]
+
+
+def summarise(rows: list[dict[str, Any]]) -> Summary:
+    """Medians over repeats: summary[system][payload][concurrency] -> row."""
+    grouped: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        grouped[(row["system"], row["payload"], row["concurrency"])].append(row)
+    summary: Summary = defaultdict(lambda: defaultdict(dict))
+    for (system, payload, concurrency), repeats in grouped.items():
+        merged = median_row(repeats)
+        merged["repeats"] = len(repeats)
+        merged["errors"] = sum(r["errors"] for r in repeats)
+        merged["error"] = next((r["error"] for r in repeats if r["error"]), None)
+        summary[system][payload][concurrency] = merged
+    return summary
+
+
+def cell(summary: Summary, system: str, payload: str, concurrency: int) -> dict[str, Any] | None:
+    row = summary.get(system, {}).get(payload, {}).get(concurrency)
+    if row is None or not row["requests"]:
+        return None
+    return row
+
+
+def ratio(a: float | None, b: float | None) -> float:
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return math.nan
+    return a / b
+
+
+def peer_ratios(summary: Summary) -> list[dict[str, Any]]:
+    """appliance/peer per row: throughput, p50, p99 and server CPU per request."""
+    out = []
+    for peer in PEERS:
+        assert peer.versus is not None
+        for payload, by_level in summary.get(peer.name, {}).items():
+            for concurrency, theirs in by_level.items():
+                ours = cell(summary, peer.versus, payload, concurrency)
+                if ours is None or not theirs["requests"]:
+                    continue
+                out.append(
+                    {
+                        "appliance": peer.versus,
+                        "peer": peer.name,
+                        "payload": payload,
+                        "concurrency": concurrency,
+                        "rps": ratio(ours["rps"], theirs["rps"]),
+                        "p50": ratio(ours["p50_ms"], theirs["p50_ms"]),
+                        "p99": ratio(ours["p99_ms"], theirs["p99_ms"]),
+                        "server_cpu": ratio(ours["server_cpu_us"], theirs["server_cpu_us"]),
+                    }
+                )
+    return out
+
+
+def grouped_medians(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Medians of rows that agree on ``keys`` (paced, batching and scaling rows)."""
+    grouped: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        grouped[tuple(row[k] for k in keys)].append(row)
+    out = []
+    for repeats in grouped.values():
+        merged = median_row(repeats)
+        merged["repeats"] = len(repeats)
+        merged["errors"] = sum(r["errors"] for r in repeats)
+        out.append(merged)
+    return out
+
+
+def find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    for row in rows:
+        if all(row.get(k) == v for k, v in match.items()) and row["requests"]:
+            return row
+    return None
+
+
+def target(
+    name: str, value: float, limit: float, lower_is_better: bool, detail: str
+) -> dict[str, Any]:
+    met = None if math.isnan(value) else (value <= limit if lower_is_better else value >= limit)
+    sign = "<=" if lower_is_better else ">="
+    return {
+        "target": name,
+        "value": value,
+        "limit": f"{sign} {limit}",
+        "met": met,
+        "detail": detail,
+    }
+
+
+def targets(
+    summary: Summary, paced: list[dict[str, Any]], batching: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The issue's targets, each computed from this run's medians."""
+
+    def get(system: str, payload: str, concurrency: int, key: str) -> float | None:
+        row = cell(summary, system, payload, concurrency)
+        return None if row is None else float(row[key])
+
+    out = []
+    ours = get("kserve-rest-json", "16B", 1, "p50_ms")
+    for peer, limit in (("mlserver-pw1 rest-json", 0.35), ("mlserver-pw0 rest-json", 1.0)):
+        theirs = get(peer, "16B", 1, "p50_ms")
+        out.append(
+            target(
+                f"1 client, 16 B, KServe REST p50 vs {peer}",
+                ratio(ours, theirs),
+                limit,
+                True,
+                f"{_ms(ours)} vs {_ms(theirs)} (tritonclient.http, JSON tensors both sides)",
+            )
+        )
+    for payload, limit in (("16B", 2.0), ("1MiB", 3.0)):
+        for ours_name, peer in (
+            ("kserve-rest-json", "mlserver-pw1 rest-json"),
+            ("kserve-grpc", "mlserver-pw1 grpc"),
+        ):
+            a, b = cell(summary, ours_name, payload, 16), cell(summary, peer, payload, 16)
+            detail = _throughput_detail(a, b)
+            if ours_name == "kserve-rest-json":
+                binary = cell(summary, "kserve-rest", payload, 16)
+                rps = _rps(binary and binary["rps"])
+                detail += f"; appliance with binary tensors (tritonclient's default): {rps} req/s"
+            out.append(
+                target(
+                    f"16 clients, {payload}, {ours_name} throughput vs {peer}",
+                    ratio(a and a["rps"], b and b["rps"]),
+                    limit,
+                    False,
+                    detail,
+                )
+            )
+    out += _paced_targets(paced)
+    out += _floor_targets(get)
+    out += _batching_targets(batching)
+    return out
+
+
+def _paced_targets(paced: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for ours_name, peer in (
+        ("kserve-rest-json", "mlserver-pw1 rest-json"),
+        ("kserve-grpc", "mlserver-pw1 grpc"),
+    ):
+        a, b = find(paced, system=ours_name), find(paced, system=peer)
+        rate = a["offered_rps"] if a else math.nan
+        out.append(
+            target(
+                f"16 clients, 16 B, {ours_name} p99 at equal offered load vs {peer}",
+                ratio(a and a["p99_ms"], b and b["p99_ms"]),
+                1.0,
+                True,
+                f"{_ms(a and a['p99_ms'])} vs {_ms(b and b['p99_ms'])} at {rate:.0f} req/s offered",
+            )
+        )
+    return out
+
+
+def _floor_targets(get: Any) -> list[dict[str, Any]]:
+    ours, floor = get("kserve-rest", "16B", 1, "p50_ms"), get("floor-gthread", "16B", 1, "p50_ms")
+    out = [
+        target(
+            "1 client, 16 B, KServe REST p50 vs the falcon+gunicorn floor (gthread)",
+            ratio(ours, floor),
+            1.5,
+            True,
+            f"{_ms(ours)} vs {_ms(floor)} (binary tensors both sides)",
+        )
+    ]
+    ours, floor = get("kserve-rest", "16B", 16, "rps"), get("floor-gthread", "16B", 16, "rps")
+    out.append(
+        target(
+            "16 clients, 16 B, floor (gthread) throughput / KServe REST throughput",
+            ratio(floor, ours),
+            1.5,
+            True,
+            f"{_rps(floor)} vs {_rps(ours)} req/s",
+        )
+    )
+    return out
+
+
+def _batching_targets(batching: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for protocol in sorted({row["system"] for row in batching}):
+        on = find(batching, system=protocol, payload="digits")
+        off = find(batching, system=protocol, payload="digits-unbatched")
+        out.append(
+            target(
+                f"64 clients, digits over {protocol}: batching on / off throughput",
+                ratio(on and on["rps"], off and off["rps"]),
+                3.0,
+                False,
+                _throughput_detail(on, off)
+                + f"; {on['rows_per_batch'] if on else math.nan:.1f} rows per batch",
+            )
+        )
+    return out
+
+
+def _throughput_detail(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+    """req/s, then CPU per request of each server and of the clients driving it."""
+    if a is None or b is None:
+        return "not measured"
+    return (
+        f"{_rps(a['rps'])} vs {_rps(b['rps'])} req/s; server CPU {a['server_cpu_us']:,.0f} vs "
+        f"{b['server_cpu_us']:,.0f} µs/req; client CPU {a['client_cpu_us']:,.0f} vs "
+        f"{b['client_cpu_us']:,.0f} µs/req"
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:.3f} ms"
+
+
+def _rps(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:,.0f}"
+
+
+def print_grid(summary: Summary) -> None:
+    print(
+        f"\n{'system':<24}{'payload':>8}{'c':>4}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'srv us/req':>11}{'cli us/req':>11}{'errors':>7}"
+    )
+    for name in SYSTEMS:
+        for payload, by_level in summary.get(name, {}).items():
+            for concurrency, row in sorted(by_level.items()):
+                print(
+                    f"{name:<24}{payload:>8}{concurrency:>4}{row['rps']:>9.0f}"
+                    f"{row['p50_ms']:>9.3f}{row['p99_ms']:>9.3f}{row['server_cpu_us']:>11.0f}"
+                    f"{row['client_cpu_us']:>11.0f}{row['errors']:>7}"
+                )
+
+
+def print_targets(results: list[dict[str, Any]]) -> None:
+    print("\ntargets (ratios measured in this run; this machine: 2 vCPUs, noisy):")
+    for item in results:
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[item["met"]]
+        print(f"  {item['target']}: {item['value']:.2f} ({item['limit']}) {verdict}")
+        print(f"      {item['detail']}")

@@ -1,0 +1,278 @@
+"""Peer servers for bench_peers.py, each in a virtual environment of its own.
+
+Every peer is installed by pip into ``bench/.peers/<name>/`` (git-ignored) on
+first use and reused while its requirement list is unchanged; none of it is
+ever a dependency of the appliance. A peer that cannot be installed or
+started raises :class:`PeerUnavailable` with the reason, and the benchmark
+goes on without it.
+
+Peers: Seldon MLServer 1.7.1 (V2 REST and gRPC, ``parallel_workers`` 1 and
+0), UM-Bridge's own Python server, and a bare falcon+gunicorn app (the floor
+of a Python HTTP frontend) with the gthread and the sync worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import requests
+
+from bench.loadgen import ProcessTree
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS_DIR = ROOT / "bench" / ".peers"
+PEER_CODE = ROOT / "bench" / "peers"
+DIGITS_WEIGHTS = ROOT / "appliance" / "demos" / "digits_weights.npz"
+INSTALL_TIMEOUT_S = 900.0
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 20.0
+# MLServer 1.7.1's parallel workers crash-loop under the uvloop it resolves
+# (0.22+): pin 0.21.0 (PEERS.md §5).
+MLSERVER = ["mlserver==1.7.1", "uvloop==0.21.0"]
+UMBRIDGE = ["umbridge==1.2.10", "numpy"]
+PLOT = ["matplotlib==3.11.2"]
+
+
+class PeerUnavailable(Exception):
+    """A peer could not be installed or started here; the message says why."""
+
+
+def floor_requirements() -> list[str]:
+    """The floor runs the appliance's own falcon, gunicorn (and C parser) and orjson."""
+    names = ("falcon", "gunicorn", "gunicorn-h1c", "orjson")
+    pins = []
+    for name in names:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            pins.append(f"{name}=={importlib.metadata.version(name)}")
+    return pins
+
+
+def ensure_venv(name: str, requirements: list[str]) -> Path:
+    """Return ``bench/.peers/<name>/bin``, creating the environment if needed.
+
+    Raises:
+        PeerUnavailable: venv or pip failed (the log's tail is in the message).
+    """
+    home = PEERS_DIR / name
+    marker = home / ".requirements"
+    wanted = "\n".join(requirements)
+    PEERS_DIR.mkdir(parents=True, exist_ok=True)
+    with (PEERS_DIR / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another benchmark may be installing it
+        if marker.exists() and marker.read_text() == wanted and (home / "bin/python").exists():
+            return home / "bin"
+        shutil.rmtree(home, ignore_errors=True)
+        print(f"installing {name} into {home.relative_to(ROOT)}: {wanted}", file=sys.stderr)
+        base = getattr(sys, "_base_executable", sys.executable)
+        log = PEERS_DIR / f"{name}.log"
+        steps = [
+            [base, "-m", "venv", str(home)],
+            [str(home / "bin/python"), "-m", "pip", "install", "--quiet", *requirements],
+        ]
+        with log.open("w") as out:
+            for step in steps:
+                try:
+                    code = subprocess.run(
+                        step, stdout=out, stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT_S
+                    ).returncode
+                except subprocess.TimeoutExpired:
+                    code = -1
+                if code:
+                    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+                    raise PeerUnavailable(f"{name}: {' '.join(step[:4])} failed: {tail}")
+        marker.write_text(wanted)
+    return home / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class PeerServer:
+    """A running peer: its URLs and its process tree."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    urls: dict[str, str]
+    log: Path
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tree(self) -> ProcessTree:
+        return ProcessTree(self.process.pid)
+
+    def stop(self) -> None:
+        """SIGTERM the root, wait, then SIGKILL whatever of its tree is left (by PID)."""
+        try:
+            family = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.Error:
+            family = []
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        _gone, alive = psutil.wait_procs(family, timeout=5)
+        for child in alive:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+
+@contextlib.contextmanager
+def started(
+    name: str,
+    argv: list[str],
+    urls: dict[str, str],
+    ready: Callable[[], bool],
+    cwd: Path,
+    env: dict[str, str] | None = None,
+) -> Iterator[PeerServer]:
+    """Start a peer, wait until ``ready()``, stop it when the block ends.
+
+    Raises:
+        PeerUnavailable: it exited or was not ready within START_TIMEOUT_S.
+    """
+    log = PEERS_DIR / f"{name}.server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    server = PeerServer(name, process, urls, log)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _poll(ready):
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+                raise PeerUnavailable(f"{name} did not start: {tail}")
+            time.sleep(0.2)
+        yield server
+    finally:
+        server.stop()
+
+
+def _poll(ready: Callable[[], bool]) -> bool:
+    try:
+        return ready()
+    except (requests.RequestException, OSError):
+        return False
+
+
+def http_ok(*urls: str) -> Callable[[], bool]:
+    return lambda: all(requests.get(url, timeout=2).status_code == 200 for url in urls)
+
+
+@contextlib.contextmanager
+def mlserver(parallel_workers: int) -> Iterator[PeerServer]:
+    """MLServer serving identity and digits (bench/peers/mlserver_models.py)."""
+    bin_dir = ensure_venv("mlserver", MLSERVER)
+    ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    with tempfile.TemporaryDirectory(prefix="bench-mlserver-") as repo:
+        settings = {
+            # debug false: no per-request access log, as the appliance runs here.
+            "debug": False,
+            "parallel_workers": parallel_workers,
+            "host": "127.0.0.1",
+            "http_port": ports["http"],
+            "grpc_port": ports["grpc"],
+            "metrics_port": ports["metrics"],
+            "grpc_max_message_length": 1 << 30,
+        }
+        models = {
+            "identity": {"implementation": "mlserver_models.Identity"},
+            "digits": {
+                "implementation": "mlserver_models.Digits",
+                "parameters": {"uri": str(DIGITS_WEIGHTS)},
+            },
+        }
+        Path(repo, "settings.json").write_text(json.dumps(settings))
+        for model, body in models.items():
+            Path(repo, model).mkdir()
+            Path(repo, model, "model-settings.json").write_text(json.dumps({"name": model, **body}))
+        base = f"http://127.0.0.1:{ports['http']}"
+        ready = http_ok(*(f"{base}/v2/models/{m}/ready" for m in models))
+        urls = {"rest": f"127.0.0.1:{ports['http']}", "grpc": f"127.0.0.1:{ports['grpc']}"}
+        argv = [str(bin_dir / "mlserver"), "start", repo]
+        env = {"PYTHONPATH": str(PEER_CODE)}
+        name = f"mlserver-pw{parallel_workers}"
+        with started(name, argv, urls, ready, Path(repo), env) as server:
+            server.details = {"version": "1.7.1", "settings": settings}
+            yield server
+
+
+@contextlib.contextmanager
+def umbridge_server(sizes: dict[str, int]) -> Iterator[PeerServer]:
+    """UM-Bridge's own server with fixed-size identities and digits."""
+    bin_dir = ensure_venv("umbridge", UMBRIDGE)
+    port = free_port()
+    argv = [
+        str(bin_dir / "python"),
+        str(PEER_CODE / "umbridge_server.py"),
+        str(port),
+        str(DIGITS_WEIGHTS),
+        *(f"{label}={size}" for label, size in sizes.items()),
+    ]
+    url = f"127.0.0.1:{port}"
+    ready = http_ok(f"http://{url}/Info")
+    with started("umbridge", argv, {"umbridge": url}, ready, PEER_CODE) as server:
+        server.details = {"version": "1.2.10", "server": "umbridge.serve_models (aiohttp)"}
+        yield server
+
+
+@contextlib.contextmanager
+def floor(worker_class: str, workers: int, threads: int) -> Iterator[PeerServer]:
+    """bench/peers/floor_app.py under gunicorn with ``worker_class`` (gthread or sync)."""
+    requirements = floor_requirements()
+    bin_dir = ensure_venv("floor", requirements)
+    port = free_port()
+    argv = [
+        str(bin_dir / "gunicorn"),
+        f"--bind=127.0.0.1:{port}",
+        f"--workers={workers}",
+        f"--worker-class={worker_class}",
+        f"--threads={threads}",
+        "--keep-alive=30",  # as the appliance's HTTP frontend
+        "--backlog=2048",
+        "floor_app:app",
+    ]
+    url = f"127.0.0.1:{port}"
+    ready = http_ok(f"http://{url}/v2/health/ready")
+    with started(f"floor-{worker_class}", argv, {"rest": url}, ready, PEER_CODE) as server:
+        server.details = {
+            "requirements": requirements,
+            "worker_class": worker_class,
+            "workers": workers,
+            "threads": threads if worker_class == "gthread" else 1,
+        }
+        yield server
+
+
+def plot_python() -> Path:
+    """The interpreter of the bench-only environment that has matplotlib."""
+    return ensure_venv("plot", PLOT) / "python"
