@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     child.add_argument("--model", default="")
     child.add_argument("--snapshot", type=Path, help="model: the config snapshot to load")
     child.add_argument("--port", type=int, default=0)
+    child.add_argument("--listen-fd", type=int, help="HTTP: the inherited listening socket")
     child.add_argument("--worker-slots", default="0:0")
     child.add_argument("--index", type=int, default=0)
     child.add_argument("--listeners", default="", help="MIP: port=model,...")
@@ -125,7 +126,7 @@ def _child(args: argparse.Namespace) -> int:
     if args.role == "http":
         from appliance.frontends import http
 
-        return http.run(*common, args.port, args.worker_slots)
+        return http.run(*common, args.port, args.listen_fd, args.worker_slots)
     if args.role == "grpc":
         from appliance.frontends import grpc
 

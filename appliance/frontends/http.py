@@ -51,10 +51,18 @@ def create_app(client: ModelClient) -> App:
 class HttpApplication(BaseApplication):  # type: ignore[misc]
     """gunicorn, embedded; its settings come from the appliance config."""
 
-    def __init__(self, context: FrontendContext, slot: int, port: int, worker_slots: str) -> None:
+    def __init__(
+        self,
+        context: FrontendContext,
+        slot: int,
+        port: int,
+        listen_fd: int | None,
+        worker_slots: str,
+    ) -> None:
         self.context = context
         self.slot = slot
         self.port = port
+        self.listen_fd = listen_fd
         first, count = (int(part) for part in worker_slots.split(":"))
         self.worker_slots = (first, count)
         self.client: ModelClient | None = None
@@ -62,12 +70,18 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
 
     def load_config(self) -> None:
         config = self.context.config
+        # The master's listening socket when it passes one (the normal case:
+        # its queue of connections outlives this process); else our own.
+        if self.listen_fd is not None:
+            bind = f"fd://{self.listen_fd}"
+        else:
+            bind = f"{config.server.host}:{self.port}"
         settings: dict[str, Any] = {
-            "bind": [f"{config.server.host}:{self.port}"],
+            "bind": [bind],
             "workers": config.http.workers,
             "worker_class": "appliance.frontends.httpworker.LingeringThreadWorker",
             "threads": config.http.threads,
-            "reuse_port": True,
+            "reuse_port": self.listen_fd is None,
             "timeout": int(config.http.timeout_s),
             "graceful_timeout": int(config.server.stop_timeout_s),
             "keepalive": 30,
@@ -107,10 +121,17 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
             self.client.close()
 
 
-def run(tree_dir: Path, master_pid: int, slot: int, port: int, worker_slots: str) -> int:
+def run(
+    tree_dir: Path,
+    master_pid: int,
+    slot: int,
+    port: int,
+    listen_fd: int | None,
+    worker_slots: str,
+) -> int:
     """Run the gunicorn arbiter until it is told to stop."""
     context = FrontendContext.open(tree_dir)
     logs.setup("http", context.config.server.log_level)
     become_child("http", master_pid)
-    HttpApplication(context, slot, port, worker_slots).run()
+    HttpApplication(context, slot, port, listen_fd, worker_slots).run()
     return 0

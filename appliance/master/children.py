@@ -40,6 +40,8 @@ class ChildSpec:
     model: str = ""
     instance: int = 0
     extra: tuple[str, ...] = ()
+    # Descriptors the child inherits under their own numbers (the HTTP listener).
+    pass_fds: tuple[int, ...] = ()
 
     @property
     def is_model(self) -> bool:
@@ -93,7 +95,11 @@ class Child:
             *spec.extra,
         ]
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, start_new_session=True, env=child_environment(tree)
+            argv,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=child_environment(tree),
+            pass_fds=spec.pass_fds,
         )
         self.started_at = time.monotonic()
         self.next_start = None

@@ -58,8 +58,14 @@ def make_plan(
     ports: dict[str, int],
     mip_listeners: list[tuple[int, str]],
     snapshot: Path,
+    http_listener_fd: int,
 ) -> Plan:
-    """Lay out slots and child specs for ``config`` with resolved ports."""
+    """Lay out slots and child specs for ``config`` with resolved ports.
+
+    Args:
+        http_listener_fd: the master's listening HTTP socket, which the
+            gunicorn arbiter inherits (see ``ports``).
+    """
     plan = Plan()
     slot = 0
     for model in config.models:
@@ -79,9 +85,12 @@ def make_plan(
             extra=(
                 "--port",
                 str(ports["http"]),
+                "--listen-fd",
+                str(http_listener_fd),
                 "--worker-slots",
                 f"{http_slot + 1}:{worker_count}",
             ),
+            pass_fds=(http_listener_fd,),
         )
     )
     slot = http_slot + 1 + worker_count

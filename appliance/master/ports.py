@@ -1,12 +1,19 @@
 """Reserve each frontend's TCP port before any child starts.
 
-Frontend processes of one kind share a port with SO_REUSEPORT. Port 0 must
-therefore become one concrete port first, or each process would get its
-own. The master binds (without listening) a SO_REUSEPORT socket on every
-configured port and keeps it for its lifetime: this finds the port for 0,
+gRPC and MIP frontend processes of one kind share a port with SO_REUSEPORT.
+Port 0 must therefore become one concrete port first, or each process would
+get its own. The master binds (without listening) a SO_REUSEPORT socket on
+every such port and keeps it for its lifetime: this finds the port for 0,
 fails early with a clear error when another program holds the port, and
 takes no connections itself, since only listening sockets join the kernel's
 reuseport group.
+
+The HTTP port is different: the master listens on it itself and hands the
+socket to the gunicorn arbiter, whose workers inherit it (``listen``). The
+kernel's queue of connections then outlives any HTTP process: while a
+killed arbiter is replaced, new connections wait in the queue instead of
+being refused, and a reuseport member's exit cannot reset connections
+queued on it.
 """
 
 from __future__ import annotations
@@ -27,13 +34,30 @@ def reserve(host: str, port: int, key: str) -> tuple[socket.socket, int]:
     Raises:
         PortError: the address is in use or cannot be bound.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    placeholder = socket.socket(family, socket.SOCK_STREAM)
-    placeholder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    placeholder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        placeholder.bind((host, port))
-    except OSError as ex:
-        placeholder.close()
-        raise PortError(f"cannot use {host}:{port} ({key}): {ex.strerror}") from None
+    placeholder = _bound(host, port, key, reuse_port=True)
     return placeholder, placeholder.getsockname()[1]
+
+
+def listen(host: str, port: int, key: str, backlog: int) -> tuple[socket.socket, int]:
+    """Listen on (host, port) for children to inherit; return it and the actual port.
+
+    Raises:
+        PortError: the address is in use or cannot be bound.
+    """
+    listener = _bound(host, port, key, reuse_port=False)
+    listener.listen(backlog)
+    return listener, listener.getsockname()[1]
+
+
+def _bound(host: str, port: int, key: str, *, reuse_port: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as ex:
+        sock.close()
+        raise PortError(f"cannot use {host}:{port} ({key}): {ex.strerror}") from None
+    return sock

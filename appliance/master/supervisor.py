@@ -19,6 +19,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,9 +34,9 @@ from appliance.ctl import ControlError, request
 from appliance.master import commands, sweep, systemd, watchdog
 from appliance.master.children import Child
 from appliance.master.control import ControlServer
-from appliance.master.drain import Drain
+from appliance.master.drain import Drain, Step
 from appliance.master.plan import Plan, make_plan
-from appliance.master.ports import PortError, reserve
+from appliance.master.ports import PortError, listen, reserve
 from appliance.master.reload import Reload
 from appliance.master.stats import ProcessStats
 from appliance.process import pid_alive
@@ -47,6 +48,9 @@ HOUSEKEEPING_S = 2.0
 # routed just before the mark still reach it and are served.
 RETIRE_DELAY_S = 0.5
 RATE_WINDOW_S = 10.0
+# gunicorn's own default: connections the kernel queues while every HTTP
+# worker is busy or being replaced.
+HTTP_BACKLOG = 2048
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _FRONTEND_ROLES = (Role.HTTP, Role.GRPC, Role.MIP)
 
@@ -73,6 +77,7 @@ class Supervisor:
         self.settled = False
         self.drain = Drain(config.server, self.go_offline, self.in_flight)
         self._placeholders: list[Any] = []
+        self._http_listener: socket.socket | None = None
         self._lock_fd: int | None = None
         self._control: ControlServer | None = None
         self._status: StatusTable | None = None
@@ -139,6 +144,8 @@ class Supervisor:
                     systemd.notify("READY=1", "STATUS=reload done")
         else:
             self._drain_wake = now + self.drain.advance(self.frontends(), self.models())
+            if self.drain.step >= Step.STOP_FRONTENDS:
+                self._close_http_listener()
         if now >= self._housekeeping_at:
             self._housekeeping_at = now + HOUSEKEEPING_S
             self._housekeeping()
@@ -169,7 +176,14 @@ class Supervisor:
         tree.dir.mkdir(mode=0o700)
         tree.metrics_dir.mkdir()
         self._reserve_ports()
-        self.plan = make_plan(self.config, self.ports, self.mip_listeners, tree.snapshot_path)
+        assert self._http_listener is not None
+        self.plan = make_plan(
+            self.config,
+            self.ports,
+            self.mip_listeners,
+            tree.snapshot_path,
+            self._http_listener.fileno(),
+        )
         self._status = StatusTable.create(tree.status_name, self.plan.n_slots, os.getpid())
         self.status.online = self.config.server.start_online
         write_snapshot(self.config, tree.snapshot_path)
@@ -218,7 +232,11 @@ class Supervisor:
         ]
         for name, port, key in wanted:
             try:
-                placeholder, actual = reserve(config.server.host, port, key)
+                if name == "http":
+                    placeholder, actual = listen(config.server.host, port, key, HTTP_BACKLOG)
+                    self._http_listener = placeholder
+                else:
+                    placeholder, actual = reserve(config.server.host, port, key)
             except PortError as ex:
                 raise StartError(str(ex)) from None
             self._placeholders.append(placeholder)
@@ -230,6 +248,18 @@ class Supervisor:
         ]
         for index in range(len(config.mip.listeners)):
             del self.ports[f"mip{index}"]
+
+    def _close_http_listener(self) -> None:
+        """Stop queueing HTTP connections once the HTTP frontend is stopping.
+
+        Its processes close their copies as they stop; the master's copy
+        would otherwise keep accepting connections nobody will serve.
+        """
+        listener = self._http_listener
+        if listener is not None:
+            self._http_listener = None
+            self._placeholders.remove(listener)
+            listener.close()
 
     def _install_signals(self) -> None:
         read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
