@@ -12,8 +12,10 @@ shared-memory segments and sends only their names in the JSON request::
     values are float64 in native byte order; shmem_name is "/umbridge".
 
 SAFETY: the segments belong to the client, which creates and unlinks them.
-The server maps each one with os.open + mmap for one request and unmaps it
-afterwards; it never unlinks (so no multiprocessing.shared_memory, whose
+The server reads and writes each one with os.pread and os.pwrite, never
+mmap: a client that shrinks its segment mid-request then makes a short read
+(an InvalidInput error), where a mapping would kill the frontend process
+with SIGBUS. It never unlinks (so no multiprocessing.shared_memory, whose
 resource tracker would), and it checks every size against the segment's
 real size before touching it. Names are confined to UM-Bridge's ``umbridge``
 prefix, so a request can never reach the appliance's own rings or any other
@@ -22,7 +24,6 @@ file under /dev/shm.
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import stat
@@ -128,10 +129,15 @@ def read_segment(name: str, count: int) -> Vector:
     nbytes = count * _ITEM.itemsize
     fd = _open(name, os.O_RDONLY, nbytes)
     try:
-        with mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ) as mapping:
-            return np.frombuffer(mapping[:nbytes], dtype=_ITEM)
+        data = os.pread(fd, nbytes, 0)
     finally:
         os.close(fd)
+    if len(data) < nbytes:
+        raise invalid_input(
+            f"shared-memory segment /{name} shrank to {len(data)} bytes while it was read; "
+            f"the request needs {nbytes}"
+        )
+    return np.frombuffer(data, dtype=_ITEM)
 
 
 def write_segment(name: str, vector: Vector) -> None:
@@ -145,8 +151,7 @@ def write_segment(name: str, vector: Vector) -> None:
         return
     fd = _open(name, os.O_RDWR, len(data))
     try:
-        with mmap.mmap(fd, len(data), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mapping:
-            mapping[: len(data)] = data
+        os.pwrite(fd, data, 0)
     finally:
         os.close(fd)
 
