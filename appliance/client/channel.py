@@ -19,7 +19,8 @@ more than a small request's whole round trip (LIMITS.md: ~110 us vs ~55 us).
 So when its process has a single request in flight, a thread first polls
 for the reply for up to ``spin_us`` before it blocks: the CPU would idle
 anyway, and the reply is usually there before the spin ends. Under load
-(more than one request in flight) threads block at once and spend no CPU.
+(more than one request in flight, or more runnable threads on the host than
+CPUs: ``idlecpu``) threads block at once and spend no CPU.
 """
 
 from __future__ import annotations
