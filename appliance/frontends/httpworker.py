@@ -215,8 +215,10 @@ class LingeringThreadWorker(ThreadWorker):  # type: ignore[misc]
                 state = _read_available(conn, self._body_limit)
                 if state is not None:
                     break
+                # Part of the request is in the buffer: wait on the socket
+                # itself, not on the buffer (which would spin till the deadline).
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._readable_soon(conn, remaining):
+                if remaining <= 0 or not _readable_within(conn.sock, remaining):
                     # Whatever arrived stays in the parser's buffer; the
                     # poller reads the rest once the thread lets go.
                     return False
@@ -230,11 +232,15 @@ class LingeringThreadWorker(ThreadWorker):  # type: ignore[misc]
         # selector (four system calls) every time.
         if conn.parser is not None and conn.parser.unreader.buf.getbuffer().nbytes:
             return True  # a pipelined request already waits in the buffer
-        try:
-            readable, _, _ = select.select([conn.sock], [], [], wait_s)
-        except (OSError, ValueError):
-            return False
-        return bool(readable)
+        return _readable_within(conn.sock, wait_s)
+
+
+def _readable_within(sock: Any, wait_s: float) -> bool:
+    try:
+        readable, _, _ = select.select([sock], [], [], wait_s)
+    except (OSError, ValueError):
+        return False
+    return bool(readable)
 
 
 def _read_available(conn: Any, body_limit: int) -> bool | None:
