@@ -16,9 +16,11 @@ Two changes to gunicorn's gthread worker:
   the poller as usual, and no thread lingers while every thread is busy.
 
 When the worker must stop (SIGTERM, or its arbiter died), it closes its
-listening sockets at once: the port is shared with SO_REUSEPORT, and a
-listener that stays open but no longer accepts would keep receiving new
-connections from the kernel and leave them hanging. The kernel sends this
+copy of the listening socket at once and stops accepting; the master's
+socket (see ``master/ports.py``) keeps queueing connections for the other
+workers or the next arbiter. Without a master's socket the port is shared
+with SO_REUSEPORT, and a listener that stayed open without accepting would
+keep receiving connections and leave them hanging. The kernel sends this
 worker SIGTERM when its arbiter dies (PR_SET_PDEATHSIG).
 
 Configured as ``appliance.frontends.httpworker.LingeringThreadWorker``.
