@@ -33,7 +33,6 @@ import zmq
 
 from appliance.client.aio import AsyncChannel
 from appliance.client.channel import Channel
-from appliance.client.idlecpu import IdleCpu
 from appliance.client.routing import Router, Target
 from appliance.config import ApplianceConfig, read_snapshot
 from appliance.core.descriptor import (
@@ -153,7 +152,6 @@ class ModelClient:
         self._metadata: dict[str, tuple[float, float, ModelMetadata, int]] = {}
         self._inflight = 0
         self._spin_budget_s = config.server.spin_wait_us / 1e6
-        self._idle_cpu = IdleCpu()
         self._pid = os.getpid()
         self._closed = False
 
@@ -672,9 +670,7 @@ class ModelClient:
 
     def _spin_s(self) -> float:
         """How long a waiting thread may poll before it blocks (see channel)."""
-        if self._inflight > 1 or not self._spin_budget_s or not self._idle_cpu.available():
-            return 0.0
-        return self._spin_budget_s
+        return self._spin_budget_s if self._inflight <= 1 else 0.0
 
     def _adjust_inflight(self, delta: int) -> None:
         with self._lock:
@@ -697,7 +693,6 @@ class ModelClient:
         self._context.destroy(linger=0)
         self._reader.close()
         self._ring.close()
-        self._idle_cpu.close()
 
 
 @contextlib.contextmanager

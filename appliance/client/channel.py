@@ -19,8 +19,10 @@ more than a small request's whole round trip (LIMITS.md: ~110 us vs ~55 us).
 So when its process has a single request in flight, a thread first polls
 for the reply for up to ``spin_us`` before it blocks: the CPU would idle
 anyway, and the reply is usually there before the spin ends. Under load
-(more than one request in flight, or more runnable threads on the host than
-CPUs: ``idlecpu``) threads block at once and spend no CPU.
+threads block at once and spend no CPU: with more than one request in
+flight in the process, or while replies have lately taken longer than the
+spin (many client processes on a busy host, or a slow model), when a spin
+would burn a CPU that the model worker needs.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from appliance.core.descriptor import DescriptorError, Kind, Message, from_frame
 from appliance.errors import DeadlineExceeded, WorkerLost
 
 SLICE_MS = 50
+# Weight of the newest wait in the moving average: about the last eight count.
+WAIT_WEIGHT = 0.125
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
@@ -81,6 +85,9 @@ class Channel:
         self._router = router
         self._on_stray = on_stray
         self._spin_s = spin_s
+        # Moving average of how long replies take: a spin pays only while they
+        # usually come within it (see the module's PERF note).
+        self._typical_wait_s = 0.0
         self._pushes: dict[int, tuple[int, zmq.Socket[bytes]]] = {}
         self._inbox: dict[int, deque[Message]] = {}
         self._timeout_ms = SLICE_MS
@@ -127,8 +134,9 @@ class Channel:
         box = self._inbox[request_id]
         replies = self._replies
         spin_s = self._spin_s()
-        if spin_s and not box:
-            self._spin(box, time.perf_counter() + spin_s)
+        started = time.perf_counter()
+        if spin_s and not box and self._typical_wait_s < spin_s:
+            self._spin(box, started + spin_s)
         while not box:
             timeout_ms = SLICE_MS
             if deadline:
@@ -146,6 +154,8 @@ class Channel:
                     raise worker_lost(target) from None
                 continue
             self._route(frame)
+        waited = time.perf_counter() - started
+        self._typical_wait_s += (waited - self._typical_wait_s) * WAIT_WEIGHT
         return box.popleft()
 
     def _spin(self, box: deque[Message], until: float) -> None:
