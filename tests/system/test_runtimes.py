@@ -242,3 +242,54 @@ def test_load_and_unload_while_serving(
     assert traffic.failures == []
     assert traffic.calls > 0
     appliance.remember_pids()
+
+
+def test_older_versions_answer_under_the_models_name(holdout: Any) -> None:
+    # Two versions of one ONNX model, both served (versions = "all"): Triton
+    # clients reach the older one as version 1 of the model, not by its
+    # served name digits_onnx.v1.
+    root = Path(tempfile.mkdtemp(prefix="repo-", dir="/tmp"))
+    run_dir = new_run_dir()
+    try:
+        for version in ("1", "2"):
+            (root / "digits_onnx" / version).mkdir(parents=True)
+            shutil.copy(
+                EXAMPLES / "digits_onnx" / "1" / "model.onnx",
+                root / "digits_onnx" / version / "model.onnx",
+            )
+        config = make_config(run_dir, [])
+        config["repositories"] = [{"path": str(root), "versions": "all"}]
+        served = start(config)
+        try:
+            grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.ports['grpc']}")
+            rest = httpclient.InferenceServerClient(f"127.0.0.1:{served.ports['http']}")
+            try:
+                metadata = rest.get_model_metadata("digits_onnx")
+                assert metadata["versions"] == ["1", "2"]
+                assert grpc_client.is_model_ready("digits_onnx", "1")
+                assert rest.is_model_ready("digits_onnx", "2")
+                pixels = holdout[0][:3]
+                want = classify(grpc_client, "digits_onnx", pixels)
+                tensor = grpcclient.InferInput("pixels", list(pixels.shape), "FP32")
+                tensor.set_data_from_numpy(pixels)
+                old = grpc_client.infer("digits_onnx", [tensor], model_version="1")
+                assert old.get_response().model_version == "1"
+                np.testing.assert_allclose(old.as_numpy("probabilities"), want, rtol=1e-6)
+                rest_tensor = httpclient.InferInput("pixels", list(pixels.shape), "FP32")
+                rest_tensor.set_data_from_numpy(pixels)
+                via_rest = rest.infer("digits_onnx", [rest_tensor], model_version="1")
+                np.testing.assert_allclose(via_rest.as_numpy("probabilities"), want, rtol=1e-6)
+                error = failure(
+                    lambda: grpc_client.infer("digits_onnx", [tensor], model_version="7")
+                )
+                assert error.status() == "StatusCode.NOT_FOUND"
+                assert "version 7 is not found; it has version(s) 1, 2" in error.message()
+            finally:
+                grpc_client.close()
+                rest.close()
+        finally:
+            served.stop()
+            served.assert_clean()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)

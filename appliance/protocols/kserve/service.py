@@ -9,7 +9,7 @@ both transports answer the same thing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import appliance
@@ -48,18 +48,40 @@ def server_metadata() -> dict[str, Any]:
     return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
 
 
+def served_name(client: ModelClient, model: str, version: str) -> str:
+    """Return the served model that answers for ``version`` of ``model``.
+
+    A model repository serves a model's newest version under its name and
+    older ones as ``<name>.v<N>`` (repository.py); Triton clients ask for
+    those as ``/v2/models/<name>/versions/<N>``.
+    """
+    if version:
+        older = f"{model}.v{version}"
+        if older in client.models():
+            return older
+    return model
+
+
+def all_versions(client: ModelClient, model: str, newest: Sequence[str]) -> list[str]:
+    """The versions served for ``model``: its own and its ``.v<N>`` siblings'."""
+    prefix = f"{model}.v"
+    older = [name[len(prefix) :] for name in client.models() if name.startswith(prefix)]
+    return sorted({*older, *newest}, key=lambda v: (len(v), v))
+
+
 def resolve(client: ModelClient, model: str, version: str) -> ModelMetadata:
-    """Return a model's metadata, checking the version asked for.
+    """Return the metadata of the model serving ``version`` of ``model``.
 
     Raises:
         ModelNotFound: no such model, or no such version of it.
         ModelNotReady: the model has not loaded yet.
     """
-    metadata = client.metadata(model)
+    metadata = client.metadata(served_name(client, model, version))
     if version and version not in metadata.versions:
+        versions = all_versions(client, model, metadata.versions)
         raise ModelNotFound(
             f"Request for unknown model: '{model}' version {version} is not found; "
-            f"it has version(s) {', '.join(metadata.versions) or 'none'}"
+            f"it has version(s) {', '.join(versions) or 'none'}"
         )
     return metadata
 
@@ -77,7 +99,7 @@ def model_ready(client: ModelClient, model: str, version: str) -> bool:
     """Online, the model has a ready instance, and serves that version."""
     if model not in client.models() or not client.status.online:
         return False
-    if not client.model_ready(model):
+    if not client.model_ready(served_name(client, model, version)):
         return False
     try:
         resolve(client, model, version)
@@ -88,9 +110,10 @@ def model_ready(client: ModelClient, model: str, version: str) -> bool:
 
 def model_metadata(client: ModelClient, model: str, version: str) -> dict[str, Any]:
     metadata = resolve(client, model, version)
+    versions = [version] if version else all_versions(client, model, metadata.versions)
     return {
         "name": model,
-        "versions": list(metadata.versions),
+        "versions": versions,
         "platform": metadata.platform,
         "inputs": [spec.to_dict() for spec in metadata.inputs or ()],
         "outputs": [spec.to_dict() for spec in metadata.outputs or ()],
@@ -135,7 +158,7 @@ def model_statistics(client: ModelClient, model: str, version: str) -> list[dict
             raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
         if version:
             resolve(client, model, version)
-        names = [model]
+        names = [served_name(client, model, version)]
     else:
         names = client.models()
     return [_statistics(client, name) for name in names]
@@ -194,13 +217,15 @@ def infer(
     client copies them once into its ring); outputs asked for in shared
     memory are written into the client's region and carry no data back.
     """
+    model = request.model
     if request.version:
-        resolve(client, request.model, request.version)
+        resolve(client, model, request.version)
+        model = served_name(client, model, request.version)
     inputs = _inputs(regions, request)
     views = _output_views(regions, request)
     names = None if request.outputs is None else [o.name for o in request.outputs]
     parameters = request.model_parameters()
-    with client.infer(request.model, inputs, names, parameters, timeout_s) as result:
+    with client.infer(model, inputs, names, parameters, timeout_s) as result:
         yield _outputs(request, result.outputs, views)
 
 
@@ -208,13 +233,15 @@ def stream(
     client: ModelClient, regions: RegionTable, request: InferRequest, timeout_s: float | None
 ) -> Iterator[list[OutputData]]:
     """Yield the outputs of each part a streaming (decoupled) model sends."""
+    model = request.model
     if request.version:
-        resolve(client, request.model, request.version)
+        resolve(client, model, request.version)
+        model = served_name(client, model, request.version)
     if any(output.shm for output in request.outputs or ()):
         raise BadRequest("outputs of a streamed (decoupled) model cannot go to shared memory")
     inputs = _inputs(regions, request)
     names = None if request.outputs is None else [o.name for o in request.outputs]
-    parts = client.stream(request.model, inputs, names, request.model_parameters(), timeout_s)
+    parts = client.stream(model, inputs, names, request.model_parameters(), timeout_s)
     try:
         for part in parts:
             yield _outputs(request, part.outputs, {})
