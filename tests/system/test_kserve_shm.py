@@ -282,6 +282,28 @@ def test_shm_errors_are_clear_and_harmless(both: tuple[Client, Module], regions:
         client.get_system_shared_memory_status("ghost")
 
 
+def test_a_segment_shrunk_after_registration_is_refused_not_fatal(
+    both: tuple[Client, Module], regions: Any
+) -> None:
+    # Touching a mapping past the end of a shrunk file would SIGBUS the
+    # frontend; the server checks the size and answers with an error instead.
+    client, module = both
+    inp = regions("input_data", 128)
+    regions("output_data", 128)
+    shm.set_shared_memory_region(inp, [IN0])
+    shm.set_shared_memory_region(inp, [IN1], offset=64)
+    client.register_system_shared_memory("input_data", key("input_data"), 128)
+    client.register_system_shared_memory("output_data", key("output_data"), 128)
+    simple_over_shm(client, module)  # mapped now, in the process that served it
+    for _ in range(4):  # reach every frontend process, whichever serves a call
+        os.truncate(Path("/dev/shm", key("output_data")[1:]), 16)
+        error = failure(lambda: simple_over_shm(client, module))
+        assert "shrank to 16 bytes" in error.message()
+    os.truncate(Path("/dev/shm", key("output_data")[1:]), 128)
+    sum_out, _ = simple_over_shm(client, module)  # every process still serves
+    assert list(field(sum_out, "shape")) == [1, 16]
+
+
 def test_readiness_when_a_model_has_no_ready_instance(appliance: Appliance) -> None:
     for client in (grpc_client(appliance), http_client(appliance)):
         assert client.is_server_live()

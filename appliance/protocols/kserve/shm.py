@@ -69,6 +69,8 @@ class Region:
 class _Mapping:
     serial: int
     map: mmap.mmap
+    # Kept open to check the segment's size before each use (see view()).
+    fd: int
 
 
 def segment_path(key: str) -> Path:
@@ -190,15 +192,26 @@ class RegionTable:
                     f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
                     f"{ref.byte_size} exceed the {region.byte_size} bytes of region {region.name!r}"
                 )
-            mapping = self._mapping(region)
+            held = self._mapping(region)
+            # SAFETY: touching a mapped page past the end of a segment the
+            # client has since shrunk would kill this process with SIGBUS.
+            # Checking the size first narrows that to a client truncating
+            # the segment during this very request.
+            length = region.offset + region.byte_size
+            size = os.fstat(held.fd).st_size
+            if size < length:
+                raise BadRequest(
+                    f"shared memory key {region.key!r} shrank to {size} bytes, fewer than "
+                    f"region {region.name!r} needs ({length}); register it again"
+                )
         start = region.offset + ref.offset
-        return memoryview(mapping)[start : start + ref.byte_size]
+        return memoryview(held.map)[start : start + ref.byte_size]
 
     def close(self) -> None:
         """Unmap everything this process mapped (at exit)."""
         with self._lock:
             for name in list(self._maps):
-                self._retire(self._maps.pop(name).map)
+                self._forget(self._maps.pop(name))
 
     def _region(self, name: str) -> Region:
         region = self._regions.get(name)
@@ -208,10 +221,10 @@ class RegionTable:
             )
         return region
 
-    def _mapping(self, region: Region) -> mmap.mmap:
+    def _mapping(self, region: Region) -> _Mapping:
         held = self._maps.get(region.name)
         if held is not None and held.serial == region.serial:
-            return held.map
+            return held
         fd, info = _open_segment(region.key)
         try:
             if (info.st_dev, info.st_ino) != (region.device, region.inode):
@@ -226,13 +239,15 @@ class RegionTable:
                     f"than region {region.name!r} needs ({length})"
                 )
             mapped = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
         if held is not None:
-            self._retire(held.map)
-        self._maps[region.name] = _Mapping(region.serial, mapped)
+            self._forget(held)
+        fresh = _Mapping(region.serial, mapped, fd)
+        self._maps[region.name] = fresh
         self._start_sweeper()
-        return mapped
+        return fresh
 
     # -- keeping in step with the file -------------------------------------------
 
@@ -252,8 +267,13 @@ class RegionTable:
             current = self._regions.get(name)
             if current is None or current.serial != held.serial:
                 del self._maps[name]
-                self._retire(held.map)
+                self._forget(held)
         self._retired = [m for m in self._retired if not _try_close(m)]
+
+    def _forget(self, held: _Mapping) -> None:
+        with contextlib.suppress(OSError):
+            os.close(held.fd)
+        self._retire(held.map)
 
     def _retire(self, mapping: mmap.mmap) -> None:
         if not _try_close(mapping):
