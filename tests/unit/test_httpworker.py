@@ -43,3 +43,19 @@ def test_oversized_headers_go_to_the_parser_to_be_refused() -> None:
 def test_a_declared_length_over_the_limit_is_refused_at_once() -> None:
     assert request_complete(HEAD + f"Content-Length: {LIMIT + 1}\r\n\r\n".encode(), LIMIT)
     assert not request_complete(HEAD + f"Content-Length: {LIMIT + 1}\r\n\r\n".encode(), 1 << 30)
+
+
+def test_a_prefix_with_the_buffers_size_and_tail_says_the_same() -> None:
+    # The poller passes the first bytes, the whole size and the last five,
+    # so it never copies a large body to ask.
+    head = b"POST /x HTTP/1.1\r\nContent-Length: 1000\r\n\r\n"
+    whole = head + b"a" * 1000
+    for cut in (len(head) - 1, len(head), len(head) + 999, len(whole)):
+        data = whole[:cut]
+        prefix = data[:64]
+        assert request_complete(prefix, LIMIT, len(data), data[-5:]) == request_complete(
+            data, LIMIT
+        )
+    chunked = b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    assert request_complete(chunked[:60], LIMIT, len(chunked), chunked[-5:])
+    assert not request_complete(chunked[:60], LIMIT, len(chunked) - 2, chunked[-7:-2])
