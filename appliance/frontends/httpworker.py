@@ -46,10 +46,10 @@ from appliance.process import die_with_parent
 LINGER_S = 0.005
 # Bodies up to this size arrive whole before a thread is committed; larger
 # ones stream into the thread, which keeps its memory use what it was.
-# PERF: kept small because gunicorn's body reader takes 1 KiB at a time and
-# its Unreader copies everything it buffers on each take: a 1 MiB body read
-# ahead into that buffer took 40 ms to hand to the app (about 2 GB copied).
-PREREAD_BYTES = 64 * 1024
+# PERF: needs gunicorn >= 27, whose body reader takes a read-ahead buffer in
+# large steps; 26 took 1 KiB at a time, copying the whole buffer each time
+# (a 1 MiB body read ahead took 40 ms to reach the app).
+PREREAD_BYTES = 1 << 20
 # A request whose headers (or small body) take longer is dropped.
 REQUEST_DEADLINE_S = 30.0
 # Bounds each blocking read of a large body, and writing a response.
