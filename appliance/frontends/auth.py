@@ -42,7 +42,7 @@ import grpc
 import orjson
 
 from appliance.config import ApplianceConfig, read_tokens
-from appliance.frontends.observe import Handler, Interceptor, protocol_of_path
+from appliance.frontends.observe import Handler, Interceptor, protocol_of_path, rebuild
 
 log = logging.getLogger("appliance.auth")
 
@@ -231,21 +231,7 @@ def _refusing(handler: Handler, message: str) -> Handler:
     def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    kinds = (
-        ("unary_unary", grpc.unary_unary_rpc_method_handler),
-        ("unary_stream", grpc.unary_stream_rpc_method_handler),
-        ("stream_unary", grpc.stream_unary_rpc_method_handler),
-        ("stream_stream", grpc.stream_stream_rpc_method_handler),
-    )
-    for attribute, build in kinds:
-        if getattr(handler, attribute) is not None:
-            built: Handler = build(
-                refuse,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-            return built
-    return handler
+    return rebuild(handler, lambda _behavior: refuse)
 
 
 def grpc_interceptors(config: ApplianceConfig) -> list[Any]:

@@ -281,7 +281,7 @@ def _read_available(conn: Any, body_limit: int) -> bool | None:
 
 def _buffer_complete(buffer: io.BytesIO, body_limit: int) -> bool:
     # PERF: a body arrives in many reads; copying the whole buffer to look at
-    # it after each one made reading a 1 MiB body quadratic (40 ms).
+    # it after each one would make gathering a large body quadratic.
     with buffer.getbuffer() as view:
         size = view.nbytes
         prefix = bytes(view[: HEADER_BYTES + 4])

@@ -78,21 +78,29 @@ class GrpcObserver(Interceptor):
         method = details.method
         protocol = next((p for prefix, p in _SERVICES if method.startswith(prefix)), "grpc")
         wrap = _unary if not handler.response_streaming else _streaming
-        kinds = (
-            ("unary_unary", grpc.unary_unary_rpc_method_handler),
-            ("unary_stream", grpc.unary_stream_rpc_method_handler),
-            ("stream_unary", grpc.stream_unary_rpc_method_handler),
-            ("stream_stream", grpc.stream_stream_rpc_method_handler),
-        )
-        for attribute, build in kinds:
-            behavior = getattr(handler, attribute)
-            if behavior is not None:
-                return build(
-                    wrap(behavior, protocol, method),
-                    request_deserializer=handler.request_deserializer,
-                    response_serializer=handler.response_serializer,
-                )
-        return handler
+        return rebuild(handler, lambda behavior: wrap(behavior, protocol, method))
+
+
+_KINDS = (
+    ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    ("stream_stream", grpc.stream_stream_rpc_method_handler),
+)
+
+
+def rebuild(handler: Handler, replace: Callable[[Any], Any]) -> Handler:
+    """A handler of the same kind and codecs whose behaviour is ``replace(behaviour)``."""
+    for attribute, build in _KINDS:
+        behavior = getattr(handler, attribute)
+        if behavior is not None:
+            built: Handler = build(
+                replace(behavior),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+            return built
+    return handler
 
 
 def _code(context: grpc.ServicerContext) -> str:

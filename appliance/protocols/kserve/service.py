@@ -69,21 +69,22 @@ def all_versions(client: ModelClient, model: str, newest: Sequence[str]) -> list
     return sorted({*older, *newest}, key=lambda v: (len(v), v))
 
 
-def resolve(client: ModelClient, model: str, version: str) -> ModelMetadata:
-    """Return the metadata of the model serving ``version`` of ``model``.
+def resolve(client: ModelClient, model: str, version: str) -> tuple[str, ModelMetadata]:
+    """Return the served model answering for ``version`` of ``model``, and its metadata.
 
     Raises:
         ModelNotFound: no such model, or no such version of it.
         ModelNotReady: the model has not loaded yet.
     """
-    metadata = client.metadata(served_name(client, model, version))
+    served = served_name(client, model, version)
+    metadata = client.metadata(served)
     if version and version not in metadata.versions:
         versions = all_versions(client, model, metadata.versions)
         raise ModelNotFound(
             f"Request for unknown model: '{model}' version {version} is not found; "
             f"it has version(s) {', '.join(versions) or 'none'}"
         )
-    return metadata
+    return served, metadata
 
 
 def version_of(client: ModelClient, model: str) -> str:
@@ -99,17 +100,15 @@ def model_ready(client: ModelClient, model: str, version: str) -> bool:
     """Online, the model has a ready instance, and serves that version."""
     if model not in client.models() or not client.status.online:
         return False
-    if not client.model_ready(served_name(client, model, version)):
-        return False
     try:
-        resolve(client, model, version)
+        served, _ = resolve(client, model, version)
     except ApplianceError:
         return False
-    return True
+    return client.model_ready(served)
 
 
 def model_metadata(client: ModelClient, model: str, version: str) -> dict[str, Any]:
-    metadata = resolve(client, model, version)
+    _, metadata = resolve(client, model, version)
     versions = [version] if version else all_versions(client, model, metadata.versions)
     return {
         "name": model,
@@ -122,7 +121,7 @@ def model_metadata(client: ModelClient, model: str, version: str) -> dict[str, A
 
 def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any]:
     """Return the model's configuration in the shape of Triton's ModelConfig."""
-    metadata = resolve(client, model, version)
+    _, metadata = resolve(client, model, version)
     configured = client.config.model(model)
     batched = metadata.max_batch_size > 0
     config: dict[str, Any] = {
@@ -156,9 +155,7 @@ def model_statistics(client: ModelClient, model: str, version: str) -> list[dict
     if model:
         if model not in client.models():
             raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
-        if version:
-            resolve(client, model, version)
-        names = [served_name(client, model, version)]
+        names = [resolve(client, model, version)[0] if version else model]
     else:
         names = client.models()
     return [_statistics(client, name) for name in names]
@@ -219,8 +216,7 @@ def infer(
     """
     model = request.model
     if request.version:
-        resolve(client, model, request.version)
-        model = served_name(client, model, request.version)
+        model, _ = resolve(client, model, request.version)
     inputs = _inputs(regions, request)
     views = _output_views(regions, request)
     names = None if request.outputs is None else [o.name for o in request.outputs]
@@ -235,8 +231,7 @@ def stream(
     """Yield the outputs of each part a streaming (decoupled) model sends."""
     model = request.model
     if request.version:
-        resolve(client, model, request.version)
-        model = served_name(client, model, request.version)
+        model, _ = resolve(client, model, request.version)
     if any(output.shm for output in request.outputs or ()):
         raise BadRequest("outputs of a streamed (decoupled) model cannot go to shared memory")
     inputs = _inputs(regions, request)
