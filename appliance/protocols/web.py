@@ -1,6 +1,10 @@
-"""Types and the body reader shared by the protocols' REST bindings."""
+"""Types, the failure guard and the body reader shared by the protocols' REST bindings."""
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import falcon
 
@@ -10,6 +14,31 @@ from appliance.errors import BadRequest, TooLarge
 App = falcon.App[falcon.Request, falcon.Response]
 
 LIMIT_KEY = "http.max_body_bytes"
+
+Responder = Callable[..., None]
+# Renders any exception a responder raised in its protocol's error form.
+RenderFailure = Callable[[falcon.Request, falcon.Response, Exception], None]
+
+
+def guarded(render: RenderFailure) -> Callable[[Responder], Responder]:
+    """Decorate responders so that every failure is answered by ``render``.
+
+    No exception leaves a responder: falcon would answer it with its own
+    error body, which no protocol's client understands, and log a traceback
+    per request. ``render`` logs the unexpected ones itself.
+    """
+
+    def decorate(responder: Responder) -> Responder:
+        @functools.wraps(responder)
+        def wrapper(self: Any, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
+            try:
+                responder(self, req, resp, **params)
+            except Exception as ex:
+                render(req, resp, ex)
+
+        return wrapper
+
+    return decorate
 
 
 def read_body(req: falcon.Request, limit: int, hint: str = "") -> bytes:

@@ -12,9 +12,7 @@ browser.
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import falcon
@@ -23,12 +21,10 @@ import orjson
 from appliance.client.api import ModelClient
 from appliance.ctl import ControlError
 from appliance.protocols.dashboard import html, state
-from appliance.protocols.web import App
+from appliance.protocols.web import App, guarded
 
 log = logging.getLogger("appliance.dashboard")
 MAX_BODY_BYTES = 4096
-
-Responder = Callable[[Any, falcon.Request, falcon.Response], None]
 
 
 class _Refused(Exception):
@@ -38,22 +34,18 @@ class _Refused(Exception):
         self.message = message
 
 
-def _guarded(responder: Responder) -> Responder:
-    """Answer errors as {"error": message}; never let a traceback out."""
+def _render_failure(req: falcon.Request, resp: falcon.Response, error: Exception) -> None:
+    """Answer a failure as {"error": message}."""
+    if isinstance(error, _Refused):
+        _json(resp, {"error": error.message}, error.status)
+    elif isinstance(error, ControlError):
+        _json(resp, {"error": f"the master did not take the command: {error}"}, falcon.HTTP_503)
+    else:
+        log.error("dashboard %s %s failed", req.method, req.path, exc_info=error)
+        _json(resp, {"error": "dashboard: internal error; see the log"}, falcon.HTTP_500)
 
-    @functools.wraps(responder)
-    def wrapper(self: Any, req: falcon.Request, resp: falcon.Response) -> None:
-        try:
-            responder(self, req, resp)
-        except _Refused as ex:
-            _json(resp, {"error": ex.message}, ex.status)
-        except ControlError as ex:
-            _json(resp, {"error": f"the master did not take the command: {ex}"}, falcon.HTTP_503)
-        except Exception:
-            log.exception("dashboard %s %s failed", req.method, req.path)
-            _json(resp, {"error": "dashboard: internal error; see the log"}, falcon.HTTP_500)
 
-    return wrapper
+_guarded = guarded(_render_failure)
 
 
 def _json(resp: falcon.Response, body: Any, status: str = falcon.HTTP_200) -> None:

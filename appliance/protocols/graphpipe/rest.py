@@ -10,10 +10,7 @@ a request that decodes but fails gets an InferResponse with ``errors``.
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
-from typing import Any
 
 import falcon
 from flatbuffers.builder import BuilderSizeError
@@ -38,13 +35,11 @@ from appliance.protocols.graphpipe.errors import (
     http_status,
 )
 from appliance.protocols.graphpipe.wire import MetadataInfo, describe, metadata_json
-from appliance.protocols.web import App, read_body
+from appliance.protocols.web import App, guarded, read_body
 
 log = logging.getLogger("appliance.graphpipe")
 
 FLATBUFFER_TYPE = "application/octet-stream"
-
-Responder = Callable[..., None]
 
 
 class _TextError(Exception):
@@ -56,22 +51,18 @@ class _TextError(Exception):
         self.message = message
 
 
-def _guarded(responder: Responder) -> Responder:
-    """Render this protocol's errors; never let a traceback reach a client."""
+def _render_failure(req: falcon.Request, resp: falcon.Response, error: Exception) -> None:
+    """Answer a failure as GraphPipe's reference server does: plain text."""
+    if isinstance(error, _TextError):
+        _text(resp, error.status, error.message)
+    elif isinstance(error, ApplianceError):
+        _text(resp, http_status(error), error.message)
+    else:
+        log.error("graphpipe %s %s failed", req.method, req.path, exc_info=error)
+        _text(resp, falcon.HTTP_500, "graphpipe: internal error; see the appliance log")
 
-    @functools.wraps(responder)
-    def wrapper(self: Any, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
-        try:
-            responder(self, req, resp, **params)
-        except _TextError as ex:
-            _text(resp, ex.status, ex.message)
-        except ApplianceError as ex:
-            _text(resp, http_status(ex), ex.message)
-        except Exception:
-            log.exception("graphpipe %s %s failed", req.method, req.path)
-            _text(resp, falcon.HTTP_500, "graphpipe: internal error; see the appliance log")
 
-    return wrapper
+_guarded = guarded(_render_failure)
 
 
 def _text(resp: falcon.Response, status: str, message: str) -> None:

@@ -17,8 +17,7 @@ inside the responders, so no other protocol's error form can leak in.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import falcon
@@ -38,7 +37,7 @@ from appliance.protocols.grps.codec import (
 )
 from appliance.protocols.grps.errors import OK, GrpsError, bad_request
 from appliance.protocols.grps.payload import Kind, Payload
-from appliance.protocols.web import App, read_body
+from appliance.protocols.web import App, guarded, read_body
 
 ROOT = "/grps/v1"
 # Query parameters GRPS itself reads; the others reach the model as parameters.
@@ -46,21 +45,14 @@ RESERVED_PARAMS = ("model", "streaming", "return-ndarray")
 # SPEC: PROTOCOL-FACTS §3.2 — GRPS's default streaming response content type.
 STREAM_TYPE = BINARY_TYPE
 
-Responder = Callable[..., None]
+
+def _render_failure(_req: falcon.Request, resp: falcon.Response, error: Exception) -> None:
+    """Answer a failure as a GRPS status (service.failure logs the unexpected)."""
+    failure = service.failure(error)
+    reply(resp, failure.code, encode_error(failure))
 
 
-def _guarded(responder: Responder) -> Responder:
-    """Render every failure as a GRPS status; never let a traceback out."""
-
-    @functools.wraps(responder)
-    def wrapper(self: Any, req: falcon.Request, resp: falcon.Response) -> None:
-        try:
-            responder(self, req, resp)
-        except Exception as ex:
-            error = service.failure(ex)
-            reply(resp, error.code, encode_error(error))
-
-    return wrapper
+_guarded = guarded(_render_failure)
 
 
 def reply(resp: falcon.Response, code: int, body: bytes, content_type: str = REPLY_TYPE) -> None:

@@ -23,9 +23,7 @@ Routes (``{v}`` parts are optional; the demo models serve version "1")::
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import falcon
@@ -36,30 +34,25 @@ from appliance.errors import ApplianceError, InternalError, Unsupported
 from appliance.protocols.kserve import codec, encoding, repository, service
 from appliance.protocols.kserve.errors import DecodeError, http_body, http_status
 from appliance.protocols.kserve.shm import RegionTable
-from appliance.protocols.web import App, read_body
+from appliance.protocols.web import App, guarded, read_body
 
 log = logging.getLogger("appliance.kserve")
 JSON = "application/json"
 BINARY = "application/octet-stream"
-Responder = Callable[..., None]
 
 
-def responder(method: Responder) -> Responder:
-    """Render every failure of a responder as a KServe error; never a traceback."""
+def _render_failure(req: falcon.Request, resp: falcon.Response, error: Exception) -> None:
+    """Answer a failure as a KServe error body with its status."""
+    if isinstance(error, ApplianceError):
+        _render_error(resp, error, http_status(error))
+    elif isinstance(error, falcon.HTTPError):
+        _render_error(resp, DecodeError(error.description or error.title), error.status_code)
+    else:
+        log.error("KServe %s %s failed", req.method, req.path, exc_info=error)
+        _render_error(resp, InternalError(f"internal error serving {req.path}"), 500)
 
-    @functools.wraps(method)
-    def wrapper(self: Any, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
-        try:
-            method(self, req, resp, **params)
-        except ApplianceError as ex:
-            _render_error(resp, ex, http_status(ex))
-        except falcon.HTTPError as ex:
-            _render_error(resp, DecodeError(ex.description or ex.title), ex.status_code)
-        except Exception:
-            log.exception("KServe %s %s failed", req.method, req.path)
-            _render_error(resp, InternalError(f"internal error serving {req.path}"), 500)
 
-    return wrapper
+responder = guarded(_render_failure)
 
 
 def _render_error(resp: falcon.Response, error: ApplianceError, status: int) -> None:
