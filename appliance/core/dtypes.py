@@ -119,17 +119,26 @@ def _from_numpy(dtype: np.dtype[np.generic]) -> DType:
         raise ValueError(f"numpy dtype {dtype} has no appliance element type") from None
 
 
-def parse_dtype(name: str) -> DType:
-    """Parse a dtype name such as ``"FP32"``.
+def parse_dtype(name: object, *, loose: bool = False) -> DType:
+    """Parse a datatype name as KServe spells it: ``"FP32"``.
+
+    ``loose`` also takes any case, and Triton's config spellings
+    (``TYPE_FP32``, ``STRING`` for BYTES), as model config files use them.
 
     Raises:
-        ValueError: the name is not one of the appliance's dtypes.
+        ValueError: not one of the appliance's datatypes; the message lists them.
     """
+    if not isinstance(name, str):
+        raise ValueError(f"datatype must be a string, got {name!r}")
+    key = name
+    if loose:
+        key = name.upper().removeprefix("TYPE_")
+        key = "BYTES" if key == "STRING" else key
     try:
-        return DType(name.upper())
+        return DType(key)
     except ValueError:
         allowed = ", ".join(d.value for d in DType)
-        raise ValueError(f"unknown datatype {name!r}; expected one of {allowed}") from None
+        raise ValueError(f"unsupported datatype {name!r}; expected one of {allowed}") from None
 
 
 def element_count(shape: Sequence[int]) -> int:

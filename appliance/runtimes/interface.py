@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from appliance.core import dtypes
 from appliance.core.dtypes import DType
 from appliance.core.tensor import TensorSpec
 from appliance.model import Model
@@ -86,15 +87,10 @@ def parse_dtype(name: str, where: str) -> DType:
     Raises:
         ModelFileError: no such dtype.
     """
-    key = name.upper().removeprefix("TYPE_")
-    key = "BYTES" if key == "STRING" else key
     try:
-        return DType(key)
-    except ValueError:
-        allowed = ", ".join(dtype.value for dtype in DType)
-        raise ModelFileError(
-            f"{where}: unknown dtype {name!r}; expected one of {allowed}"
-        ) from None
+        return dtypes.parse_dtype(name, loose=True)
+    except ValueError as ex:
+        raise ModelFileError(f"{where}: {ex}") from None
 
 
 def declared(options: Mapping[str, Any], what: str, where: str) -> list[dict[str, Any]] | None:

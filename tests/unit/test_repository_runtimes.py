@@ -146,7 +146,7 @@ def test_onnx_config_may_fix_free_dims(tmp_path: Path) -> None:
     [
         ({"name": "x"}, "inputs\\[0\\] names 'x', but the model's inputs are a"),
         ({"name": "a", "dtype": "FP64"}, "inputs a is FP32 in the model file, not FP64"),
-        ({"name": "a", "dtype": "REAL"}, "unknown dtype 'REAL'"),
+        ({"name": "a", "dtype": "REAL"}, "unsupported datatype 'REAL'"),
         ({"name": "a", "shape": [-1, 3]}, "may only fix its free \\(-1\\) dimensions"),
         ({"name": "a", "shape": [2]}, "may only fix its free"),
     ],

@@ -110,15 +110,10 @@ def parse_dtype(name: object, what: str) -> DType:
     Raises:
         DecodeError: not a datatype the appliance handles.
     """
-    if not isinstance(name, str):
-        raise DecodeError(f"{what}: datatype must be a string, got {name!r}")
     try:
-        return DType(name)
-    except ValueError:
-        allowed = ", ".join(d.value for d in DType)
-        raise DecodeError(
-            f"{what}: unsupported datatype {name!r}; expected one of {allowed}"
-        ) from None
+        return dtypes.parse_dtype(name)
+    except ValueError as ex:
+        raise DecodeError(f"{what}: {ex}") from None
 
 
 def parse_shape(shape: object, what: str) -> tuple[int, ...]:
