@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from typing import Any, cast
 
 import zmq
 
-from appliance.client.channel import worker_lost
+from appliance.client.channel import PushSockets, worker_lost
 from appliance.client.routing import Router, Target
-from appliance.core.descriptor import DescriptorError, Kind, Message, from_frame, to_frame
+from appliance.core.descriptor import DescriptorError, Message, from_frame, to_frame
 from appliance.errors import ApplianceError, DeadlineExceeded
 
 SLICE_S = 0.05
@@ -64,12 +63,10 @@ class AsyncChannel:
         on_stray: Callable[[Message], None],
     ) -> None:
         self.number = number
-        self._context = context
-        self._endpoint = endpoint
         self._router = router
         self._on_stray = on_stray
         self._loop = asyncio.get_running_loop()
-        self._pushes: dict[int, tuple[int, zmq.Socket[bytes]]] = {}
+        self._pushes = PushSockets(context, endpoint)
         self._inbox: dict[int, asyncio.Queue[Item]] = {}
         self._waiting: dict[int, tuple[Target, float]] = {}
         self._watchdog: asyncio.Task[None] | None = None
@@ -78,21 +75,6 @@ class AsyncChannel:
         self._replies.bind(reply_endpoint)
         self._fd = cast(int, self._replies.getsockopt(_FD))
         self._loop.add_reader(self._fd, self._drain)
-
-    def socket(self, target: Target) -> zmq.Socket[bytes]:
-        """Return the loop's socket to ``target``, connecting if needed."""
-        known = self._pushes.get(target.slot)
-        if known is not None:
-            generation, old = known
-            if generation == target.generation:
-                return old
-            # A replaced worker: drop whatever was queued for the old one.
-            old.close(0)
-        socket: zmq.Socket[bytes] = self._context.socket(zmq.PUSH)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(self._endpoint(target.slot, target.generation))
-        self._pushes[target.slot] = (target.generation, socket)
-        return socket
 
     def _drain(self) -> None:
         replies = self._replies
@@ -110,7 +92,7 @@ class AsyncChannel:
 
     def send(self, target: Target, message: Message, flags: int = 0) -> None:
         message.channel = self.number
-        self.socket(target).send(to_frame(message), flags, copy=True)
+        self._pushes.get(target).send(to_frame(message), flags, copy=True)
         # Look once more: the descriptor's edge may have been spent meanwhile.
         if cast(int, self._replies.getsockopt(_EVENTS)) & _POLLIN:
             self._loop.call_soon(self._drain)
@@ -167,10 +149,5 @@ class AsyncChannel:
             self._watchdog.cancel()
         with contextlib.suppress(ValueError, RuntimeError):
             self._loop.remove_reader(self._fd)
-        for _generation, socket in self._pushes.values():
-            with contextlib.suppress(zmq.ZMQError):
-                goodbye = Message(Kind.GOODBYE, 0, os.getpid(), channel=self.number)
-                socket.send(to_frame(goodbye), zmq.NOBLOCK)
-            socket.close(0)
-        self._pushes.clear()
+        self._pushes.close(self.number)
         self._replies.close(0)

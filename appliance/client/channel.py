@@ -54,6 +54,45 @@ def worker_lost(target: Target) -> WorkerLost:
     )
 
 
+class PushSockets:
+    """A channel's PUSH sockets: one per model instance it sends to.
+
+    Args:
+        context: the process's ZeroMQ context.
+        endpoint: maps (slot, generation) to a worker's endpoint.
+    """
+
+    def __init__(self, context: zmq.Context[Any], endpoint: Callable[[int, int], str]) -> None:
+        self._context = context
+        self._endpoint = endpoint
+        self._sockets: dict[int, tuple[int, zmq.Socket[bytes]]] = {}
+
+    def get(self, target: Target) -> zmq.Socket[bytes]:
+        """Return the socket to ``target``, connecting if needed."""
+        known = self._sockets.get(target.slot)
+        if known is not None:
+            generation, old = known
+            if generation == target.generation:
+                return old
+            # The worker was replaced: messages queued for the old one must
+            # never reach the new one, so drop them with the socket.
+            old.close(0)
+        socket: zmq.Socket[bytes] = self._context.socket(zmq.PUSH)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(self._endpoint(target.slot, target.generation))
+        self._sockets[target.slot] = (target.generation, socket)
+        return socket
+
+    def close(self, channel: int) -> None:
+        """Tell every worker to forget ``channel`` (no more replies), then close."""
+        for _generation, socket in self._sockets.values():
+            with contextlib.suppress(zmq.ZMQError):
+                goodbye = Message(Kind.GOODBYE, 0, os.getpid(), channel=channel)
+                socket.send(to_frame(goodbye), zmq.NOBLOCK)
+            socket.close(0)
+        self._sockets.clear()
+
+
 class Channel:
     """The sockets of one thread.
 
@@ -80,15 +119,13 @@ class Channel:
         spin_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.number = number
-        self._context = context
-        self._endpoint = endpoint
         self._router = router
         self._on_stray = on_stray
         self._spin_s = spin_s
         # Moving average of how long replies take: a spin pays only while they
         # usually come within it (see the module's PERF note).
         self._typical_wait_s = 0.0
-        self._pushes: dict[int, tuple[int, zmq.Socket[bytes]]] = {}
+        self._pushes = PushSockets(context, endpoint)
         self._inbox: dict[int, deque[Message]] = {}
         self._timeout_ms = SLICE_MS
         self._replies: zmq.Socket[bytes] = context.socket(zmq.PULL)
@@ -97,25 +134,9 @@ class Channel:
         self._replies.bind(reply_endpoint)
         self._closed = False
 
-    def socket(self, target: Target) -> zmq.Socket[bytes]:
-        """Return this thread's socket to ``target``, connecting if needed."""
-        known = self._pushes.get(target.slot)
-        if known is not None:
-            generation, old = known
-            if generation == target.generation:
-                return old
-            # The worker was replaced: messages queued for the old one must
-            # never reach the new one, so drop them with the socket.
-            old.close(0)
-        socket: zmq.Socket[bytes] = self._context.socket(zmq.PUSH)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(self._endpoint(target.slot, target.generation))
-        self._pushes[target.slot] = (target.generation, socket)
-        return socket
-
     def send(self, target: Target, message: Message, flags: int = 0) -> None:
         message.channel = self.number
-        self.socket(target).send(to_frame(message), flags, copy=True)
+        self._pushes.get(target).send(to_frame(message), flags, copy=True)
 
     def expect(self, request_id: int) -> None:
         """Start collecting messages for ``request_id``."""
@@ -180,10 +201,5 @@ class Channel:
         if self._closed:
             return
         self._closed = True
-        for _generation, socket in self._pushes.values():
-            with contextlib.suppress(zmq.ZMQError):
-                goodbye = Message(Kind.GOODBYE, 0, os.getpid(), channel=self.number)
-                socket.send(to_frame(goodbye), zmq.NOBLOCK)
-            socket.close(0)
-        self._pushes.clear()
+        self._pushes.close(self.number)
         self._replies.close(0)
