@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?=
 GENERATED := appliance/_generated
 
-.PHONY: help install run test test-unit lint fmt generate generate-check bench soak fuzz clean install-systemd
+.PHONY: help install upgrade run test test-unit lint fmt generate generate-check bench soak fuzz clean install-systemd
 
 # install-systemd: a virtual environment of its own under PREFIX, the unit, and
 # an example config (never overwritten). DESTDIR stages it elsewhere.
@@ -21,6 +21,7 @@ help:
 	@echo "make run       serve the demo models (HTTP 8000, gRPC 8001, MIP 8002)"
 	@echo "make test      install, then run the whole test suite"
 	@echo "make lint      ruff format --check, ruff check, mypy"
+	@echo "make upgrade   bring the venv's packages to the newest versions pyproject allows"
 	@echo "make bench     run the benchmarks; results in bench/results/"
 	@echo "make soak      10 minutes of load on every protocol; fails if memory, fds or shm grow"
 	@echo "make fuzz      fuzz every codec, FUZZ_SECONDS (60) each; not part of make test"
@@ -38,6 +39,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# A venv keeps whatever once satisfied pyproject; a fresh clone (CI) gets the
+# newest releases. This makes an old venv match it.
+upgrade: $(STAMP)
+	$(PY) -m pip install --quiet --upgrade --upgrade-strategy eager -e '.[dev,onnx,torch]'
+	$(PY) -m pip install --quiet --no-deps graphpipe==1.0.4
+	@touch $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/appliance serve $(if $(CONFIG),--config $(CONFIG))

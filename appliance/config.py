@@ -63,6 +63,12 @@ class HttpConfig:
     # Every REST protocol refuses a larger body (413), from Content-Length
     # before reading it when the client sends one.
     max_body_bytes: int = 64 * MiB
+    # Slow clients: a request's headers (and a body up to 1 MiB) must arrive
+    # within read_timeout_s; each read of a larger body and each write of a
+    # response may wait io_timeout_s; an idle connection closes after keepalive_s.
+    read_timeout_s: float = 30.0
+    io_timeout_s: float = 60.0
+    keepalive_s: int = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,8 +298,7 @@ def _check(config: ApplianceConfig, reader: _Reader) -> None:
     for port_key, port in ports:
         if not 0 <= port <= 65535:
             reader.fail(port_key, f"expected a port 0..65535, got {port}")
-    if config.http.max_body_bytes < 1:
-        reader.fail("http.max_body_bytes", "expected an integer >= 1")
+    _check_http(config.http, reader)
     if config.server.log_level.lower() not in ("debug", "info", "warning", "error"):
         reader.fail("server.log_level", "expected one of debug, info, warning, error")
     if config.server.access_log not in (True, False, "text", "json"):
@@ -301,6 +306,14 @@ def _check(config: ApplianceConfig, reader: _Reader) -> None:
             "server.access_log",
             f'expected true, false, "text" or "json", got {config.server.access_log!r}',
         )
+
+
+def _check_http(http: HttpConfig, reader: _Reader) -> None:
+    if http.max_body_bytes < 1:
+        reader.fail("http.max_body_bytes", "expected an integer >= 1")
+    for name in ("read_timeout_s", "io_timeout_s", "keepalive_s"):
+        if not getattr(http, name) > 0:
+            reader.fail(f"http.{name}", "expected a number of seconds > 0")
 
 
 class _Reader:

@@ -84,7 +84,7 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
             "reuse_port": self.listen_fd is None,
             "timeout": int(config.http.timeout_s),
             "graceful_timeout": int(config.server.stop_timeout_s),
-            "keepalive": 30,
+            "keepalive": config.http.keepalive_s,
             "accesslog": None,
             "errorlog": "-",
             "loglevel": config.server.log_level,

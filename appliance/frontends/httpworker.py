@@ -7,8 +7,9 @@ Two changes to gunicorn's gthread worker:
   connection. gthread hands a connection to a thread as soon as its first
   byte arrives, and the thread then blocks reading the rest: a few clients
   trickling bytes (slowloris) would hold every thread and starve the port.
+  A request that does not arrive within ``http.read_timeout_s`` is dropped.
   A larger body is read by the thread, each read bounded by
-  ``CLIENT_IO_TIMEOUT_S``, and so is writing the response.
+  ``http.io_timeout_s``, and so is writing the response.
 - The thread that served a request waits briefly (``LINGER_S``) for the same
   connection's next one and serves it directly: gthread's hand-off to the
   poller and back costs two thread switches per request, more than the
@@ -50,10 +51,6 @@ LINGER_S = 0.005
 # large steps; 26 took 1 KiB at a time, copying the whole buffer each time
 # (a 1 MiB body read ahead took 40 ms to reach the app).
 PREREAD_BYTES = 1 << 20
-# A request whose headers (or small body) take longer is dropped.
-REQUEST_DEADLINE_S = 30.0
-# Bounds each blocking read of a large body, and writing a response.
-CLIENT_IO_TIMEOUT_S = 60.0
 # Past this many bytes without the end of the headers, gunicorn's parser
 # answers (it refuses oversized headers with its own error).
 HEADER_BYTES = 128 * 1024
@@ -108,7 +105,10 @@ class LingeringThreadWorker(ThreadWorker):  # type: ignore[misc]
         # Connections whose request is still arriving, with their deadlines.
         self._gathering: dict[Any, float] = {}
         # The app refuses larger bodies from Content-Length, before reading.
-        self._body_limit: int = self.app.context.config.http.max_body_bytes
+        http = self.app.context.config.http
+        self._body_limit: int = http.max_body_bytes
+        self._read_timeout_s: float = http.read_timeout_s
+        self._io_timeout_s: float = http.io_timeout_s
         die_with_parent()
         super().init_process()
 
@@ -150,7 +150,7 @@ class LingeringThreadWorker(ThreadWorker):  # type: ignore[misc]
         # the socket stays non-blocking while the poller reads from it.
         conn.init()
         conn.sock.setblocking(False)
-        self._gathering.setdefault(conn, time.monotonic() + REQUEST_DEADLINE_S)
+        self._gathering.setdefault(conn, time.monotonic() + self._read_timeout_s)
         self._gather(conn, registered=False)
 
     def _gather(self, conn: Any, registered: bool) -> None:
@@ -201,7 +201,7 @@ class LingeringThreadWorker(ThreadWorker):  # type: ignore[misc]
     def handle_request(self, req: Any, conn: Any) -> Any:
         # A large body's remainder and the response travel with a timeout,
         # so a client that stops reading or writing frees its thread.
-        conn.sock.settimeout(CLIENT_IO_TIMEOUT_S)
+        conn.sock.settimeout(self._io_timeout_s)
         return super().handle_request(req, conn)
 
     def handle(self, conn: Any) -> Any:

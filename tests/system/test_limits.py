@@ -47,6 +47,7 @@ SLOW_S = 0.3
 CROWD = 16
 HTTP_THREADS = 8
 TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 3.0  # http.read_timeout_s: shorter than the default, for a quick test
 MODELS = [
     *demo_models("echo"),
     {"name": "sleepy", "class": "tests.models:Slow"},
@@ -64,7 +65,12 @@ MODELS = [
 def served() -> Iterator[Appliance]:
     with running(
         MODELS,
-        http={"workers": 1, "threads": HTTP_THREADS, "max_body_bytes": LIMIT},
+        http={
+            "workers": 1,
+            "threads": HTTP_THREADS,
+            "max_body_bytes": LIMIT,
+            "read_timeout_s": READ_TIMEOUT_S,
+        },
         grpc={"threads": CROWD, "max_message_bytes": LIMIT},
         mip={
             "listeners": [{"port": 0, "model": "echo"}, {"port": 0, "model": "slow"}],
@@ -421,6 +427,19 @@ def test_slow_http_clients_do_not_starve_others(served: Appliance, data: bytes) 
     with trickling(served.ports["http"], data, HTTP_THREADS + 2):
         taken = latencies(lambda: http_ready(served))
     assert max(taken) < ANSWER_S, taken
+
+
+def test_http_request_that_never_completes_is_dropped_after_read_timeout(
+    served: Appliance,
+) -> None:
+    with socket.create_connection(("127.0.0.1", served.ports["http"]), timeout=TIMEOUT_S) as sock:
+        sock.sendall(SLOW_HEADERS[:20])  # a request line that never ends
+        started = time.monotonic()
+        assert sock.recv(1024) == b"", "the server answered a request it never got"
+        waited = time.monotonic() - started
+    # murder_pending runs about once a second; the connection goes at its next turn.
+    assert READ_TIMEOUT_S - 0.5 < waited < READ_TIMEOUT_S + 3.0, waited
+    http_ready(served)
 
 
 def test_trickled_and_pipelined_http_requests_are_served(served: Appliance) -> None:

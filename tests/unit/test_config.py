@@ -40,6 +40,8 @@ def test_a_snapshot_reads_back_the_same_config(tmp_path: Path) -> None:
         ({"htp": {}}, "htp: unknown key"),
         ({"http": {"port": "80"}}, "http.port: expected an integer >= 0"),
         ({"http": {"port": 70000}}, "http.port: expected a port 0..65535"),
+        ({"http": {"read_timeout_s": 0}}, "http.read_timeout_s: expected a number of seconds > 0"),
+        ({"http": {"keepalive_s": 2.5}}, "http.keepalive_s: expected an integer"),
         ({"models": [{"name": "a"}]}, "models[0].class: missing"),
         ({"models": [{"name": "a b", "class": "m:C"}]}, "models[0].name"),
         ({"models": [{"name": "a", "class": "m:C", "instances": 0}]}, "instances: expected"),
