@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,14 @@ import grpc
 import orjson
 
 from appliance.config import ApplianceConfig, read_tokens
-from appliance.frontends.observe import Handler, Interceptor, protocol_of_path, rebuild
+from appliance.frontends.observe import (
+    Context,
+    Continuation,
+    Handler,
+    Interceptor,
+    protocol_of_path,
+    rebuild,
+)
 
 log = logging.getLogger("appliance.auth")
 
@@ -208,12 +215,10 @@ class GrpcAuth(Interceptor):
     def __init__(self, tokens: Tokens) -> None:
         self.tokens = tokens
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Handler | None],
-        details: grpc.HandlerCallDetails,
+    async def intercept_service(  # type: ignore[override]  # None: see Continuation
+        self, continuation: Continuation, details: grpc.HandlerCallDetails
     ) -> Handler | None:
-        handler = continuation(details)
+        handler = await continuation(details)
         if handler is None or details.method in OPEN_METHODS:
             return handler
         token = grpc_token(details.invocation_metadata)
@@ -228,10 +233,17 @@ class GrpcAuth(Interceptor):
 def _refusing(handler: Handler, message: str) -> Handler:
     """A handler of the same kind as ``handler`` that ends every call UNAUTHENTICATED."""
 
-    def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+    async def refuse(_request: Any, context: Context) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    return rebuild(handler, lambda _behavior: refuse)
+    async def refuse_stream(_request: Any, context: Context) -> AsyncIterator[Any]:
+        nothing: tuple[Any, ...] = ()
+        for item in nothing:  # makes this an async generator, as streams are
+            yield item
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    behavior = refuse_stream if handler.response_streaming else refuse
+    return rebuild(handler, lambda _behavior: behavior)
 
 
 def grpc_interceptors(config: ApplianceConfig) -> list[Any]:

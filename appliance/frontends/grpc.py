@@ -1,19 +1,24 @@
-"""The gRPC frontend: one grpcio server per process, sharing the port.
+"""The gRPC frontend: one grpc.aio server per process, sharing the port.
 
 Several of these processes bind the same port with SO_REUSEPORT and the
 kernel spreads connections over them. The server is created after the
 process started (gRPC does not survive fork). Every protocol's servicer is
 registered here; each talks to models through this process's model client.
+
+PERF: an event loop rather than grpcio's thread-pool server. Inference
+waits for its reply in the loop (the model client's asyncio channel), so a
+call costs no hand-off between a poller thread and a pool thread, and the
+number of calls in flight is not capped by a thread count, which lets
+dynamic batching see them all. Calls that may block run on ``grpc.threads``
+threads (frontends/threads.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
-import threading
-import types
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -25,6 +30,7 @@ from appliance.exitcodes import ExitCode
 from appliance.frontends import auth
 from appliance.frontends.context import FrontendContext
 from appliance.frontends.observe import GrpcObserver
+from appliance.frontends.threads import Threads
 from appliance.process import become_child
 from appliance.protocols import health_grpc
 from appliance.protocols.grps import grpc as grps_grpc
@@ -44,10 +50,16 @@ def run(tree_dir: Path, master_pid: int, slot: int, port: int, index: int) -> in
     logs.setup(title, config.server.log_level)
     logs.set_access_log(config.server.access_log)
     become_child(title, master_pid)
+    return asyncio.run(_serve(context, slot, port))
+
+
+async def _serve(context: FrontendContext, slot: int, port: int) -> int:
+    config = context.config
+    # Created in the loop: the client's asyncio channel belongs to it.
     client = context.client(publish_slot=slot)
+    threads = Threads(config.grpc.threads, "grpc")
     limit = config.grpc.max_message_bytes
-    server = grpc.server(
-        ThreadPoolExecutor(max_workers=config.grpc.threads, thread_name_prefix="grpc"),
+    server = grpc.aio.server(
         interceptors=[GrpcObserver(), *auth.grpc_interceptors(config)],
         options=[
             ("grpc.so_reuseport", 1),
@@ -55,32 +67,29 @@ def run(tree_dir: Path, master_pid: int, slot: int, port: int, index: int) -> in
             ("grpc.max_send_message_length", limit),
         ],
     )
-    for protocol in PROTOCOLS:
-        protocol.add_to_server(server, client)
-    address = f"{config.server.host}:{port}"
-    if config.tls.enabled:
-        bound = server.add_secure_port(address, _credentials(config))
-    else:
-        bound = server.add_insecure_port(address)
-    if bound != port:
-        log.error("cannot listen on %s", address)
+    try:
+        for protocol in PROTOCOLS:
+            protocol.add_to_server(server, client, threads)
+        address = f"{config.server.host}:{port}"
+        if config.tls.enabled:
+            bound = server.add_secure_port(address, _credentials(config))
+        else:
+            bound = server.add_insecure_port(address)
+        if bound != port:
+            log.error("cannot listen on %s", address)
+            return ExitCode.BOOT_ERROR
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await server.start()
+        context.status.set_state(slot, SlotState.READY, os.getpid())
+        log.info("listening on %s", address)
+        await stop.wait()
+        context.status.set_state(slot, SlotState.STOPPING)
+        await server.stop(grace=config.server.stop_timeout_s)
+        return ExitCode.OK
+    finally:
+        threads.shutdown()
         client.close()
-        return ExitCode.BOOT_ERROR
-    stop = threading.Event()
-
-    def handle_term(_signum: int, _frame: types.FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle_term)
-    server.start()
-    context.status.set_state(slot, SlotState.READY, os.getpid())
-    log.info("listening on %s", address)
-    while not stop.wait(1.0):
-        pass
-    context.status.set_state(slot, SlotState.STOPPING)
-    server.stop(grace=config.server.stop_timeout_s).wait()
-    client.close()
-    return ExitCode.OK
 
 
 def _credentials(config: ApplianceConfig) -> grpc.ServerCredentials:

@@ -9,7 +9,7 @@ line (logger ``appliance.access``, on by default, ``server.access_log``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import falcon
@@ -58,21 +58,28 @@ class HttpObserver:
 # grpc-stubs makes these generic; at run time they are plain classes.
 if TYPE_CHECKING:
     Handler: TypeAlias = grpc.RpcMethodHandler[Any, Any]
-    Interceptor: TypeAlias = grpc.ServerInterceptor[Any, Any]
+    Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+    Interceptor: TypeAlias = grpc.aio.ServerInterceptor[Any, Any]
 else:
     Handler = grpc.RpcMethodHandler
-    Interceptor = grpc.ServerInterceptor
+    Context = grpc.aio.ServicerContext
+    Interceptor = grpc.aio.ServerInterceptor
+# grpc-stubs says a handler is always found; for an unknown method it is None.
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]]
 
 
 class GrpcObserver(Interceptor):
-    """A server interceptor: tag, count and log every RPC."""
+    """A server interceptor: tag, count and log every RPC.
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Handler | None],
-        details: grpc.HandlerCallDetails,
+    Every behaviour on the grpc.aio server is a coroutine (unary answers)
+    or an async generator (streamed answers); the observer wraps it in one
+    of the same kind.
+    """
+
+    async def intercept_service(  # type: ignore[override]  # None: see Continuation
+        self, continuation: Continuation, details: grpc.HandlerCallDetails
     ) -> Handler | None:
-        handler = continuation(details)
+        handler = await continuation(details)
         if handler is None:
             return None
         method = details.method
@@ -103,9 +110,11 @@ def rebuild(handler: Handler, replace: Callable[[Any], Any]) -> Handler:
     return handler
 
 
-def _code(context: grpc.ServicerContext) -> str:
-    code = context.code()  # type: ignore[attr-defined]
-    return "OK" if code is None else str(code.name)
+def _code(context: Context) -> str:
+    code: Any = context.code()  # None until the call ends or aborts
+    if code is None:
+        return "OK"
+    return str(getattr(code, "name", code))
 
 
 def _begin(protocol: str) -> float:
@@ -114,16 +123,21 @@ def _begin(protocol: str) -> float:
     return time.perf_counter()
 
 
+def _failed(context: Context) -> str:
+    """The status of a call whose behaviour raised: what it aborted with, if it did."""
+    return _code(context) if context.code() is not None else "UNKNOWN"
+
+
 def _unary(behavior: Any, protocol: str, method: str) -> Any:
-    def observed(request: Any, context: grpc.ServicerContext) -> Any:
+    async def observed(request: Any, context: Context) -> Any:
         started = _begin(protocol)
         status = "UNKNOWN"
         try:
-            reply = behavior(request, context)
+            reply = await behavior(request, context)
             status = _code(context)
             return reply
-        except Exception:
-            status = _code(context) if context.code() else "UNKNOWN"  # type: ignore[attr-defined]
+        except BaseException:
+            status = _failed(context)
             raise
         finally:
             log_access(protocol, status, started, method)
@@ -132,14 +146,15 @@ def _unary(behavior: Any, protocol: str, method: str) -> Any:
 
 
 def _streaming(behavior: Any, protocol: str, method: str) -> Any:
-    def observed(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    async def observed(request: Any, context: Context) -> AsyncIterator[Any]:
         started = _begin(protocol)
         status = "UNKNOWN"
         try:
-            yield from behavior(request, context)
+            async for item in behavior(request, context):
+                yield item
             status = _code(context)
-        except Exception:
-            status = _code(context) if context.code() else "UNKNOWN"  # type: ignore[attr-defined]
+        except BaseException:
+            status = _failed(context)
             raise
         finally:
             log_access(protocol, status, started, method)

@@ -7,17 +7,20 @@ otherwise (offline, draining, or a model without a ready instance).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
 from appliance._generated import health_pb2, health_pb2_grpc
 from appliance.client.api import ModelClient
+from appliance.frontends.threads import Threads
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 WATCH_INTERVAL_S = 0.5
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
@@ -27,22 +30,23 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     def _status(self) -> health_pb2.HealthCheckResponse.ServingStatus:
         return _SERVING if self.client.server_ready() else _NOT_SERVING
 
-    def Check(
-        self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: Context
     ) -> health_pb2.HealthCheckResponse:
         return health_pb2.HealthCheckResponse(status=self._status())
 
-    def Watch(
-        self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext
-    ) -> Iterator[health_pb2.HealthCheckResponse]:
+    async def Watch(
+        self, request: health_pb2.HealthCheckRequest, context: Context
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        # Ends when the client leaves: gRPC cancels this generator.
         last: health_pb2.HealthCheckResponse.ServingStatus | None = None
-        while context.is_active():
+        while True:
             status = self._status()
             if status != last:
                 last = status
                 yield health_pb2.HealthCheckResponse(status=status)
-            time.sleep(WATCH_INTERVAL_S)
+            await asyncio.sleep(WATCH_INTERVAL_S)
 
 
-def add_to_server(server: grpc.Server, client: ModelClient) -> None:
+def add_to_server(server: grpc.aio.Server, client: ModelClient, _threads: Threads) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(client), server)

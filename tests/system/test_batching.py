@@ -50,3 +50,39 @@ def test_concurrent_clients_share_batches_and_get_their_own_rows() -> None:
         assert counters[Counter.SUCCESS] == 120
         assert counters[Counter.BATCHES] < 120
         assert counters[Counter.BATCH_ROWS] >= 120
+
+
+def test_grpc_calls_in_flight_are_not_capped_by_its_threads() -> None:
+    """Twelve concurrent KServe gRPC calls reach the model together: one batch, not six."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    models = [
+        {
+            "name": "probe",
+            "class": "tests.models:BatchProbe",
+            "max_queue_delay_ms": 500.0,
+            "options": {"delay_s": 0.05},
+        }
+    ]
+    calls = 12
+    with running(models, grpc={"threads": 2}) as appliance:
+        url = f"127.0.0.1:{appliance.ports['grpc']}"
+
+        def call(index: int) -> int:
+            client = grpcclient.InferenceServerClient(url)
+            try:
+                x = np.full((1, 4), index, dtype=np.float32)
+                value = grpcclient.InferInput("x", [1, 4], "FP32")
+                value.set_data_from_numpy(x)
+                result = client.infer("probe", [value], client_timeout=60)
+                assert (result.as_numpy("y") == 2 * x).all()
+                return int(result.as_numpy("batch")[0, 0])
+            finally:
+                client.close()
+
+        with ThreadPoolExecutor(calls) as pool:
+            batches = list(pool.map(call, range(calls)))
+    assert max(batches) > 2, f"batch sizes {batches}: no more calls in flight than grpc.threads"

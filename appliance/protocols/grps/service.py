@@ -76,11 +76,31 @@ def predict(
     timeout_s: float | None = None,
 ) -> T:
     """Run the model once; return the encoded reply."""
-    model = resolve_model(client, payload.model)
-    inputs = bind(payload, client.metadata(model))
-    shaper = ReplyShaper(payload, want_ndarray)
+    model, inputs, shaper = _prepare(client, payload, want_ndarray)
     with client.infer(model, inputs, parameters=parameters, timeout_s=timeout_s) as result:
         return encode(shaper.shape(result.outputs))
+
+
+async def predict_async(
+    client: ModelClient,
+    payload: Payload,
+    parameters: dict[str, Any],
+    encode: Encode[T],
+    timeout_s: float | None = None,
+) -> T:
+    """:func:`predict` for an event loop: the call waits without a thread."""
+    model, inputs, shaper = _prepare(client, payload, False)
+    result = await client.infer_async(model, inputs, parameters=parameters, timeout_s=timeout_s)
+    with result:
+        return encode(shaper.shape(result.outputs))
+
+
+def _prepare(
+    client: ModelClient, payload: Payload, want_ndarray: bool
+) -> tuple[str, dict[str, Any], ReplyShaper]:
+    model = resolve_model(client, payload.model)
+    inputs = bind(payload, client.metadata(model))
+    return model, inputs, ReplyShaper(payload, want_ndarray)
 
 
 def stream(

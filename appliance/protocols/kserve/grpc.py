@@ -5,13 +5,18 @@ SPEC: shared/specs/open-inference-grpc.md and PROTOCOL-FACTS §2.2, §2.4,
 ModelStreamInfer they travel as ``error_message`` and the stream goes on.
 A request's time limit is the smaller of the client's gRPC deadline and the
 KServe ``timeout`` parameter.
+
+The server is grpc.aio's. Inference waits in the event loop; the other
+RPCs, which may block (a model load waits for its worker), and a decoupled
+model's stream run on the frontend's threads.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -19,6 +24,7 @@ from google.protobuf import json_format
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, DeadlineExceeded
+from appliance.frontends.threads import Threads
 from appliance.protocols.kserve import pbcodec, repository, service
 from appliance.protocols.kserve.errors import grpc_status
 from appliance.protocols.kserve.inference import InferRequest, OutputData
@@ -26,7 +32,8 @@ from appliance.protocols.kserve.pbcodec import pb
 from appliance.protocols.kserve.shm import RegionTable
 
 log = logging.getLogger("appliance.kserve")
-Handler = Callable[[Any, Any, grpc.ServicerContext], Any]
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Any]
+Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = "GRPCInferenceService"
 PRESERIALIZED = frozenset({"ModelInfer", "ModelStreamInfer"})
 # SPEC: Triton's decoupled-stream parameters.
@@ -35,22 +42,29 @@ WANTS_FINAL = "triton_enable_empty_final_response"
 
 
 def rpc(method: Handler) -> Handler:
-    """Turn every failure of a unary call into a gRPC status; never a traceback."""
+    """Make a unary call of ``method``; every failure becomes a gRPC status.
+
+    A coroutine runs in the event loop; a plain method, which may block,
+    on the servicer's threads.
+    """
+    in_loop = inspect.iscoroutinefunction(method)
 
     @functools.wraps(method)
-    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+    async def wrapper(self: InferenceServicer, request: Any, context: Context) -> Any:
         try:
-            return method(self, request, context)
+            if in_loop:
+                return await method(self, request, context)
+            return await self.threads.call(method, self, request, context)
         except ApplianceError as ex:
-            context.abort(grpc.StatusCode[grpc_status(ex)], ex.message)
+            await context.abort(grpc.StatusCode[grpc_status(ex)], ex.message)
         except Exception:
             log.exception("KServe gRPC %s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
 
     return wrapper
 
 
-def timeout_s(context: grpc.ServicerContext, request: InferRequest) -> float | None:
+def timeout_s(context: Context, request: InferRequest) -> float | None:
     """Return the time the request may take: deadline or timeout parameter.
 
     Raises:
@@ -68,59 +82,61 @@ def timeout_s(context: grpc.ServicerContext, request: InferRequest) -> float | N
 class InferenceServicer:
     """The RPCs of inference.GRPCInferenceService, named as the proto names them."""
 
-    def __init__(self, client: ModelClient, regions: RegionTable) -> None:
+    def __init__(self, client: ModelClient, regions: RegionTable, threads: Threads) -> None:
         self.client = client
         self.regions = regions
+        self.threads = threads
 
     # -- health and metadata ---------------------------------------------------
 
     @rpc
-    def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ServerLive(self, request: Any, context: Context) -> Any:
         return pb.ServerLiveResponse(live=self.client.server_live())
 
     @rpc
-    def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ServerReady(self, request: Any, context: Context) -> Any:
         return pb.ServerReadyResponse(ready=self.client.server_ready())
 
     @rpc
-    def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelReady(self, request: Any, context: Context) -> Any:
         ready = service.model_ready(self.client, request.name, request.version)
         return pb.ModelReadyResponse(ready=ready)
 
     @rpc
-    def ServerMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ServerMetadata(self, request: Any, context: Context) -> Any:
         return pb.ServerMetadataResponse(**service.server_metadata())
 
     @rpc
-    def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelMetadata(self, request: Any, context: Context) -> Any:
         metadata = service.model_metadata(self.client, request.name, request.version)
         return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
 
     @rpc
-    def ModelConfig(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelConfig(self, request: Any, context: Context) -> Any:
         config = service.model_config(self.client, request.name, request.version)
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
 
     @rpc
-    def ModelStatistics(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelStatistics(self, request: Any, context: Context) -> Any:
         stats = service.model_statistics(self.client, request.name, request.version)
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
 
     # -- inference -------------------------------------------------------------
 
     @rpc
-    def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> bytes:
+    async def ModelInfer(self, request: Any, context: Context) -> bytes:
         decoded = pbcodec.decode_infer_request(request)
         limit = timeout_s(context, decoded)
-        with service.infer(self.client, self.regions, decoded, limit) as outputs:
+        async with service.infer_async(self.client, self.regions, decoded, limit) as outputs:
             return self._response(decoded, outputs)
 
-    def ModelStreamInfer(
-        self, requests: Iterator[Any], context: grpc.ServicerContext
-    ) -> Iterator[bytes]:
-        for request in requests:
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[Any], context: Context
+    ) -> AsyncIterator[bytes]:
+        async for request in requests:
             try:
-                yield from self._stream_one(request, context)
+                async for response in self._stream_one(request, context):
+                    yield response
             except ApplianceError as ex:
                 yield pbcodec.encode_stream_error(request.model_name, request.id, ex.message)
             except Exception:
@@ -128,21 +144,29 @@ class InferenceServicer:
                 message = "internal error in the stream"
                 yield pbcodec.encode_stream_error(request.model_name, request.id, message)
 
-    def _stream_one(self, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
-        """Answer one request of a stream: one response, or one per part.
-
-        SPEC: Triton's decoupled models flag each response with
-        triton_final_response when the client asked for an empty final one.
-        """
+    async def _stream_one(self, request: Any, context: Context) -> AsyncIterator[bytes]:
+        """Answer one request of a stream: one response, or one per part."""
         decoded = pbcodec.decode_infer_request(request)
         limit = timeout_s(context, decoded)
         wants_final = decoded.parameters.get(WANTS_FINAL) is True
         if not service.decoupled(self.client, decoded.model):
             flag = {FINAL_FLAG: True} if wants_final else None
-            with service.infer(self.client, self.regions, decoded, limit) as outputs:
+            async with service.infer_async(self.client, self.regions, decoded, limit) as outputs:
                 response = self._response(decoded, outputs, flag)
             yield pbcodec.encode_stream_response(response)
             return
+        parts = self.threads.iterate(lambda: self._parts(decoded, limit, wants_final))
+        async for response in parts:
+            yield response
+
+    def _parts(
+        self, decoded: InferRequest, limit: float | None, wants_final: bool
+    ) -> Iterator[bytes]:
+        """A decoupled model's responses (blocking: runs on a thread).
+
+        SPEC: Triton's decoupled models flag each response with
+        triton_final_response when the client asked for an empty final one.
+        """
         flag = {FINAL_FLAG: False} if wants_final else None
         for outputs in service.stream(self.client, self.regions, decoded, limit):
             yield pbcodec.encode_stream_response(self._response(decoded, outputs, flag))
@@ -166,25 +190,25 @@ class InferenceServicer:
     # -- model repository --------------------------------------------------------
 
     @rpc
-    def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def RepositoryIndex(self, request: Any, context: Context) -> Any:
         index = repository.index(self.client, request.ready)
         return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
 
     @rpc
-    def RepositoryModelLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def RepositoryModelLoad(self, request: Any, context: Context) -> Any:
         parameters = pbcodec.decode_parameters(request.parameters)
         repository.load(self.client, request.model_name, parameters)
         return pb.RepositoryModelLoadResponse()
 
     @rpc
-    def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def RepositoryModelUnload(self, request: Any, context: Context) -> Any:
         repository.unload(self.client, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared memory ---------------------------------------------------------------
 
     @rpc
-    def SystemSharedMemoryStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def SystemSharedMemoryStatus(self, request: Any, context: Context) -> Any:
         response = pb.SystemSharedMemoryStatusResponse()
         for region in self.regions.status(request.name or None):
             response.regions[region.name].CopyFrom(
@@ -193,27 +217,27 @@ class InferenceServicer:
         return response
 
     @rpc
-    def SystemSharedMemoryRegister(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def SystemSharedMemoryRegister(self, request: Any, context: Context) -> Any:
         self.regions.register(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     @rpc
-    def SystemSharedMemoryUnregister(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def SystemSharedMemoryUnregister(self, request: Any, context: Context) -> Any:
         self.regions.unregister(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @rpc
-    def CudaSharedMemoryStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def CudaSharedMemoryStatus(self, request: Any, context: Context) -> Any:
         service.cuda_status(request.name)
         return pb.CudaSharedMemoryStatusResponse()
 
     @rpc
-    def CudaSharedMemoryRegister(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def CudaSharedMemoryRegister(self, request: Any, context: Context) -> Any:
         service.cuda_register(request.name)
         return pb.CudaSharedMemoryRegisterResponse()
 
     @rpc
-    def CudaSharedMemoryUnregister(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def CudaSharedMemoryUnregister(self, request: Any, context: Context) -> Any:
         # SPEC: PROTOCOL-FACTS §2.7 — must succeed on a CPU-only server.
         return pb.CudaSharedMemoryUnregisterResponse()
 
@@ -244,9 +268,9 @@ def _as_is(message: bytes) -> bytes:
     return message
 
 
-def add_to_server(server: grpc.Server, client: ModelClient) -> None:
+def add_to_server(server: grpc.aio.Server, client: ModelClient, threads: Threads) -> None:
     """Register the KServe service."""
-    servicer = InferenceServicer(client, RegionTable(client.tree.dir))
+    servicer = InferenceServicer(client, RegionTable(client.tree.dir), threads)
     handler = grpc.method_handlers_generic_handler(
         f"inference.{SERVICE_NAME}", method_handlers(servicer)
     )

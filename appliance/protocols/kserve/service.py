@@ -9,7 +9,8 @@ both transports answer the same thing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import appliance
@@ -214,15 +215,46 @@ def infer(
     client copies them once into its ring); outputs asked for in shared
     memory are written into the client's region and carry no data back.
     """
+    call = _prepare(client, regions, request)
+    with client.infer(call.model, call.inputs, call.names, call.parameters, timeout_s) as result:
+        yield _outputs(request, result.outputs, call.views)
+
+
+@contextlib.asynccontextmanager
+async def infer_async(
+    client: ModelClient, regions: RegionTable, request: InferRequest, timeout_s: float | None
+) -> AsyncIterator[list[OutputData]]:
+    """:func:`infer` for an event loop: the call waits without a thread."""
+    call = _prepare(client, regions, request)
+    result = await client.infer_async(
+        call.model, call.inputs, call.names, call.parameters, timeout_s
+    )
+    with result:
+        yield _outputs(request, result.outputs, call.views)
+
+
+@dataclass(slots=True)
+class _Call:
+    """A request made ready for the model client."""
+
+    model: str
+    inputs: dict[str, Tensor]
+    views: dict[str, memoryview]
+    names: list[str] | None
+    parameters: dict[str, Any]
+
+
+def _prepare(client: ModelClient, regions: RegionTable, request: InferRequest) -> _Call:
     model = request.model
     if request.version:
         model, _ = resolve(client, model, request.version)
-    inputs = _inputs(regions, request)
-    views = _output_views(regions, request)
-    names = None if request.outputs is None else [o.name for o in request.outputs]
-    parameters = request.model_parameters()
-    with client.infer(model, inputs, names, parameters, timeout_s) as result:
-        yield _outputs(request, result.outputs, views)
+    return _Call(
+        model,
+        _inputs(regions, request),
+        _output_views(regions, request),
+        None if request.outputs is None else [o.name for o in request.outputs],
+        request.model_parameters(),
+    )
 
 
 def stream(
