@@ -1,10 +1,11 @@
 """The appliance's configuration: TOML in, frozen dataclasses out.
 
-Every value is checked once, here; an error names the file, the key and what
-was expected, e.g. ``config.toml: models[1].instances: expected an integer
->= 1, got 0``. The master hands children a JSON snapshot of the resolved
-configuration (:func:`to_dict` / :func:`from_dict`), so a child never sees a
-file that changed on disk after the master read it.
+Every value is checked once, when read (``config_reader.py``); an error
+names the file, the key and what was expected, e.g. ``config.toml:
+models[1].instances: expected an integer >= 1, got 0``. The master hands
+children a JSON snapshot of the resolved configuration (:func:`to_dict` /
+:func:`from_dict`), so a child never sees a file that changed on disk after
+the master read it.
 
 ``[[repositories]]`` name model repositories (see ``appliance/repository.py``):
 :func:`load` scans them and adds their models to ``models`` as ordinary
@@ -15,23 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 
-from appliance import repository
-from appliance.repository import RepositoryError, VersionPolicy
+from appliance.repository import VersionPolicy
 
 DEFAULT_CONFIG = Path(__file__).with_name("default.toml")
 MiB = 1 << 20
 MAX_INLINE_BYTES = 64 * 1024
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
 
 
 class ConfigError(ValueError):
@@ -234,28 +231,10 @@ def from_dict(
     Raises:
         ConfigError: a value is invalid.
     """
-    reader = _Reader(source)
-    known = {"server", "http", "grpc", "mip", "shm", "models", "repositories", "source"}
-    known |= {"tls", "auth"}
-    reader.no_extra(data, known, "")
-    repositories = tuple(reader.repositories(data.get("repositories", [])))
-    models = reader.models(data.get("models", []))
-    if scan_repositories:
-        models += reader.repository_models(repositories)
-    config = ApplianceConfig(
-        source=source,
-        server=reader.section(ServerConfig, data.get("server", {}), "server"),
-        http=reader.section(HttpConfig, data.get("http", {}), "http"),
-        grpc=reader.section(GrpcConfig, data.get("grpc", {}), "grpc"),
-        mip=reader.mip(data.get("mip", {})),
-        shm=reader.section(ShmConfig, data.get("shm", {}), "shm"),
-        models=tuple(models),
-        repositories=repositories,
-        tls=reader.tls(data.get("tls", {})),
-        auth=reader.auth(data.get("auth", {})),
-    )
-    _check(config, reader)
-    return config
+    # config_reader builds this module's dataclasses, so it imports this module.
+    from appliance.config_reader import build
+
+    return build(data, source, scan_repositories)
 
 
 def to_dict(config: ApplianceConfig) -> dict[str, Any]:
@@ -269,295 +248,6 @@ def to_dict(config: ApplianceConfig) -> dict[str, Any]:
     data["mip"]["listeners"] = [dataclasses.asdict(item) for item in config.mip.listeners]
     data["repositories"] = [dataclasses.asdict(item) for item in config.repositories]
     return data
-
-
-def _check(config: ApplianceConfig, reader: _Reader) -> None:
-    names = [model.name for model in config.models]
-    for name in names:
-        if names.count(name) > 1:
-            reader.fail("models", f"model name {name!r} appears more than once")
-    named = [("server.default_model", config.server.default_model)]
-    named += [
-        (f"mip.listeners[{index}].model", listener.model)
-        for index, listener in enumerate(config.mip.listeners)
-    ]
-    for key, value in named:
-        if value and value not in names:
-            reader.fail(key, f"names model {value!r}, which is not configured")
-    if config.shm.inline_threshold_bytes > MAX_INLINE_BYTES:
-        reader.fail(
-            "shm.inline_threshold_bytes",
-            f"must be at most {MAX_INLINE_BYTES} (tensor bytes above 64 KiB never "
-            "travel through a socket)",
-        )
-    ports = [("http.port", config.http.port), ("grpc.port", config.grpc.port)]
-    ports += [
-        (f"mip.listeners[{index}].port", listener.port)
-        for index, listener in enumerate(config.mip.listeners)
-    ]
-    for port_key, port in ports:
-        if not 0 <= port <= 65535:
-            reader.fail(port_key, f"expected a port 0..65535, got {port}")
-    _check_http(config.http, reader)
-    if config.server.log_level.lower() not in ("debug", "info", "warning", "error"):
-        reader.fail("server.log_level", "expected one of debug, info, warning, error")
-    if config.server.access_log not in (True, False, "text", "json"):
-        reader.fail(
-            "server.access_log",
-            f'expected true, false, "text" or "json", got {config.server.access_log!r}',
-        )
-
-
-def _check_http(http: HttpConfig, reader: _Reader) -> None:
-    if http.max_body_bytes < 1:
-        reader.fail("http.max_body_bytes", "expected an integer >= 1")
-    for name in ("read_timeout_s", "io_timeout_s", "keepalive_s"):
-        if not getattr(http, name) > 0:
-            reader.fail(f"http.{name}", "expected a number of seconds > 0")
-
-
-class _Reader:
-    """Check values against the dataclasses' field types, naming keys."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, key: str, message: str) -> NoReturn:
-        raise ConfigError(f"{self.source}: {key}: {message}")
-
-    def no_extra(self, data: Mapping[str, Any], known: set[str], where: str) -> None:
-        if not isinstance(data, Mapping):
-            self.fail(where or "(top level)", f"expected a table, got {type(data).__name__}")
-        for key in data:
-            if key not in known:
-                prefix = f"{where}." if where else ""
-                allowed = ", ".join(sorted(known - {"source"}))
-                self.fail(f"{prefix}{key}", f"unknown key; expected one of {allowed}")
-
-    def section(self, cls: Any, data: Mapping[str, Any], where: str) -> Any:
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        self.no_extra(data, set(fields), where)
-        values = {
-            name: self.value(f"{where}.{name}", data[name], fields[name].type)
-            for name in fields
-            if name in data
-        }
-        return cls(**values)
-
-    def value(self, key: str, raw: Any, kind: Any) -> Any:
-        kind = str(kind)
-        if kind in ("bool", "bool | str"):
-            return self.flag(key, raw, strings=kind != "bool")
-        if kind in ("int", "int | None"):
-            if raw is None and "None" in kind:
-                return None
-            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-                self.fail(key, f"expected an integer >= 0, got {raw!r}")
-            return raw
-        if kind in ("float", "float | None"):
-            if raw is None and "None" in kind:
-                return None
-            if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < 0:
-                self.fail(key, f"expected a number >= 0, got {raw!r}")
-            return float(raw)
-        if kind == "str":
-            if not isinstance(raw, str):
-                self.fail(key, f"expected a string, got {raw!r}")
-            return raw
-        if kind == "tuple[str, ...]":
-            if not isinstance(raw, list | tuple) or not all(isinstance(s, str) for s in raw):
-                self.fail(key, f"expected a list of strings, got {raw!r}")
-            return tuple(raw)
-        raise AssertionError(f"no reader for {kind}")
-
-    def flag(self, key: str, raw: Any, strings: bool) -> bool | str:
-        """A boolean, or (``strings``) a boolean or a string (checked in _check)."""
-        if not isinstance(raw, bool | str) or (isinstance(raw, str) and not strings):
-            self.fail(
-                key, f"expected true or false{' or a string' if strings else ''}, got {raw!r}"
-            )
-        return raw
-
-    def mip(self, data: Any) -> MipConfig:
-        limits = {
-            f.name: f
-            for f in dataclasses.fields(MipConfig)
-            if f.name not in ("workers", "listeners")
-        }
-        self.no_extra(data, {"workers", "listeners", *limits}, "mip")
-        workers = self.value("mip.workers", data.get("workers", 1), "int")
-        values = {
-            name: self.value(f"mip.{name}", data[name], field_.type)
-            for name, field_ in limits.items()
-            if name in data
-        }
-        for name, value in values.items():
-            if not value > 0:
-                self.fail(f"mip.{name}", f"expected a value > 0, got {value!r}")
-        raw = data.get("listeners", [{"port": 8002}])
-        if not isinstance(raw, list) or not raw:
-            self.fail("mip.listeners", "expected a non-empty array of {port, model} tables")
-        listeners = []
-        for index, item in enumerate(raw):
-            where = f"mip.listeners[{index}]"
-            self.no_extra(item, {"port", "model", "trusted"}, where)
-            if "port" not in item:
-                self.fail(f"{where}.port", "missing")
-            port = self.value(f"{where}.port", item["port"], "int")
-            model = self.value(f"{where}.model", item.get("model", ""), "str")
-            trusted = self.value(f"{where}.trusted", item.get("trusted", False), "bool")
-            listeners.append(MipListener(port, model, trusted))
-        return MipConfig(workers, tuple(listeners), **values)
-
-    def path(self, key: str, raw: Any) -> str:
-        """A file's path; a relative one starts at the config file's directory."""
-        text = self.value(key, raw, "str")
-        if not text:
-            return ""
-        path = Path(text).expanduser()
-        if not path.is_absolute():
-            path = Path(self.source).parent.absolute() / path
-        return os.path.normpath(path)
-
-    def tls(self, data: Any) -> TlsConfig:
-        self.no_extra(data, {"cert", "key"}, "tls")
-        cert = self.path("tls.cert", data.get("cert", ""))
-        key = self.path("tls.key", data.get("key", ""))
-        if bool(cert) != bool(key):
-            self.fail("tls", "cert and key go together: give both PEM files, or neither")
-        for name, path, private in (("cert", cert, False), ("key", key, True)):
-            if path:
-                self.check_file(f"tls.{name}", path, 0o007 if private else 0)
-        return TlsConfig(cert, key)
-
-    def auth(self, data: Any) -> AuthConfig:
-        self.no_extra(data, {"tokens_file"}, "auth")
-        tokens_file = self.path("auth.tokens_file", data.get("tokens_file", ""))
-        if tokens_file:
-            self.check_file("auth.tokens_file", tokens_file, 0o077)
-            try:
-                read_tokens(Path(tokens_file))
-            except ValueError as ex:
-                self.fail("auth.tokens_file", str(ex))
-        return AuthConfig(tokens_file)
-
-    def check_file(self, key: str, path: str, forbidden: int) -> None:
-        """A readable regular file whose mode grants none of ``forbidden``."""
-        try:
-            info = os.stat(path)
-            with open(path, "rb"):
-                pass
-        except OSError as ex:
-            self.fail(key, f"cannot read {path}: {ex.strerror}")
-        if not stat.S_ISREG(info.st_mode):
-            self.fail(key, f"{path} is not a regular file")
-        if info.st_mode & forbidden:
-            mode = stat.S_IMODE(info.st_mode)
-            self.fail(
-                key,
-                f"{path} has mode {mode:04o}, readable by others; "
-                f"chmod {mode & ~forbidden:04o} it (it holds secrets)",
-            )
-
-    def repositories(self, raw: Any) -> list[RepositoryConfig]:
-        if not isinstance(raw, list):
-            self.fail("repositories", "expected an array of tables ([[repositories]])")
-        found = []
-        for index, item in enumerate(raw):
-            where = f"repositories[{index}]"
-            self.no_extra(item, {"path", "versions"}, where)
-            if "path" not in item:
-                self.fail(f"{where}.path", "missing; a repository needs the directory's path")
-            path = Path(self.value(f"{where}.path", item["path"], "str")).expanduser()
-            if not path.is_absolute():
-                path = Path(self.source).parent.absolute() / path
-            try:
-                versions = repository.parse_versions(item.get("versions", "latest"))
-            except RepositoryError as ex:
-                self.fail(f"{where}.versions", str(ex))
-            found.append(RepositoryConfig(os.path.normpath(path), versions))
-        return found
-
-    def repository_models(self, repositories: tuple[RepositoryConfig, ...]) -> list[ModelConfig]:
-        """Scan each repository; an entry that does not check out is served Broken."""
-        models = []
-        for index, repo in enumerate(repositories):
-            where = f"repositories[{index}]"
-            try:
-                entries = repository.scan(Path(repo.path), repo.versions)
-            except RepositoryError as ex:
-                self.fail(f"{where}.path", str(ex))
-            for entry in entries:
-                try:
-                    models.append(self.model(f"{where} model {entry['name']}", entry))
-                except ConfigError as ex:
-                    reason = str(ex).removeprefix(f"{self.source}: ")
-                    models.append(self.model(where, repository.broken(entry["name"], reason)))
-        return models
-
-    def models(self, raw: Any) -> list[ModelConfig]:
-        if not isinstance(raw, list):
-            self.fail("models", "expected an array of tables ([[models]])")
-        return [self.model(f"models[{index}]", entry) for index, entry in enumerate(raw)]
-
-    def model_limits(self, where: str, data: Mapping[str, Any]) -> tuple[int, float | None]:
-        """Read a model's max_queue and max_busy_s."""
-        max_queue = self.value(f"{where}.max_queue", data.get("max_queue", 1024), "int")
-        if max_queue < 1:
-            self.fail(f"{where}.max_queue", f"expected an integer >= 1, got {max_queue}")
-        max_busy_s = self.value(f"{where}.max_busy_s", data.get("max_busy_s"), "float | None")
-        if max_busy_s is not None and max_busy_s <= 0:
-            self.fail(f"{where}.max_busy_s", f"expected a number of seconds > 0, got {max_busy_s}")
-        return max_queue, max_busy_s
-
-    def model(self, where: str, data: Any) -> ModelConfig:
-        known = {
-            "name",
-            "class",
-            "instances",
-            "max_batch_size",
-            "max_queue_delay_ms",
-            "response_ring_bytes",
-            "passthrough",
-            "options",
-            "max_queue",
-            "max_busy_s",
-        }
-        self.no_extra(data, known, where)
-        for required in ("name", "class"):
-            if required not in data:
-                self.fail(f"{where}.{required}", "missing; every model needs a name and a class")
-        name = self.value(f"{where}.name", data["name"], "str")
-        if not _NAME.match(name):
-            self.fail(f"{where}.name", f"{name!r}: use 1-63 letters, digits, '_', '.' or '-'")
-        cls = self.value(f"{where}.class", data["class"], "str")
-        if ":" not in cls:
-            self.fail(f"{where}.class", f"expected 'module:Class', got {cls!r}")
-        instances = self.value(f"{where}.instances", data.get("instances", 1), "int")
-        if instances < 1:
-            self.fail(f"{where}.instances", f"expected an integer >= 1, got {instances}")
-        options = data.get("options", {})
-        if not isinstance(options, Mapping):
-            self.fail(f"{where}.options", "expected a table")
-        max_queue, max_busy_s = self.model_limits(where, data)
-        return ModelConfig(
-            name=name,
-            cls=cls,
-            instances=instances,
-            max_batch_size=self.value(
-                f"{where}.max_batch_size", data.get("max_batch_size"), "int | None"
-            ),
-            max_queue_delay_ms=self.value(
-                f"{where}.max_queue_delay_ms", data.get("max_queue_delay_ms", 0.0), "float"
-            ),
-            response_ring_bytes=self.value(
-                f"{where}.response_ring_bytes", data.get("response_ring_bytes"), "int | None"
-            ),
-            passthrough=self.value(f"{where}.passthrough", data.get("passthrough", True), "bool"),
-            options=dict(options),
-            max_queue=max_queue,
-            max_busy_s=max_busy_s,
-        )
 
 
 def read_tokens(path: Path) -> list[str]:
