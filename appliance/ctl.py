@@ -29,11 +29,10 @@ def request(path: Path, command: str, timeout_s: float = 10.0, **fields: Any) ->
                 "`appliance serve`, or pass --socket / --config)"
             ) from None
         conn.sendall(orjson.dumps({"cmd": command, **fields}) + b"\n")
+        # Read to the end: the master closes once it has replied, so when
+        # this returns the connection is gone on its side too.
         data = bytearray()
-        while not data.endswith(b"\n"):
-            chunk = conn.recv(65536)
-            if not chunk:
-                break
+        while chunk := conn.recv(65536):
             data += chunk
     try:
         reply: dict[str, Any] = orjson.loads(bytes(data))
