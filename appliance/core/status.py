@@ -43,6 +43,7 @@ from __future__ import annotations
 import enum
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from appliance.core.segment import Segment
@@ -184,6 +185,13 @@ class StatusTable:
         """Return (state, role, instance, pid, generation, depth) quickly."""
         result: tuple[int, int, int, int, int, int] = _HOT.unpack_from(self._buf, self._at(index))
         return result
+
+    def occupied(self) -> Iterator[SlotInfo]:
+        """Snapshots of the slots a process holds (or held and has not yet released)."""
+        for index in range(self.n_slots):
+            info = self.read(index)
+            if info.role is not Role.NONE and info.state is not SlotState.EMPTY:
+                yield info
 
     def read(self, index: int) -> SlotInfo:
         base = self._at(index)

@@ -59,9 +59,8 @@ class TreeCollector(Collector):
             "Bytes in use in a process's shared-memory ring (spilled: in one-off segments).",
             labels=["role", "model", "pid", "kind"],
         )
-        for slot in range(status.n_slots):
-            info = status.read(slot)
-            if info.state not in (SlotState.READY, SlotState.STOPPING) or info.role is Role.NONE:
+        for info in status.occupied():
+            if info.state not in (SlotState.READY, SlotState.STOPPING):
                 continue
             role = info.role.name.lower()
             model = info.name if info.role is Role.MODEL else ""

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from appliance.client.api import ModelClient
-from appliance.core.status import Counter, Role, SlotState
+from appliance.core.status import Counter, Role
 from appliance.protocols.dashboard import rest as dashboard_rest
 
 # Served by the GRPS routes (GRPS keeps its monitor data under /grps/v1/monitor).
@@ -55,10 +55,7 @@ def _model(client: ModelClient, name: str) -> dict[str, Any]:
 
 def _processes(client: ModelClient) -> list[dict[str, Any]]:
     processes = []
-    for index in range(client.status.n_slots):
-        info = client.status.read(index)
-        if info.role is Role.NONE or info.state is SlotState.EMPTY:
-            continue
+    for info in client.status.occupied():
         label = f"{info.name}#{info.instance}" if info.role is Role.MODEL else ""
         processes.append(
             {

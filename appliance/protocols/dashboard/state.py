@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from appliance.client.api import ModelClient
-from appliance.core.status import Counter, Role, SlotState
+from appliance.core.status import Counter, Role
 from appliance.ctl import ControlError, request
 from appliance.protocols.dashboard import traffic
 
@@ -91,10 +91,7 @@ def _processes(master: dict[str, Any]) -> list[dict[str, Any]]:
 def _slot_processes(client: ModelClient) -> list[dict[str, Any]]:
     """Every process the status table knows, without the master's figures."""
     processes = []
-    for index in range(client.status.n_slots):
-        info = client.status.read(index)
-        if info.role is Role.NONE or info.state is SlotState.EMPTY:
-            continue
+    for info in client.status.occupied():
         model = info.name if info.role is Role.MODEL else ""
         role = f"model[{model}#{info.instance}]" if model else info.role.name.lower()
         processes.append(
