@@ -20,6 +20,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from appliance.client.api import ModelClient
 from tests.system.harness import Appliance, demo_models, running
 
 MODELS = [
@@ -374,6 +375,34 @@ def test_stream_answers_each_request_and_survives_errors(
     assert flags == [False, False, False]
     assert error5 is None
     assert final.get_response().parameters["triton_final_response"].bool_param
+
+
+def test_a_cancelled_stream_stops_the_decoupled_model(appliance: Appliance) -> None:
+    model_client = appliance.client()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        echo = [tensor("x", np.arange(40, dtype=np.float32))]
+        # 40 parts a quarter of a second apart: 10 s unless the cancel stops it.
+        parameters = {"chunks": 40, "chunk_delay_s": 0.25}
+        client.async_stream_infer("echo", echo, request_id="long", parameters=parameters)
+        _, error = answers.get(timeout=30)
+        assert error is None
+        assert queued(model_client, "echo") == 1
+        client.stop_stream(cancel_requests=True)
+        deadline = time.monotonic() + 5.0
+        while queued(model_client, "echo") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert queued(model_client, "echo") == 0, "the model still streams for a gone client"
+    finally:
+        client.close()
+        model_client.close()
+
+
+def queued(client: ModelClient, model: str) -> int:
+    """Requests queued or running in the model's instances."""
+    return sum(client.status.read(slot).depth for slot in client.router.slots[model])
 
 
 def test_repository_index_and_model_control(client: grpcclient.InferenceServerClient) -> None:
