@@ -55,8 +55,9 @@ class ServerConfig:
 class HttpConfig:
     port: int = 8000
     workers: int = 2
+    # Per worker, for the routes that block (see protocols/web.py); requests
+    # waiting on a model hold none.
     threads: int = 8
-    timeout_s: float = 120.0
     # Every REST protocol refuses a larger body (413), from Content-Length
     # before reading it when the client sends one.
     max_body_bytes: int = 64 * MiB

@@ -158,7 +158,7 @@ class HttpAuth:
     def __init__(self, tokens: Tokens) -> None:
         self.tokens = tokens
 
-    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         if req.path in OPEN_PATHS:
             return
         token = http_token(req.get_header("Authorization"))

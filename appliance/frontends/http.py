@@ -2,19 +2,22 @@
 
 The master starts this process; gunicorn then forks its workers. Nothing
 that must not cross a fork exists before that: each worker builds its model
-client (ZeroMQ context, request ring) in ``load()``, after the fork. Workers
-use the gthread class, so one worker holds several requests in flight and
-keeps HTTP/1.1 connections alive (tritonclient reuses them).
+client (ZeroMQ context, request ring) in ``load()``, after the fork. Each
+worker is an asyncio loop (gunicorn's ASGI worker, see ``httpworker.py``)
+serving a falcon ASGI app: inference waits in the loop through the model
+client's asyncio channel, so requests in flight are not capped by threads;
+blocking routes run on ``http.threads`` threads (``protocols/web.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import falcon
+import falcon.asgi
 from gunicorn.app.base import BaseApplication
 
 from appliance import logs
@@ -25,13 +28,14 @@ from appliance.frontends.context import FrontendContext
 from appliance.frontends.metrics import MetricsResource
 from appliance.frontends.observe import HttpObserver
 from appliance.frontends.slots import claim_slot
+from appliance.frontends.threads import Threads
 from appliance.process import become_child
 from appliance.protocols.dashboard import rest as dashboard_rest
 from appliance.protocols.graphpipe import rest as graphpipe_rest
 from appliance.protocols.grps import rest as grps_rest
 from appliance.protocols.kserve import rest as kserve_rest
 from appliance.protocols.umbridge import rest as umbridge_rest
-from appliance.protocols.web import App
+from appliance.protocols.web import App, ReadAhead
 
 # Every protocol's REST routes, mounted into one app; each renders its own errors.
 PROTOCOLS = (kserve_rest, grps_rest, umbridge_rest, graphpipe_rest, dashboard_rest)
@@ -39,13 +43,59 @@ PROTOCOLS = (kserve_rest, grps_rest, umbridge_rest, graphpipe_rest, dashboard_re
 log = logging.getLogger("appliance.http")
 
 
-def create_app(client: ModelClient) -> App:
+def create_app(client: ModelClient, threads: Threads) -> App:
     """Assemble the falcon app every protocol's REST routes mount into."""
-    app = falcon.App(middleware=[HttpObserver(), *auth.http_middleware(client.config)])
+    # Refused requests are answered before their bodies are read.
+    body = ReadAhead(client.config.http.max_body_bytes, threads)
+    app = falcon.asgi.App(middleware=[HttpObserver(), *auth.http_middleware(client.config), body])
     for protocol in PROTOCOLS:
         protocol.add_routes(app, client)
     app.add_route("/metrics", MetricsResource(client))
     return app
+
+
+Asgi = Callable[
+    [dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
+    Awaitable[None],
+]
+
+
+def refusing_early(app: Asgi, limit: int) -> Asgi:
+    """Let ``app`` answer a request whose declared body is over ``limit`` unread.
+
+    falcon waits for the first chunk of a body before it runs anything: a
+    client that sends its headers and waits (or is told to stop) would get
+    no answer. Such a request gets an empty first chunk at once, and the
+    route refuses it with 413 in its protocol's form (``web.read_body``).
+    """
+
+    async def asgi(
+        scope: dict[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http" or _declared_length(scope) <= limit:
+            await app(scope, receive, send)
+            return
+        started = False
+
+        async def first_empty() -> Any:
+            nonlocal started
+            if started:
+                return await receive()
+            started = True
+            return {"type": "http.request", "body": b"", "more_body": True}
+
+        await app(scope, first_empty, send)
+
+    return asgi
+
+
+def _declared_length(scope: dict[str, Any]) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 class HttpApplication(BaseApplication):  # type: ignore[misc]
@@ -79,10 +129,13 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
         settings: dict[str, Any] = {
             "bind": [bind],
             "workers": config.http.workers,
-            "worker_class": "appliance.frontends.httpworker.LingeringThreadWorker",
-            "threads": config.http.threads,
+            "worker_class": "appliance.frontends.httpworker.HttpWorker",
+            "asgi_loop": "asyncio",
+            "asgi_lifespan": "off",
             "reuse_port": self.listen_fd is None,
-            "timeout": int(config.http.timeout_s),
+            # gunicorn's ASGI worker bounds each wait for body bytes by it (its
+            # loop beats every second, so a stuck worker is also found by it).
+            "timeout": max(1, int(config.http.io_timeout_s)),
             "graceful_timeout": int(config.server.stop_timeout_s),
             "keepalive": config.http.keepalive_s,
             "accesslog": None,
@@ -98,7 +151,7 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
         for key, value in settings.items():
             self.cfg.set(key, value)
 
-    def load(self) -> App:
+    def load(self) -> Asgi:
         """Build this worker's client and app; runs in the worker, after fork."""
         logs.setup("http-worker", self.context.config.server.log_level)
         logs.set_access_log(self.context.config.server.access_log)
@@ -107,7 +160,9 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
             self.context.status, first, count, self.context.tree.dir, Role.HTTP_WORKER
         )
         self.client = self.context.client(publish_slot=slot)
-        return create_app(self.client)
+        http = self.context.config.http
+        app = create_app(self.client, Threads(http.threads, "http"))
+        return refusing_early(app, http.max_body_bytes)
 
     def _when_ready(self, _server: Any) -> None:
         self.context.status.set_state(self.slot, SlotState.READY, os.getpid())

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from appliance.client.api import ModelClient
 from appliance.core.status import Role, SlotState
 from appliance.ctl import ControlError, request
+from appliance.protocols.web import blocking
 
 
 class TreeCollector(Collector):
@@ -108,6 +109,7 @@ class MetricsResource:
     def __init__(self, client: ModelClient) -> None:
         self.client = client
 
+    @blocking  # reads every process's metrics files, and asks the master
     def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         registry = CollectorRegistry()
         directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")

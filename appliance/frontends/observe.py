@@ -39,14 +39,14 @@ def protocol_of_path(method: str, path: str) -> str:
 class HttpObserver:
     """falcon middleware: tag, count and log every HTTP request."""
 
-    def process_request(self, req: falcon.Request, _resp: falcon.Response) -> None:
+    async def process_request(self, req: falcon.Request, _resp: falcon.Response) -> None:
         protocol = protocol_of_path(req.method, req.path)
         PROTOCOL.set(protocol)
         MODEL.set("")
         req.context.protocol = protocol
         req.context.started = time.perf_counter()
 
-    def process_response(
+    async def process_response(
         self, req: falcon.Request, resp: falcon.Response, _resource: object, _ok: bool
     ) -> None:
         started = getattr(req.context, "started", None)

@@ -1,7 +1,7 @@
 """Blocking work for an event-loop frontend, on a bounded pool of threads.
 
-The gRPC frontend answers inference in its event loop (the model client's
-asyncio channel, no thread hop). Some calls block: loading a model waits
+The gRPC and HTTP frontends answer inference in their event loops (the
+model client's asyncio channel, no thread hop). Some calls block: loading a model waits
 for its worker, and a streaming model's parts come from a blocking
 generator. Those run here, so the loop never stalls.
 
@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import contextvars
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -31,13 +31,13 @@ class Threads:
     def __init__(self, size: int, name: str) -> None:
         self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix=name)
 
-    async def call(self, function: Callable[..., T], *args: Any) -> T:
-        """Run ``function(*args)`` in a thread; return (or raise) what it does."""
+    async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``function(*args, **kwargs)`` in a thread; return (or raise) what it does."""
         context = contextvars.copy_context()
-        future = self._pool.submit(context.run, function, *args)
+        future = self._pool.submit(context.run, function, *args, **kwargs)
         return await asyncio.wrap_future(future)
 
-    async def iterate(self, make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+    async def iterate(self, make: Callable[[], Iterator[T]]) -> AsyncGenerator[T, None]:
         """Yield the items of the iterator ``make()`` returns, run in one thread.
 
         The thread stays at most one item ahead. When the consumer stops

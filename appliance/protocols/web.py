@@ -1,38 +1,106 @@
-"""Types, the failure guard and the body reader shared by the protocols' REST bindings."""
+"""Types, the failure guard and the body reader shared by the protocols' REST bindings.
+
+The HTTP frontend is an asyncio (ASGI) app: one event loop per worker, so a
+request waiting on a model holds no thread. A responder is either a
+coroutine (inference, which waits through the model client's asyncio
+channel) or plain blocking code, which :func:`blocking` runs on the worker's
+thread pool (``http.threads``). Bodies are read in the loop before any
+responder runs (:class:`ReadAhead`), so blocking code never reads the socket.
+"""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import falcon
+import falcon.asgi
 
 from appliance.errors import BadRequest, TooLarge
+from appliance.frontends.threads import Threads
 
 # The falcon app every protocol's REST routes mount into.
-App = falcon.App[falcon.Request, falcon.Response]
+App = falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]
 
 LIMIT_KEY = "http.max_body_bytes"
 
-Responder = Callable[..., None]
+Responder = Callable[..., Any]
+AsyncResponder = Callable[..., Awaitable[None]]
 # Renders any exception a responder raised in its protocol's error form.
 RenderFailure = Callable[[falcon.Request, falcon.Response, Exception], None]
 
 
-def guarded(render: RenderFailure) -> Callable[[Responder], Responder]:
+class ReadAhead:
+    """falcon middleware: read each request's body, and hand responders the pool.
+
+    A body over ``limit`` by its Content-Length is left unread (the route
+    refuses it with 413, see :func:`read_body`); a chunked one is read up
+    to one byte past the limit.
+    """
+
+    def __init__(self, limit: int, threads: Threads) -> None:
+        self.limit = limit
+        self.threads = threads
+
+    async def process_request(self, req: falcon.asgi.Request, _resp: falcon.Response) -> None:
+        req.context.threads = self.threads
+        req.context.body = await _read_ahead(req, self.limit)
+
+
+async def _read_ahead(req: falcon.asgi.Request, limit: int) -> bytes | None:
+    try:
+        length = req.content_length
+    except falcon.HTTPError:
+        return None  # read_body answers it
+    if length is not None:
+        if length > limit or length == 0:
+            return None if length else b""
+        data: bytes = await req.stream.read(length)
+        return data
+    # Without a length or chunked framing an HTTP/1.1 request has no body.
+    if "chunked" not in (req.get_header("Transfer-Encoding") or "").lower():
+        return b""
+    chunks = []
+    size = 0
+    async for chunk in req.stream:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return b"".join(chunks)
+
+
+def blocking(responder: Responder) -> AsyncResponder:
+    """Make a blocking responder a coroutine that runs it on the pool."""
+
+    @functools.wraps(responder)
+    async def wrapper(self: Any, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
+        threads: Threads = req.context.threads
+        await threads.call(functools.partial(responder, self, req, resp, **params))
+
+    return wrapper
+
+
+def guarded(render: RenderFailure) -> Callable[[Responder], AsyncResponder]:
     """Decorate responders so that every failure is answered by ``render``.
 
     No exception leaves a responder: falcon would answer it with its own
     error body, which no protocol's client understands, and log a traceback
-    per request. ``render`` logs the unexpected ones itself.
+    per request. ``render`` logs the unexpected ones itself. A blocking
+    responder runs on the pool (see :func:`blocking`).
     """
 
-    def decorate(responder: Responder) -> Responder:
+    def decorate(responder: Responder) -> AsyncResponder:
+        run = responder if inspect.iscoroutinefunction(responder) else blocking(responder)
+
         @functools.wraps(responder)
-        def wrapper(self: Any, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
+        async def wrapper(
+            self: Any, req: falcon.Request, resp: falcon.Response, **params: Any
+        ) -> None:
             try:
-                responder(self, req, resp, **params)
+                await run(self, req, resp, **params)
             except Exception as ex:
                 render(req, resp, ex)
 
@@ -45,9 +113,8 @@ def read_body(req: falcon.Request, limit: int, hint: str = "") -> bytes:
     """Return the whole request body, refusing one over ``limit`` bytes.
 
     A Content-Length over the limit is refused before a byte of the body is
-    read; a chunked body is read up to one byte past the limit. gunicorn
-    then discards the unread rest (bounded in time and bytes) or closes the
-    connection.
+    read; a chunked body is read up to one byte past the limit. The server
+    then discards the unread rest or closes the connection.
 
     Args:
         req: the request.
@@ -62,16 +129,12 @@ def read_body(req: falcon.Request, limit: int, hint: str = "") -> bytes:
         length = req.content_length
     except falcon.HTTPError:
         raise BadRequest("the Content-Length header is not a byte count") from None
-    if length is not None:
-        if length > limit:
-            raise TooLarge(too_large_message(length, limit, hint))
-        data: bytes = req.bounded_stream.read(length)
-        return data
-    # Without a length or chunked framing an HTTP/1.1 request has no body;
-    # a chunked one ends where gunicorn ends wsgi.input.
-    if "chunked" not in (req.get_header("Transfer-Encoding") or "").lower():
-        return b""
-    data = req.stream.read(limit + 1)
+    if length is not None and length > limit:
+        raise TooLarge(too_large_message(length, limit, hint))
+    data: bytes | None = getattr(req.context, "body", None)
+    if data is None:
+        # Left unread by ReadAhead: over the frontend's limit.
+        raise TooLarge(too_large_message(length, limit, hint))
     if len(data) > limit:
         raise TooLarge(too_large_message(None, limit, hint))
     return data

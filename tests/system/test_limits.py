@@ -48,6 +48,7 @@ CROWD = 16
 HTTP_THREADS = 8
 TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 3.0  # http.read_timeout_s: shorter than the default, for a quick test
+IO_TIMEOUT_S = 3.0  # http.io_timeout_s, likewise
 MODELS = [
     *demo_models("echo"),
     {"name": "sleepy", "class": "tests.models:Slow"},
@@ -440,6 +441,39 @@ def test_http_request_that_never_completes_is_dropped_after_read_timeout(
     # murder_pending runs about once a second; the connection goes at its next turn.
     assert READ_TIMEOUT_S - 0.5 < waited < READ_TIMEOUT_S + 3.0, waited
     http_ready(served)
+
+
+def test_an_http_client_that_stops_reading_its_reply_is_cut_off() -> None:
+    # A reply far larger than the kernel's socket buffers: JSON text of 2 M floats.
+    values = np.random.default_rng(0).random(1 << 21, dtype=np.float32)
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP32",
+                    "shape": [values.size],
+                    "parameters": {"binary_data_size": values.nbytes},
+                }
+            ]
+        }
+    ).encode()
+    body = header + values.tobytes()
+    request = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+        + f"Inference-Header-Content-Length: {len(header)}\r\n".encode()
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+    with running(demo_models("echo"), http={"workers": 1, "io_timeout_s": IO_TIMEOUT_S}) as app:
+        with socket.create_connection(("127.0.0.1", app.ports["http"]), timeout=TIMEOUT_S) as sock:
+            sock.sendall(request + body)
+            time.sleep(IO_TIMEOUT_S + 3.0)  # the reply waits, unread, past io_timeout_s
+            received = 0
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(1 << 20):
+                    received += len(chunk)
+        assert 0 < received < values.size * 8, "the reply waited for a client that did not read"
+        http_ready(app)
 
 
 def test_trickled_and_pipelined_http_requests_are_served(served: Appliance) -> None:

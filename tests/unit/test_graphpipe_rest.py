@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
-import falcon
+import falcon.asgi
 import falcon.testing
 import numpy as np
 import pytest
 
 from appliance.errors import ModelNotFound
+from appliance.frontends.threads import Threads
 from appliance.protocols.graphpipe import rest
 from appliance.protocols.graphpipe.errors import GraphPipeCode
+from appliance.protocols.web import ReadAhead
 from tests.unit.test_graphpipe_encoder import decode_infer_response, encode_infer_request
 
 
@@ -33,14 +36,21 @@ class StubClient:
         raise self.error
 
 
-def app_for(client: StubClient) -> falcon.testing.TestClient:
-    app = falcon.App()
+@pytest.fixture(scope="module")
+def threads() -> Iterator[Threads]:
+    pool = Threads(2, "test")
+    yield pool
+    pool.shutdown()
+
+
+def app_for(client: StubClient, threads: Threads) -> falcon.testing.TestClient:
+    app = falcon.asgi.App(middleware=[ReadAhead(1 << 20, threads)])
     rest.add_routes(app, client)  # type: ignore[arg-type]
     return falcon.testing.TestClient(app)
 
 
-def test_without_a_default_model_root_names_the_models() -> None:
-    http = app_for(StubClient("", ModelNotFound("unused")))
+def test_without_a_default_model_root_names_the_models(threads: Threads) -> None:
+    http = app_for(StubClient("", ModelNotFound("unused")), threads)
     reply = http.simulate_get("/")
     assert reply.status_code == 404
     assert "server.default_model" in reply.text
@@ -53,8 +63,8 @@ def test_without_a_default_model_root_names_the_models() -> None:
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])
-def test_a_bug_answers_500_text_without_a_traceback(method: str) -> None:
-    http = app_for(StubClient("m", RuntimeError("secret internals")))
+def test_a_bug_answers_500_text_without_a_traceback(method: str, threads: Threads) -> None:
+    http = app_for(StubClient("m", RuntimeError("secret internals")), threads)
     body = encode_infer_request([np.ones(1)]) if method == "POST" else None
     reply = http.simulate_request(method, "/graphpipe/m", body=body)
     assert reply.status_code == 500

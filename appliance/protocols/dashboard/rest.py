@@ -100,8 +100,8 @@ def _read_online(req: falcon.Request) -> bool:
             f"POST {html.ONLINE_PATH} takes Content-Type application/json, got "
             f"{content_type or 'none'}",
         )
-    body = req.bounded_stream.read(MAX_BODY_BYTES + 1)
-    if len(body) > MAX_BODY_BYTES:
+    body: bytes | None = req.context.body
+    if body is None or len(body) > MAX_BODY_BYTES:
         raise _Refused(falcon.HTTP_413, f"the body exceeds {MAX_BODY_BYTES} bytes")
     try:
         message = orjson.loads(body)

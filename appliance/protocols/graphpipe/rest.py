@@ -87,7 +87,7 @@ class GraphPipeResource:
         resp.data = metadata_json(self._describe(model))
 
     @_guarded
-    def on_post(self, req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
+    async def on_post(self, req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
         body = read_body(req, self.client.config.http.max_body_bytes)
         try:
             request = decode_request(body)
@@ -97,16 +97,17 @@ class GraphPipeResource:
         if isinstance(request, MetadataRequest):
             resp.data = encode_metadata_response(self._describe(model))
         else:
-            resp.data = self._infer(model, request)
+            resp.data = await self._infer(model, request)
 
-    def _infer(self, model: str, request: InferRequest) -> bytes:
+    async def _infer(self, model: str, request: InferRequest) -> bytes:
         try:
             model = model or self._default_model()
             metadata = self.client.metadata(model)
             binding = bind(metadata, request)
-            with self.client.infer(
+            result = await self.client.infer_async(
                 model, binding.inputs, binding.outputs, binding.parameters
-            ) as result:
+            )
+            with result:
                 outputs = select_outputs(metadata, binding.outputs, result.outputs)
                 return encode_infer_response(outputs)
         except GraphPipeError as ex:

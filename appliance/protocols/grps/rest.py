@@ -17,13 +17,15 @@ inside the responders, so no other protocol's error form can leak in.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import falcon
+import falcon.asgi
 import orjson
 
 from appliance.client.api import ModelClient
+from appliance.frontends.threads import Threads
 from appliance.protocols import page
 from appliance.protocols.grps import service
 from appliance.protocols.grps.codec import (
@@ -79,7 +81,7 @@ class LiveResource:
         self.client = client
 
     @_guarded
-    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         # Answering at all means this frontend lives; the master must too.
         if self.client.server_live():
             reply(resp, OK, encode_status())
@@ -94,7 +96,7 @@ class ReadyResource:
         self.client = client
 
     @_guarded
-    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         if service.ready(self.client):
             reply(resp, OK, encode_status())
         else:
@@ -146,7 +148,7 @@ class PredictResource:
         raise GrpsError(405, "infer/predict takes POST with a JSON or octet-stream body")
 
     @_guarded
-    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_post(self, req: falcon.Request, resp: falcon.asgi.Response) -> None:
         streaming = _flag(req, "streaming")
         want_ndarray = _flag(req, "return-ndarray")
         if streaming and want_ndarray:
@@ -157,27 +159,37 @@ class PredictResource:
         pairs = [(k, v if isinstance(v, str) else v[-1]) for k, v in req.params.items()]
         parameters = service.parameters(pairs, RESERVED_PARAMS)
         if streaming:
-            self._stream(resp, payload, parameters)
+            await self._stream(req.context.threads, resp, payload, parameters)
             return
-        body, content_type = service.predict(
+        body, content_type = await service.predict_async(
             self.client, payload, parameters, _encode, want_ndarray=want_ndarray
         )
         reply(resp, OK, body, content_type)
 
-    def _stream(self, resp: falcon.Response, payload: Payload, parameters: dict[str, Any]) -> None:
-        parts = service.stream(self.client, payload, parameters, encode_json_reply)
+    async def _stream(
+        self,
+        threads: Threads,
+        resp: falcon.asgi.Response,
+        payload: Payload,
+        parameters: dict[str, Any],
+    ) -> None:
+        # The model's parts come from a blocking generator: one pool thread
+        # runs it whole (see frontends/threads.py).
+        parts = threads.iterate(
+            lambda: service.stream(self.client, payload, parameters, encode_json_reply)
+        )
         # The first part decides the HTTP status: errors found before any
         # output (model, binding, the worker's checks) get a plain reply.
         try:
-            first = next(parts)
-        except StopIteration:
+            first = await anext(parts)
+        except StopAsyncIteration:
             first = None
         except BaseException:
-            parts.close()
+            await parts.aclose()
             raise
         resp.status = falcon.HTTP_200
         resp.content_type = STREAM_TYPE
-        resp.stream = _chunks(first, parts)
+        resp.stream = _Chunks(first, parts)
 
 
 def _encode(payload: Payload) -> tuple[bytes, str]:
@@ -188,20 +200,36 @@ def _encode(payload: Payload) -> tuple[bytes, str]:
     return encode_json_reply(payload), REPLY_TYPE
 
 
-def _chunks(first: bytes | None, parts: Generator[bytes, None, None]) -> Iterator[bytes]:
-    """Yield one GrpsMessage per HTTP chunk; a failure ends the stream as one.
+class _Chunks:
+    """One GrpsMessage per HTTP chunk; a failure ends the stream as one.
 
-    The WSGI server closes this generator when the client goes away, which
-    closes ``parts`` and so cancels the model's stream in its worker.
+    falcon closes a response stream that has ``close()`` when the response
+    ends, the client gone or not; closing ``parts`` cancels the model's
+    stream in its worker.
     """
-    try:
-        if first is not None:
-            yield first
-        yield from parts
-    except Exception as ex:
-        yield encode_error(service.failure(ex))
-    finally:
-        parts.close()
+
+    def __init__(self, first: bytes | None, parts: AsyncGenerator[bytes, None]) -> None:
+        self._parts = parts
+        self._chunks = self._run(first)
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await anext(self._chunks)
+
+    async def _run(self, first: bytes | None) -> AsyncGenerator[bytes, None]:
+        try:
+            if first is not None:
+                yield first
+            async for part in self._parts:
+                yield part
+        except Exception as ex:
+            yield encode_error(service.failure(ex))
+
+    async def close(self) -> None:
+        await self._chunks.aclose()
+        await self._parts.aclose()
 
 
 def _flag(req: falcon.Request, name: str) -> bool:

@@ -67,7 +67,7 @@ def resolve_model(client: ModelClient, requested: str) -> str:
     )
 
 
-def predict(
+async def predict_async(
     client: ModelClient,
     payload: Payload,
     parameters: dict[str, Any],
@@ -75,21 +75,8 @@ def predict(
     want_ndarray: bool = False,
     timeout_s: float | None = None,
 ) -> T:
-    """Run the model once; return the encoded reply."""
+    """Run the model once; return the encoded reply (the call waits in the loop)."""
     model, inputs, shaper = _prepare(client, payload, want_ndarray)
-    with client.infer(model, inputs, parameters=parameters, timeout_s=timeout_s) as result:
-        return encode(shaper.shape(result.outputs))
-
-
-async def predict_async(
-    client: ModelClient,
-    payload: Payload,
-    parameters: dict[str, Any],
-    encode: Encode[T],
-    timeout_s: float | None = None,
-) -> T:
-    """:func:`predict` for an event loop: the call waits without a thread."""
-    model, inputs, shaper = _prepare(client, payload, False)
     result = await client.infer_async(model, inputs, parameters=parameters, timeout_s=timeout_s)
     with result:
         return encode(shaper.shape(result.outputs))

@@ -95,13 +95,14 @@ class Resource:
         return value
 
 
+# Health reads the status table (shared memory): answered in the loop, at once.
 class LiveResource(Resource):
-    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         resp.status = falcon.HTTP_200 if self.client.server_live() else falcon.HTTP_503
 
 
 class ReadyResource(Resource):
-    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         resp.status = falcon.HTTP_200 if self.client.server_ready() else falcon.HTTP_503
 
 
@@ -140,14 +141,14 @@ class ModelResource(Resource):
         _json(resp, {"model_stats": service.model_statistics(self.client, model, version)})
 
     @responder
-    def on_post_infer(
+    async def on_post_infer(
         self, req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
     ) -> None:
         header_length = _header_length(req)
         request = codec.decode_infer_request(self.body(req), header_length, model, version)
         timeout_s = request.timeout_s()
         accepted = encoding.choose_encoding(req.get_header("Accept-Encoding"))
-        with service.infer(self.client, self.regions, request, timeout_s) as outputs:
+        async with service.infer_async(self.client, self.regions, request, timeout_s) as outputs:
             served = request.version or service.version_of(self.client, model)
             body, json_length = codec.encode_infer_response(model, served, request.id, outputs)
         if json_length is not None:
@@ -239,8 +240,12 @@ class CudaSharedMemoryResource(Resource):
         _json(resp, {})
 
 
-def unknown_endpoint(req: falcon.Request, resp: falcon.Response, **_params: Any) -> None:
+async def unknown_endpoint(
+    req: falcon.Request, resp: falcon.Response | None, **_params: Any
+) -> None:
     """Answer /v2 paths no route serves (trace and log settings, typos) in KServe's form."""
+    if resp is None:  # a WebSocket: falcon refuses it
+        return
     error = Unsupported(f"{req.method} {req.path} is not an endpoint this server implements")
     _render_error(resp, error, 404)
 

@@ -205,26 +205,17 @@ def cuda_register(name: str) -> None:
 # -- inference -------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def infer(
+@contextlib.asynccontextmanager
+async def infer_async(
     client: ModelClient, regions: RegionTable, request: InferRequest, timeout_s: float | None
-) -> Iterator[list[OutputData]]:
+) -> AsyncIterator[list[OutputData]]:
     """Run a request; yield its outputs, valid until the block ends.
 
     Inputs in shared memory are read from the client's region (the model
     client copies them once into its ring); outputs asked for in shared
     memory are written into the client's region and carry no data back.
+    The call waits in the event loop, without a thread.
     """
-    call = _prepare(client, regions, request)
-    with client.infer(call.model, call.inputs, call.names, call.parameters, timeout_s) as result:
-        yield _outputs(request, result.outputs, call.views)
-
-
-@contextlib.asynccontextmanager
-async def infer_async(
-    client: ModelClient, regions: RegionTable, request: InferRequest, timeout_s: float | None
-) -> AsyncIterator[list[OutputData]]:
-    """:func:`infer` for an event loop: the call waits without a thread."""
     call = _prepare(client, regions, request)
     result = await client.infer_async(
         call.model, call.inputs, call.names, call.parameters, timeout_s

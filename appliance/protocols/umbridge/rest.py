@@ -33,7 +33,7 @@ from appliance.protocols.umbridge.errors import (
     encode_error,
     from_appliance,
 )
-from appliance.protocols.web import App, read_body
+from appliance.protocols.web import App, blocking, read_body
 
 # SAFETY: a JSON float64 takes up to ~25 bytes, so http.max_body_bytes
 # (64 MiB by default) admits vectors of about 2.5 million numbers; larger ones
@@ -49,6 +49,7 @@ class InfoResource:
     def __init__(self, bridge: Bridge) -> None:
         self.bridge = bridge
 
+    @blocking
     def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         respond(resp, self.bridge.info)
 
@@ -60,6 +61,7 @@ class PostResource:
         self.handler = handler
         self.limit = max_body_bytes
 
+    @blocking
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         respond(resp, lambda: self.handler(decode_body(self._body(req))))
 
