@@ -10,8 +10,9 @@ processes, each a closed loop with one request in flight, for a fixed time):
 2. Peers in the same run, each in its own virtual environment under
    bench/.peers/ (made on first use): MLServer 1.7.1 with parallel_workers 1
    and 0 over V2 REST and gRPC (same tritonclient load), UM-Bridge's own
-   server, and a bare falcon+gunicorn app that answers in place (gthread, the
-   appliance's worker class, and sync). Ratios appliance/peer per row.
+   server, and a bare falcon+gunicorn app that answers in place (gunicorn's
+   ASGI worker with falcon's ASGI app, the appliance's HTTP stack; gthread and
+   sync for reference). Ratios appliance/peer per row.
 3. Batching: digits at 64 clients, dynamic batching on (max_batch_size 64,
    2 ms) and off (max_batch_size 0), over KServe gRPC, MIP and the internal
    client.
@@ -139,6 +140,7 @@ def peer_factories() -> dict[str, Callable[[], Any]]:
         "mlserver-pw1": lambda: servers.mlserver(1),
         "mlserver-pw0": lambda: servers.mlserver(0),
         "umbridge": lambda: servers.umbridge_server(sizes),
+        "floor-asgi": lambda: servers.floor("asgi", http["workers"], 1),
         "floor-gthread": lambda: servers.floor("gthread", http["workers"], http["threads"]),
         "floor-sync": lambda: servers.floor("sync", http["workers"], 1),
     }

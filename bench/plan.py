@@ -104,6 +104,9 @@ PEERS = (
         "umbridge-ref", "umbridge", "umbridge", "umbridge", caps=UMBRIDGE_CAPS, versus="umbridge"
     ),
     System(
+        "floor-asgi", "floor-asgi", "kserve-rest", "rest", caps=FLOOR_CAPS, versus="kserve-rest"
+    ),
+    System(
         "floor-gthread",
         "floor-gthread",
         "kserve-rest",

@@ -33,6 +33,7 @@ LABELS = {
     "mlserver-pw0 grpc": "MLServer 1.7.1 pw=0, gRPC",
     "mlserver-pw0 rest-json": "MLServer 1.7.1 pw=0, REST (JSON)",
     "umbridge-ref": "UM-Bridge 1.2.10 server",
+    "floor-asgi": "falcon+gunicorn floor, ASGI",
     "floor-gthread": "falcon+gunicorn floor, gthread",
     "floor-sync": "falcon+gunicorn floor, sync",
 }

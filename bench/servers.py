@@ -245,30 +245,40 @@ def umbridge_server(sizes: dict[str, int]) -> Iterator[PeerServer]:
         yield server
 
 
+# kind: (gunicorn worker class, app); asgi is the appliance's own HTTP stack.
+FLOOR_KINDS = {
+    "gthread": ("gthread", "floor_app:app"),
+    "sync": ("sync", "floor_app:app"),
+    "asgi": ("gunicorn.workers.gasgi.ASGIWorker", "floor_asgi_app:app"),
+}
+
+
 @contextlib.contextmanager
-def floor(worker_class: str, workers: int, threads: int) -> Iterator[PeerServer]:
-    """bench/peers/floor_app.py under gunicorn with ``worker_class`` (gthread or sync)."""
+def floor(kind: str, workers: int, threads: int) -> Iterator[PeerServer]:
+    """The falcon floor under gunicorn: ``kind`` is gthread, sync or asgi."""
     requirements = floor_requirements()
     bin_dir = ensure_venv("floor", requirements)
     port = free_port()
+    worker_class, app = FLOOR_KINDS[kind]
+    threaded = kind == "gthread"
     argv = [
         str(bin_dir / "gunicorn"),
         f"--bind=127.0.0.1:{port}",
         f"--workers={workers}",
         f"--worker-class={worker_class}",
-        f"--threads={threads}",
+        *([f"--threads={threads}"] if threaded else []),
         "--keep-alive=30",  # as the appliance's HTTP frontend
         "--backlog=2048",
-        "floor_app:app",
+        app,
     ]
     url = f"127.0.0.1:{port}"
     ready = http_ok(f"http://{url}/v2/health/ready")
-    with started(f"floor-{worker_class}", argv, {"rest": url}, ready, PEER_CODE) as server:
+    with started(f"floor-{kind}", argv, {"rest": url}, ready, PEER_CODE) as server:
         server.details = {
             "requirements": requirements,
             "worker_class": worker_class,
             "workers": workers,
-            "threads": threads if worker_class == "gthread" else 1,
+            "threads": threads if threaded else 1,
         }
         yield server
 

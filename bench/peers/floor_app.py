@@ -18,35 +18,41 @@ import orjson
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
+def answer(model: str, body: bytes, header_length: str | None) -> tuple[bytes, str, int | None]:
+    """The reply to an infer request: (body, content type, JSON header length)."""
+    split = int(header_length) if header_length else len(body)
+    request = orjson.loads(body[:split])
+    wanted = [o["name"] for o in request.get("outputs", ())]
+    outputs = []
+    for index, tensor in enumerate(request["inputs"]):
+        output = {
+            "name": wanted[index] if index < len(wanted) else f"OUTPUT{index}",
+            "datatype": tensor["datatype"],
+            "shape": tensor["shape"],
+        }
+        if "data" in tensor:
+            output["data"] = tensor["data"]
+        else:
+            output["parameters"] = {"binary_data_size": tensor["parameters"]["binary_data_size"]}
+        outputs.append(output)
+    header = orjson.dumps({"model_name": model, "outputs": outputs})
+    if header_length:
+        return header + body[split:], "application/octet-stream", len(header)
+    return header, "application/json", None
+
+
+def respond(resp: falcon.Response, reply: tuple[bytes, str, int | None]) -> None:
+    data, content_type, header_length = reply
+    if header_length is not None:
+        resp.set_header(HEADER_LENGTH, str(header_length))
+    resp.content_type = content_type
+    resp.data = data
+
+
 class Infer:
     def on_post(self, req: falcon.Request, resp: falcon.Response, model: str) -> None:
         body = req.bounded_stream.read()
-        header_length = req.get_header(HEADER_LENGTH)
-        split = int(header_length) if header_length else len(body)
-        request = orjson.loads(body[:split])
-        wanted = [o["name"] for o in request.get("outputs", ())]
-        outputs = []
-        for index, tensor in enumerate(request["inputs"]):
-            output = {
-                "name": wanted[index] if index < len(wanted) else f"OUTPUT{index}",
-                "datatype": tensor["datatype"],
-                "shape": tensor["shape"],
-            }
-            if "data" in tensor:
-                output["data"] = tensor["data"]
-            else:
-                output["parameters"] = {
-                    "binary_data_size": tensor["parameters"]["binary_data_size"]
-                }
-            outputs.append(output)
-        header = orjson.dumps({"model_name": model, "outputs": outputs})
-        if header_length:
-            resp.set_header(HEADER_LENGTH, str(len(header)))
-            resp.content_type = "application/octet-stream"
-            resp.data = header + body[split:]
-        else:
-            resp.content_type = "application/json"
-            resp.data = header
+        respond(resp, answer(model, body, req.get_header(HEADER_LENGTH)))
 
 
 class Ready:
