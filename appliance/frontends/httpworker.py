@@ -107,14 +107,14 @@ class _Connection(ASGIProtocol):  # type: ignore[misc]
     def _read_timed_out(self) -> None:
         self._deadline = None
         self.log.debug("closing a connection whose request did not arrive in time")
-        self.close_idle()
+        self.close_now()
 
     @property
     def idle(self) -> bool:
         """Whether no request is being served (one may be arriving)."""
         return bool(self._awaiting_request) and not self._finishing_calls
 
-    def close_idle(self) -> None:
+    def close_now(self) -> None:
         self._close_transport()
         # Wakes the connection's loop, which sees the closed transport and ends.
         if self._request_ready is not None:
@@ -129,8 +129,9 @@ class HttpWorker(ASGIWorker):  # type: ignore[misc]
         http = self.app.context.config.http
         self.read_timeout_s: float = http.read_timeout_s
         self.io_timeout_s: float = http.io_timeout_s
-        # PERF and SAFETY: gunicorn creates each connection's protocol by this
-        # module-level name; this process serves only the appliance.
+        # gunicorn builds each connection's protocol from this module-level
+        # name and offers no hook; rebinding it is process-wide, and this
+        # process serves only the appliance.
         gasgi.ASGIProtocol = _Connection
         die_with_parent()
         super().init_process()
@@ -141,7 +142,7 @@ class HttpWorker(ASGIWorker):  # type: ignore[misc]
             server.close()
         for connection in list(self.connections):
             if connection.idle:
-                connection.close_idle()
+                connection.close_now()
 
     async def _shutdown(self) -> None:
         # Connections that went idle after SIGTERM close too (gunicorn closes
@@ -149,5 +150,5 @@ class HttpWorker(ASGIWorker):  # type: ignore[misc]
         # not one that was waiting for a request).
         for connection in list(self.connections):
             if connection.idle:
-                connection.close_idle()
+                connection.close_now()
         await super()._shutdown()
