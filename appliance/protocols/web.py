@@ -10,6 +10,7 @@ responder runs (:class:`ReadAhead`), so blocking code never reads the socket.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ import falcon.asgi
 
 from appliance.errors import BadRequest, TooLarge
 from appliance.frontends.threads import Threads
+from appliance.metrics import MODEL
 
 # The falcon app every protocol's REST routes mount into.
 App = falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]
@@ -78,7 +80,12 @@ def blocking(responder: Responder) -> AsyncResponder:
     @functools.wraps(responder)
     async def wrapper(self: Any, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
         threads: Threads = req.context.threads
-        await threads.call(functools.partial(responder, self, req, resp, **params))
+        context = contextvars.copy_context()
+        try:
+            await threads.call(context.run, functools.partial(responder, self, req, resp, **params))
+        finally:
+            # The access line names the model the thread called.
+            MODEL.set(context.get(MODEL, ""))
 
     return wrapper
 
