@@ -17,7 +17,7 @@ endpoint that model lacks still gets UnsupportedFeature.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,23 @@ class Wrt:
     in_wrt2: int | None = None
     sens: Vector | None = None
     vec: Vector | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A model call's request, read and checked."""
+
+    iface: Interface
+    config: dict[str, Any] | None
+    channel: shm.Channel | None  # vectors travel in shared memory
+    vectors: list[Vector]
+
+    def reply(self, outputs: list[Vector], encode: Callable[[list[Vector]], bytes]) -> bytes:
+        """The reply: ``outputs`` encoded, or {} with them written to shared memory."""
+        if self.channel is None:
+            return encode(outputs)
+        self.channel.write_outputs(outputs)
+        return EMPTY_REPLY
 
 
 class Bridge:
@@ -160,7 +177,24 @@ class Bridge:
         return EMPTY_REPLY if value is None else orjson.dumps({"value": [value]})
 
     def call(self, feature: Feature, request: Mapping[str, Any], via_shm: bool) -> bytes:
-        """Run Evaluate or a derivative, with vectors in JSON or shared memory."""
+        """Run a derivative, with vectors in JSON or shared memory (blocking)."""
+        call = self._read_call(feature, request, via_shm)
+        wrt = read_wrt(request, call.iface, feature)
+        result = self.derivative(call.iface, feature, call.vectors, wrt, call.config)
+        return call.reply([result], lambda vectors: encode_vector(vectors[0]))
+
+    async def evaluate(self, request: Mapping[str, Any], via_shm: bool) -> bytes:
+        """Evaluate the model on one point, as one row of a batch (in the event loop)."""
+        call = self._read_call(Feature.EVALUATE, request, via_shm)
+        iface = call.iface
+        inputs = to_model_inputs(iface, call.vectors)
+        result = await self.client.infer_async(iface.name, inputs, parameters=call.config)
+        with result:
+            arrays = {name: t.array() for name, t in result.outputs.items()}
+            outputs = output_vectors(iface, arrays)
+        return call.reply(outputs, encode_outputs)
+
+    def _read_call(self, feature: Feature, request: Mapping[str, Any], via_shm: bool) -> _Call:
         iface = self.resolve(request, feature)
         config = read_config(request)
         channel = shm.Channel.from_request(request) if via_shm else None
@@ -168,28 +202,9 @@ class Bridge:
             vectors = channel.read_inputs(request, iface)
         else:
             vectors = read_inputs(request, iface)
-        if feature is Feature.EVALUATE:
-            outputs = self.evaluate(iface, vectors, config)
-            if channel is None:
-                return encode_outputs(outputs)
-            channel.write_outputs(outputs)
-            return EMPTY_REPLY
-        wrt = read_wrt(request, iface, feature)
-        result = self.derivative(iface, feature, vectors, wrt, config)
-        if channel is None:
-            return encode_vector(result)
-        channel.write_outputs([result])
-        return EMPTY_REPLY
+        return _Call(iface, config, channel, vectors)
 
     # -- model calls ------------------------------------------------------------
-
-    def evaluate(
-        self, iface: Interface, vectors: list[Vector], config: dict[str, Any] | None
-    ) -> list[Vector]:
-        """Evaluate the model on one point, as one row of a batch."""
-        inputs = to_model_inputs(iface, vectors)
-        with self.client.infer(iface.name, inputs, parameters=config) as result:
-            return output_vectors(iface, {name: t.array() for name, t in result.outputs.items()})
 
     def derivative(
         self,

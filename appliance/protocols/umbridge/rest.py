@@ -19,7 +19,7 @@ inside the responders, so no other protocol's error form can leak in.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import falcon
@@ -43,6 +43,7 @@ SHMEM_HINT = "pass large vectors through shared memory (use_shmem=True)"
 log = logging.getLogger("appliance.umbridge")
 
 Handler = Callable[[Mapping[str, Any]], bytes]
+AsyncHandler = Callable[[Mapping[str, Any]], Awaitable[bytes]]
 
 
 class InfoResource:
@@ -55,7 +56,7 @@ class InfoResource:
 
 
 class PostResource:
-    """One POST endpoint: read the body, run ``handler``, render the reply."""
+    """One POST endpoint: read the body, run ``handler`` on the pool, render the reply."""
 
     def __init__(self, handler: Handler, max_body_bytes: int) -> None:
         self.handler = handler
@@ -63,25 +64,51 @@ class PostResource:
 
     @blocking
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        respond(resp, lambda: self.handler(decode_body(self._body(req))))
+        respond(resp, lambda: self.handler(decode_body(read_body(req, self.limit, SHMEM_HINT))))
 
-    def _body(self, req: falcon.Request) -> bytes:
-        return read_body(req, self.limit, SHMEM_HINT)
+
+class EvaluateResource:
+    """Evaluate: ``handler`` waits for the model in the event loop."""
+
+    def __init__(self, handler: AsyncHandler, max_body_bytes: int) -> None:
+        self.handler = handler
+        self.limit = max_body_bytes
+
+    async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        try:
+            body = await self.handler(decode_body(read_body(req, self.limit, SHMEM_HINT)))
+        except Exception as ex:
+            render(resp, *failure(ex))
+        else:
+            render(resp, body, 200)
 
 
 def respond(resp: falcon.Response, produce: Callable[[], bytes]) -> None:
     """Set the reply from ``produce``, or UM-Bridge's error form if it raises."""
     try:
-        body, status = produce(), 200
-    except UmBridgeError as ex:
-        body, status = encode_error(ex), ex.status
-    except ApplianceError as ex:
-        error = from_appliance(ex)
-        body, status = encode_error(error), error.status
+        body = produce()
     except Exception as ex:
-        log.exception("UM-Bridge request failed")
-        error = UmBridgeError(500, "InternalError", f"internal error: {type(ex).__name__}: {ex}")
-        body, status = encode_error(error), 500
+        render(resp, *failure(ex))
+    else:
+        render(resp, body, 200)
+
+
+def failure(error: Exception) -> tuple[bytes, int]:
+    """UM-Bridge's error body and HTTP status for ``error``."""
+    if isinstance(error, UmBridgeError):
+        return encode_error(error), error.status
+    if isinstance(error, ApplianceError):
+        mapped = from_appliance(error)
+        return encode_error(mapped), mapped.status
+    log.error("UM-Bridge request failed", exc_info=error)
+    internal = UmBridgeError(
+        500, "InternalError", f"internal error: {type(error).__name__}: {error}"
+    )
+    return encode_error(internal), 500
+
+
+def render(resp: falcon.Response, body: bytes, status: int) -> None:
+    # Every reply, error or not, is JSON.
     resp.status = falcon.code_to_http_status(status)
     resp.content_type = falcon.MEDIA_JSON
     resp.data = body
@@ -96,10 +123,16 @@ def add_routes(app: App, client: ModelClient) -> None:
     app.add_route("/InputSizes", PostResource(lambda r: bridge.sizes(r, outputs=False), limit))
     app.add_route("/OutputSizes", PostResource(lambda r: bridge.sizes(r, outputs=True), limit))
     app.add_route("/TestShMem", PostResource(bridge.test_shmem, limit))
-    for feature in Feature:
-        for via_shm, suffix in ((False, ""), (True, "ShMem")):
-            handler = _caller(bridge, feature, via_shm)
-            app.add_route(f"/{feature}{suffix}", PostResource(handler, limit))
+    for via_shm, suffix in ((False, ""), (True, "ShMem")):
+        app.add_route(f"/Evaluate{suffix}", EvaluateResource(_evaluator(bridge, via_shm), limit))
+        for feature in Feature:
+            if feature is not Feature.EVALUATE:
+                handler = _caller(bridge, feature, via_shm)
+                app.add_route(f"/{feature}{suffix}", PostResource(handler, limit))
+
+
+def _evaluator(bridge: Bridge, via_shm: bool) -> AsyncHandler:
+    return lambda request: bridge.evaluate(request, via_shm)
 
 
 def _caller(bridge: Bridge, feature: Feature, via_shm: bool) -> Handler:
