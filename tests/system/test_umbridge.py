@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -96,6 +97,20 @@ def test_every_listed_demo_model_evaluates(url: str, use_shmem: bool) -> None:
 @pytest.mark.parametrize("use_shmem", SHMEM)
 def test_forward_gradient_is_twice_the_sensitivity(url: str, use_shmem: bool) -> None:
     assert connect(url, "forward", use_shmem).gradient(0, 0, [[3.0]], [5.0]) == [10.0]
+
+
+def test_access_lines_name_the_model_of_evaluate_and_of_a_derivative(
+    served: Appliance, url: str
+) -> None:
+    # Evaluate waits in the event loop, a derivative on the worker's threads.
+    model = connect(url, "forward", False)
+    assert model([[2.0]]) == [[4.0]]
+    assert model.gradient(0, 0, [[3.0]], [5.0]) == [10.0]
+    time.sleep(0.2)  # the access lines are flushed as the requests end
+    log = served.log()
+    assert "umbridge model=forward status=200" in log
+    lines = [line for line in log.splitlines() if "POST /Gradient" in line]
+    assert lines and "model=forward" in lines[-1], lines[-1:]
 
 
 def rosenbrock(x: np.ndarray) -> float:
