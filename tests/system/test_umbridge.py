@@ -110,7 +110,8 @@ def test_access_lines_name_the_model_of_evaluate_and_of_a_derivative(
     log = served.log()
     assert "umbridge model=forward status=200" in log
     lines = [line for line in log.splitlines() if "POST /Gradient" in line]
-    assert lines and "model=forward" in lines[-1], lines[-1:]
+    assert lines
+    assert "model=forward" in lines[-1], lines[-1]
 
 
 def rosenbrock(x: np.ndarray) -> float:
