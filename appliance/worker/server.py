@@ -150,7 +150,13 @@ class WorkerServer:
             if self.streams:
                 wait = 0.0
             timeout_ms = HEARTBEAT_S * 1000 if wait is None else min(wait, HEARTBEAT_S) * 1000
-            if self._poller.poll(int(timeout_ms) if timeout_ms >= 1 else 0):
+            if 0 < timeout_ms < 1:
+                # PERF: ZeroMQ's poll counts whole milliseconds, and polling
+                # out the rest of a batch's wait spun up to 1 ms of CPU per
+                # batch. What arrives meanwhile joins the batch all the same.
+                time.sleep(timeout_ms / 1000)
+                timeout_ms = 0
+            if self._poller.poll(int(timeout_ms)):
                 self._receive()
             batch = self.batcher.take(time.monotonic())
             if batch:
