@@ -56,9 +56,11 @@ async def _read_ahead(req: falcon.asgi.Request, limit: int) -> bytes | None:
         length = req.content_length
     except falcon.HTTPError:
         return None  # read_body answers it
+    if length == 0:
+        return b""
     if length is not None:
-        if length > limit or length == 0:
-            return None if length else b""
+        if length > limit:
+            return None  # refused unread by read_body
         data: bytes = await req.stream.read(length)
         return data
     # Without a length or chunked framing an HTTP/1.1 request has no body.
