@@ -31,10 +31,15 @@ class Threads:
     def __init__(self, size: int, name: str) -> None:
         self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix=name)
 
-    async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``function(*args, **kwargs)`` in a thread; return (or raise) what it does."""
-        context = contextvars.copy_context()
-        future = self._pool.submit(context.run, function, *args, **kwargs)
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        """Run ``function(*args)`` in a thread; return (or raise) what it does."""
+        return await self.call_in(contextvars.copy_context(), function, *args)
+
+    async def call_in(
+        self, context: contextvars.Context, function: Callable[..., T], *args: Any
+    ) -> T:
+        """:meth:`call` in ``context``, where the caller can read what it set."""
+        future = self._pool.submit(context.run, function, *args)
         return await asyncio.wrap_future(future)
 
     async def iterate(self, make: Callable[[], Iterator[T]]) -> AsyncGenerator[T, None]:

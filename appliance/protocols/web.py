@@ -83,8 +83,9 @@ def blocking(responder: Responder) -> AsyncResponder:
     async def wrapper(self: Any, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
         threads: Threads = req.context.threads
         context = contextvars.copy_context()
+        run = functools.partial(responder, self, req, resp, **params)
         try:
-            await threads.call(context.run, functools.partial(responder, self, req, resp, **params))
+            await threads.call_in(context, run)
         finally:
             # The access line names the model the thread called.
             MODEL.set(context.get(MODEL, ""))
