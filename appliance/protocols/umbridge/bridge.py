@@ -176,7 +176,7 @@ class Bridge:
         value = shm.probe(request)
         return EMPTY_REPLY if value is None else orjson.dumps({"value": [value]})
 
-    def call(self, feature: Feature, request: Mapping[str, Any], via_shm: bool) -> bytes:
+    def differentiate(self, feature: Feature, request: Mapping[str, Any], via_shm: bool) -> bytes:
         """Run a derivative, with vectors in JSON or shared memory (blocking)."""
         call = self._read_call(feature, request, via_shm)
         wrt = read_wrt(request, call.iface, feature)

@@ -12,8 +12,9 @@ SPEC: umbridge.md "Protocol" and PROTOCOL-FACTS §5.1, §5.5::
     POST /EvaluateShMem, /GradientShMem, /ApplyJacobianShMem, /ApplyHessianShMem   {}
 
 Bodies are JSON whatever the Content-Type (the conformity suite sends none).
-Every reply, error or not, is ``application/json``; errors are rendered here,
-inside the responders, so no other protocol's error form can leak in.
+Every reply, error or not, is ``application/json``; errors are rendered here
+(``web.guarded`` with :func:`failure`), so no other protocol's error form can
+leak in.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from appliance.protocols.umbridge.errors import (
     encode_error,
     from_appliance,
 )
-from appliance.protocols.web import App, blocking, read_body
+from appliance.protocols.web import App, guarded, read_body
 
 # SAFETY: a JSON float64 takes up to ~25 bytes, so http.max_body_bytes
 # (64 MiB by default) admits vectors of about 2.5 million numbers; larger ones
@@ -46,51 +47,54 @@ Handler = Callable[[Mapping[str, Any]], bytes]
 AsyncHandler = Callable[[Mapping[str, Any]], Awaitable[bytes]]
 
 
+def _render_failure(_req: falcon.Request, resp: falcon.Response, error: Exception) -> None:
+    render(resp, *failure(error))
+
+
+_guarded = guarded(_render_failure)
+
+
 class InfoResource:
     def __init__(self, bridge: Bridge) -> None:
         self.bridge = bridge
 
-    @blocking
+    @_guarded
     def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
-        respond(resp, self.bridge.info)
+        render(resp, self.bridge.info(), 200)
 
 
-class PostResource:
-    """One POST endpoint: read the body, run ``handler`` on the pool, render the reply."""
+class _PostEndpoint:
+    """A POST endpoint's body: JSON, within http.max_body_bytes."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int) -> None:
-        self.handler = handler
+    def __init__(self, max_body_bytes: int) -> None:
         self.limit = max_body_bytes
 
-    @blocking
+    def request(self, req: falcon.Request) -> dict[str, Any]:
+        return decode_body(read_body(req, self.limit, SHMEM_HINT))
+
+
+class PostResource(_PostEndpoint):
+    """One POST endpoint whose ``handler`` may block: it runs on the pool."""
+
+    def __init__(self, handler: Handler, max_body_bytes: int) -> None:
+        super().__init__(max_body_bytes)
+        self.handler = handler
+
+    @_guarded
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        respond(resp, lambda: self.handler(decode_body(read_body(req, self.limit, SHMEM_HINT))))
+        render(resp, self.handler(self.request(req)), 200)
 
 
-class EvaluateResource:
+class EvaluateResource(_PostEndpoint):
     """Evaluate: ``handler`` waits for the model in the event loop."""
 
     def __init__(self, handler: AsyncHandler, max_body_bytes: int) -> None:
+        super().__init__(max_body_bytes)
         self.handler = handler
-        self.limit = max_body_bytes
 
+    @_guarded
     async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        try:
-            body = await self.handler(decode_body(read_body(req, self.limit, SHMEM_HINT)))
-        except Exception as ex:
-            render(resp, *failure(ex))
-        else:
-            render(resp, body, 200)
-
-
-def respond(resp: falcon.Response, produce: Callable[[], bytes]) -> None:
-    """Set the reply from ``produce``, or UM-Bridge's error form if it raises."""
-    try:
-        body = produce()
-    except Exception as ex:
-        render(resp, *failure(ex))
-    else:
-        render(resp, body, 200)
+        render(resp, await self.handler(self.request(req)), 200)
 
 
 def failure(error: Exception) -> tuple[bytes, int]:
@@ -136,4 +140,4 @@ def _evaluator(bridge: Bridge, via_shm: bool) -> AsyncHandler:
 
 
 def _caller(bridge: Bridge, feature: Feature, via_shm: bool) -> Handler:
-    return lambda request: bridge.call(feature, request, via_shm)
+    return lambda request: bridge.differentiate(feature, request, via_shm)
