@@ -2,10 +2,11 @@
 
 The asyncio twin of :class:`~appliance.client.channel.Channel`, with the
 same sockets (a PUSH per instance, one bound PULL for replies). The loop
-watches the PULL socket's file descriptor with ``add_reader`` and hands each
-reply straight to the queue of the request waiting for it, so an asyncio
-frontend (MIP) calls models without a thread hop and with one loop callback
-per burst of replies.
+watches the PULL socket's file descriptor with ``add_reader`` and sets each
+reply as the result of the future its request waits on, so an asyncio
+frontend calls models without a thread hop and with one loop callback per
+burst of replies. It carries unary calls only (one reply per request), so
+a future per request is all a waiter needs.
 
 ZeroMQ's descriptor is edge-triggered: it signals that the socket's state
 may have changed, not that a message is there. So the callback drains until
@@ -30,14 +31,12 @@ import zmq
 from appliance.client.channel import PushSockets, worker_lost
 from appliance.client.routing import Router, Target
 from appliance.core.descriptor import DescriptorError, Message, from_frame, to_frame
-from appliance.errors import ApplianceError, DeadlineExceeded
+from appliance.errors import DeadlineExceeded
 
 SLICE_S = 0.05
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _FD = int(zmq.FD)
-
-Item = Message | ApplianceError
 
 
 class AsyncChannel:
@@ -67,7 +66,7 @@ class AsyncChannel:
         self._on_stray = on_stray
         self._loop = asyncio.get_running_loop()
         self._pushes = PushSockets(context, endpoint)
-        self._inbox: dict[int, asyncio.Queue[Item]] = {}
+        self._inbox: dict[int, asyncio.Future[Message]] = {}
         self._waiting: dict[int, tuple[Target, float]] = {}
         self._watchdog: asyncio.Task[None] | None = None
         self._replies: zmq.Socket[bytes] = context.socket(zmq.PULL)
@@ -84,9 +83,9 @@ class AsyncChannel:
                 message = from_frame(frame)
             except DescriptorError:
                 continue
-            box = self._inbox.get(message.request_id)
-            if box is not None:
-                box.put_nowait(message)
+            future = self._inbox.get(message.request_id)
+            if future is not None and not future.done():
+                future.set_result(message)
             else:
                 self._on_stray(message)
 
@@ -98,47 +97,41 @@ class AsyncChannel:
             self._loop.call_soon(self._drain)
 
     def expect(self, request_id: int) -> None:
-        self._inbox[request_id] = asyncio.Queue()
+        self._inbox[request_id] = self._loop.create_future()
 
     def forget(self, request_id: int) -> None:
         self._inbox.pop(request_id, None)
+        self._waiting.pop(request_id, None)
 
-    async def wait(self, target: Target, request_id: int, deadline: float) -> Message:
-        """Await a message for ``request_id`` from ``target``.
+    def wait(self, target: Target, request_id: int, deadline: float) -> asyncio.Future[Message]:
+        """The reply to ``request_id`` from ``target``, to await.
 
-        Raises:
-            DeadlineExceeded: ``deadline`` (monotonic seconds, 0 = none) passed.
-            WorkerLost: the instance died or was replaced meanwhile.
+        Awaiting it raises DeadlineExceeded when ``deadline`` (monotonic
+        seconds, 0 = none) passes first, and WorkerLost when the instance
+        dies or is replaced meanwhile.
         """
-        box = self._inbox[request_id]
-        if box.empty():
+        future = self._inbox[request_id]
+        if not future.done():
             if self._watchdog is None:
                 self._watchdog = self._loop.create_task(self._watch())
+            # forget() drops it, however the call ends.
             self._waiting[request_id] = (target, deadline)
-            try:
-                item = await box.get()
-            finally:
-                self._waiting.pop(request_id, None)
-        else:
-            item = box.get_nowait()
-        if isinstance(item, ApplianceError):
-            raise item
-        return item
+        return future
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(SLICE_S)
             now = time.monotonic()
             for request_id, (target, deadline) in list(self._waiting.items()):
-                box = self._inbox.get(request_id)
-                if box is None:
+                future = self._inbox.get(request_id)
+                if future is None or future.done():
                     continue
                 if deadline and now > deadline:
-                    box.put_nowait(
+                    future.set_exception(
                         DeadlineExceeded("the request's deadline passed before a reply came")
                     )
                 elif not self._router.is_current(target):
-                    box.put_nowait(worker_lost(target))
+                    future.set_exception(worker_lost(target))
                 else:
                     continue
                 del self._waiting[request_id]
