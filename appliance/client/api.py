@@ -268,16 +268,7 @@ class ModelClient:
         For ``apply_hessian``, ``in_wrt`` is the first input and ``in_wrt2``
         the second. Returns a private float64 copy of the model's result.
         """
-        tensors: dict[str, TensorLike] = dict(inputs)
-        if sens is not None:
-            tensors["__sens__"] = np.asarray(sens, dtype=np.float64)
-        if vec is not None:
-            tensors["__vec__"] = np.asarray(vec, dtype=np.float64)
-        args: dict[str, Any] = {"out_wrt": out_wrt}
-        if method == "apply_hessian":
-            args.update(in_wrt1=in_wrt, in_wrt2=in_wrt2)
-        else:
-            args["in_wrt"] = in_wrt
+        tensors, args = _derivative_request(method, inputs, out_wrt, in_wrt, in_wrt2, sens, vec)
         with self._roundtrip(model, method, tensors, None, parameters, timeout_s, args) as result:
             return np.array(result.array("output"), dtype=np.float64)
 
@@ -292,33 +283,59 @@ class ModelClient:
         timeout_s: float | None = None,
     ) -> InferResult:
         """:meth:`infer` for code running in an event loop (no thread hop)."""
+        return await self._roundtrip_async(
+            model, "predict", inputs, outputs, parameters, timeout_s, None
+        )
+
+    async def derivative_async(
+        self,
+        model: str,
+        method: str,
+        inputs: Mapping[str, TensorLike],
+        *,
+        out_wrt: str,
+        in_wrt: str | None = None,
+        in_wrt2: str | None = None,
+        sens: npt.ArrayLike | None = None,
+        vec: npt.ArrayLike | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> npt.NDArray[np.float64]:
+        """:meth:`derivative` for code running in an event loop (no thread hop)."""
+        tensors, args = _derivative_request(method, inputs, out_wrt, in_wrt, in_wrt2, sens, vec)
+        result = await self._roundtrip_async(
+            model, method, tensors, None, parameters, timeout_s, args
+        )
+        with result:
+            return np.array(result.array("output"), dtype=np.float64)
+
+    async def _roundtrip_async(
+        self,
+        model: str,
+        method: str,
+        inputs: Mapping[str, TensorLike],
+        outputs: Sequence[str] | None,
+        parameters: Mapping[str, Any] | None,
+        timeout_s: float | None,
+        args: dict[str, Any] | None,
+    ) -> InferResult:
         started = time.perf_counter()
         try:
-            result = await self._infer_async(model, inputs, outputs, parameters, timeout_s)
+            channel = self._async_channel()
+            target, request_id, blocks, deadline = self._send(
+                channel, model, method, inputs, outputs, parameters, timeout_s, args
+            )
+            try:
+                reply = await channel.wait(target, request_id, deadline)
+            except BaseException:
+                self._finish(channel, target, request_id, blocks, False)
+                raise
+            result = self._settle(channel, target, request_id, blocks, reply)
         except ApplianceError as ex:
             record_call(model, ex.code, started)
             raise
         record_call(model, ErrorCode.OK, started)
         return result
-
-    async def _infer_async(
-        self,
-        model: str,
-        inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None,
-        parameters: Mapping[str, Any] | None,
-        timeout_s: float | None,
-    ) -> InferResult:
-        channel = self._async_channel()
-        target, request_id, blocks, deadline = self._send(
-            channel, model, "predict", inputs, outputs, parameters, timeout_s, None
-        )
-        try:
-            reply = await channel.wait(target, request_id, deadline)
-        except BaseException:
-            self._finish(channel, target, request_id, blocks, False)
-            raise
-        return self._settle(channel, target, request_id, blocks, reply)
 
     def _async_channel(self) -> AsyncChannel:
         loop = asyncio.get_running_loop()
@@ -716,6 +733,29 @@ def _contains(outer: Block, inner: Block) -> bool:
         and outer.offset <= inner.offset
         and inner.offset + inner.nbytes <= outer.offset + outer.nbytes
     )
+
+
+def _derivative_request(
+    method: str,
+    inputs: Mapping[str, TensorLike],
+    out_wrt: str,
+    in_wrt: str | None,
+    in_wrt2: str | None,
+    sens: npt.ArrayLike | None,
+    vec: npt.ArrayLike | None,
+) -> tuple[dict[str, TensorLike], dict[str, Any]]:
+    """The tensors and arguments of a derivative call (see ModelClient.derivative)."""
+    tensors: dict[str, TensorLike] = dict(inputs)
+    if sens is not None:
+        tensors["__sens__"] = np.asarray(sens, dtype=np.float64)
+    if vec is not None:
+        tensors["__vec__"] = np.asarray(vec, dtype=np.float64)
+    args: dict[str, Any] = {"out_wrt": out_wrt}
+    if method == "apply_hessian":
+        args.update(in_wrt1=in_wrt, in_wrt2=in_wrt2)
+    else:
+        args["in_wrt"] = in_wrt
+    return tensors, args
 
 
 def _raise_for(reply: Message) -> None:

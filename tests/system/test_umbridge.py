@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -102,7 +103,7 @@ def test_forward_gradient_is_twice_the_sensitivity(url: str, use_shmem: bool) ->
 def test_access_lines_name_the_model_of_evaluate_and_of_a_derivative(
     served: Appliance, url: str
 ) -> None:
-    # Evaluate waits in the event loop, a derivative on the worker's threads.
+    # Both wait in the event loop; the model name reaches the access line.
     model = connect(url, "forward", False)
     assert model([[2.0]]) == [[4.0]]
     assert model.gradient(0, 0, [[3.0]], [5.0]) == [10.0]
@@ -112,6 +113,35 @@ def test_access_lines_name_the_model_of_evaluate_and_of_a_derivative(
     lines = [line for line in log.splitlines() if "POST /Gradient" in line]
     assert lines
     assert "model=forward" in lines[-1], lines[-1]
+
+
+def test_derivatives_in_flight_are_not_capped_by_the_http_threads(tmp_path: Path) -> None:
+    # One pool thread, two gradients that each wait for the other at a model:
+    # they pass only if both reach the models at once.
+    model = {
+        "name": "rendezvous",
+        "class": f"{MODELS}:Rendezvous",
+        "instances": 2,
+        "options": {"dir": str(tmp_path), "parties": 2, "wait_s": 20.0},
+    }
+    with running([model], http={"workers": 1, "threads": 1}) as appliance:
+        url = f"http://127.0.0.1:{appliance.ports['http']}"
+        results: dict[int, Any] = {}
+
+        def gradient(index: int) -> None:
+            try:
+                results[index] = connect(url, "rendezvous", False).gradient(
+                    0, 0, [[1.0]], [float(index + 1)]
+                )
+            except BaseException as ex:
+                results[index] = ex
+
+        callers = [threading.Thread(target=gradient, args=(i,)) for i in range(2)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(timeout=60)
+        assert results == {0: [1.0], 1: [2.0]}
 
 
 def rosenbrock(x: np.ndarray) -> float:

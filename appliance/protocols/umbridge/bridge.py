@@ -1,6 +1,8 @@
 """UM-Bridge's endpoints on top of the model client, free of any web framework.
 
-Each method takes a decoded request and returns the reply body. The checks
+Each method takes a decoded request and returns the reply body; the model
+calls (Evaluate and the derivatives) are coroutines that wait for the model
+in the event loop. The checks
 run in the order UM-Bridge's servers and its conformity suite expect
 (SPEC: PROTOCOL-FACTS §5.1, §5.3):
 
@@ -176,15 +178,17 @@ class Bridge:
         value = shm.probe(request)
         return EMPTY_REPLY if value is None else orjson.dumps({"value": [value]})
 
-    def differentiate(self, feature: Feature, request: Mapping[str, Any], via_shm: bool) -> bytes:
-        """Run a derivative, with vectors in JSON or shared memory (blocking)."""
+    async def differentiate(
+        self, feature: Feature, request: Mapping[str, Any], via_shm: bool
+    ) -> bytes:
+        """Run a derivative, with vectors in JSON or shared memory."""
         call = self._read_call(feature, request, via_shm)
         wrt = read_wrt(request, call.iface, feature)
-        result = self.derivative(call.iface, feature, call.vectors, wrt, call.config)
+        result = await self.derivative(call.iface, feature, call.vectors, wrt, call.config)
         return call.reply([result], lambda vectors: encode_vector(vectors[0]))
 
     async def evaluate(self, request: Mapping[str, Any], via_shm: bool) -> bytes:
-        """Evaluate the model on one point, as one row of a batch (in the event loop)."""
+        """Evaluate the model on one point, as one row of a batch."""
         call = self._read_call(Feature.EVALUATE, request, via_shm)
         iface = call.iface
         inputs = to_model_inputs(iface, call.vectors)
@@ -206,7 +210,7 @@ class Bridge:
 
     # -- model calls ------------------------------------------------------------
 
-    def derivative(
+    async def derivative(
         self,
         iface: Interface,
         feature: Feature,
@@ -217,7 +221,7 @@ class Bridge:
         """Run a gradient, Jacobian action or Hessian action; check its length."""
         inputs = to_model_inputs(iface, vectors)
         in_wrt2 = None if wrt.in_wrt2 is None else iface.inputs[wrt.in_wrt2].name
-        result = self.client.derivative(
+        result = await self.client.derivative_async(
             iface.name,
             METHODS[feature],
             inputs,

@@ -85,8 +85,8 @@ class PostResource(_PostEndpoint):
         render(resp, self.handler(self.request(req)), 200)
 
 
-class EvaluateResource(_PostEndpoint):
-    """Evaluate: ``handler`` waits for the model in the event loop."""
+class ModelCallResource(_PostEndpoint):
+    """Evaluate or a derivative: ``handler`` waits for the model in the event loop."""
 
     def __init__(self, handler: AsyncHandler, max_body_bytes: int) -> None:
         super().__init__(max_body_bytes)
@@ -128,16 +128,12 @@ def add_routes(app: App, client: ModelClient) -> None:
     app.add_route("/OutputSizes", PostResource(lambda r: bridge.sizes(r, outputs=True), limit))
     app.add_route("/TestShMem", PostResource(bridge.test_shmem, limit))
     for via_shm, suffix in ((False, ""), (True, "ShMem")):
-        app.add_route(f"/Evaluate{suffix}", EvaluateResource(_evaluator(bridge, via_shm), limit))
         for feature in Feature:
-            if feature is not Feature.EVALUATE:
-                handler = _caller(bridge, feature, via_shm)
-                app.add_route(f"/{feature}{suffix}", PostResource(handler, limit))
+            handler = _caller(bridge, feature, via_shm)
+            app.add_route(f"/{feature}{suffix}", ModelCallResource(handler, limit))
 
 
-def _evaluator(bridge: Bridge, via_shm: bool) -> AsyncHandler:
-    return lambda request: bridge.evaluate(request, via_shm)
-
-
-def _caller(bridge: Bridge, feature: Feature, via_shm: bool) -> Handler:
+def _caller(bridge: Bridge, feature: Feature, via_shm: bool) -> AsyncHandler:
+    if feature is Feature.EVALUATE:
+        return lambda request: bridge.evaluate(request, via_shm)
     return lambda request: bridge.differentiate(feature, request, via_shm)
