@@ -12,8 +12,8 @@ from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import Tensor, spec
 from appliance.protocols.graphpipe import codec
 from appliance.protocols.graphpipe.bind import bind, conform, decode_config, select_outputs
-from appliance.protocols.graphpipe.codec import InferRequest
 from appliance.protocols.graphpipe.errors import GraphPipeCode, GraphPipeError
+from appliance.protocols.graphpipe.request import InferRequest
 from tests.unit.test_graphpipe_encoder import encode_infer_request
 
 SIMPLE = ModelMetadata(

@@ -18,13 +18,13 @@ from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import Tensor, spec
 from appliance.errors import ApplianceError, ErrorCode, error_from_code
 from appliance.protocols.graphpipe import codec
-from appliance.protocols.graphpipe.codec import InferRequest, MetadataRequest
 from appliance.protocols.graphpipe.errors import (
     DecodeError,
     GraphPipeCode,
     GraphPipeError,
     from_appliance,
 )
+from appliance.protocols.graphpipe.request import InferRequest, MetadataRequest
 from appliance.protocols.graphpipe.wire import describe, metadata_json
 from tests.unit.test_graphpipe_encoder import (
     NUMPY_BY_TYPE,

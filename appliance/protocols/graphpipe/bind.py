@@ -40,8 +40,9 @@ import orjson
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import Tensor, TensorSpec
-from appliance.protocols.graphpipe.codec import InferRequest, to_tensor
+from appliance.protocols.graphpipe.codec import to_tensor
 from appliance.protocols.graphpipe.errors import GraphPipeCode, GraphPipeError
+from appliance.protocols.graphpipe.request import InferRequest
 from appliance.protocols.graphpipe.wire import POSITIONAL_INPUT, type_name
 
 

@@ -1,11 +1,9 @@
 """GraphPipe codec: flatbuffer bytes <-> requests, tensors and replies (pure).
 
-Requests are checked by :mod:`verify` first, then read with the generated
-accessors. Numeric tensor data stays a view over the body: the ``data``
-vector is only 4-byte aligned (SPEC: PROTOCOL-FACTS §1.1), so a typed view
-may be unaligned; numpy marks it so and copes, and the model client copies
-it once into an aligned ring slot. Replies are built with the generated
-builders, except that each numeric tensor's data vector is only reserved in
+Requests are read in one checked pass by :mod:`request`. Numeric tensor
+data stays a (possibly unaligned) view over the body, and the model client
+copies it once into an aligned ring slot. Replies are built with the
+generated builders, except that each numeric tensor's data vector is only reserved in
 the builder and its bytes are joined in when the reply is output: one copy
 of each output tensor in all (see ``_byte_vector``).
 """
@@ -15,24 +13,25 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 from flatbuffers import Builder
 
 from appliance._generated.graphpipe import Error as fb_error
-from appliance._generated.graphpipe import InferRequest as fb_infer_request
 from appliance._generated.graphpipe import InferResponse as fb_infer_response
 from appliance._generated.graphpipe import IOMetadata as fb_io_metadata
 from appliance._generated.graphpipe import MetadataResponse as fb_metadata_response
-from appliance._generated.graphpipe import Request as fb_request
 from appliance._generated.graphpipe import Tensor as fb_tensor
 from appliance.core import dtypes
 from appliance.core.dtypes import DType
 from appliance.core.tensor import Tensor
 from appliance.protocols.graphpipe.errors import DecodeError, GraphPipeCode, GraphPipeError
-from appliance.protocols.graphpipe.verify import REQ_INFER, verify_request
+from appliance.protocols.graphpipe.request import (
+    InferRequest,
+    MetadataRequest,
+    WireTensor,
+    read_request,
+)
 from appliance.protocols.graphpipe.wire import (
     DTYPE_BY_TYPE,
     TYPE_BY_DTYPE,
@@ -49,74 +48,15 @@ _MAX_DIMS = 32
 _LENGTH = struct.Struct("<I")
 
 
-@dataclass(frozen=True, slots=True)
-class WireTensor:
-    """A tensor as it came: type number, shape, and data or strings."""
-
-    type: int
-    shape: tuple[int, ...]
-    data: npt.NDArray[np.uint8] | None
-    strings: list[bytes] | None
-
-
-@dataclass(frozen=True, slots=True)
-class InferRequest:
-    """A decoded InferRequest; names are "" where the client gave none."""
-
-    config: bytes
-    input_names: list[str]
-    inputs: list[WireTensor]
-    output_names: list[str]
-
-
-@dataclass(frozen=True, slots=True)
-class MetadataRequest:
-    """A MetadataRequest, or any Request that is not an InferRequest."""
-
-
 def decode_request(body: bytes) -> InferRequest | MetadataRequest:
-    """Decode a POSTed flatbuffer ``Request``.
-
-    SPEC: PROTOCOL-FACTS §1.2 — like the Go reference server, any Request
-    that is not an InferRequest is answered with metadata.
+    """Decode a POSTed flatbuffer ``Request`` (see :mod:`request`).
 
     Raises:
         DecodeError: the body is empty or not a well-formed Request.
     """
     if not body:
         raise DecodeError("empty body: POST a flatbuffer GraphPipe Request")
-    if verify_request(body) != REQ_INFER:
-        return MetadataRequest()
-    table = fb_request.Request.GetRootAs(body, 0).Req()
-    infer = fb_infer_request.InferRequest()
-    infer.Init(table.Bytes, table.Pos)
-    return InferRequest(
-        config=infer.Config() or b"",
-        input_names=_names(infer.InputNames, infer.InputNamesLength(), "input_names"),
-        inputs=[
-            _wire_tensor(infer.InputTensors(index)) for index in range(infer.InputTensorsLength())
-        ],
-        output_names=_names(infer.OutputNames, infer.OutputNamesLength(), "output_names"),
-    )
-
-
-def _names(get: Callable[[int], bytes], length: int, what: str) -> list[str]:
-    names = []
-    for index in range(length):
-        try:
-            names.append(bytes(get(index)).decode())
-        except UnicodeDecodeError:
-            raise DecodeError(f"{what}[{index}] is not UTF-8 text") from None
-    return names
-
-
-def _wire_tensor(tensor: fb_tensor.Tensor) -> WireTensor:
-    shape = tuple(int(d) for d in tensor.ShapeAsNumpy()) if tensor.ShapeLength() else ()
-    data = tensor.DataAsNumpy() if tensor.DataLength() else None
-    strings = None
-    if not tensor.StringValIsNone():
-        strings = [tensor.StringVal(i) for i in range(tensor.StringValLength())]
-    return WireTensor(tensor.Type(), shape, data, strings)
+    return read_request(body)
 
 
 def to_tensor(wire: WireTensor, what: str) -> Tensor:

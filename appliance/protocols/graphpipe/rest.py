@@ -20,8 +20,6 @@ from appliance.errors import ApplianceError, ModelNotFound
 from appliance.protocols import page
 from appliance.protocols.graphpipe.bind import bind, select_outputs
 from appliance.protocols.graphpipe.codec import (
-    InferRequest,
-    MetadataRequest,
     decode_request,
     encode_error_response,
     encode_infer_response,
@@ -34,6 +32,7 @@ from appliance.protocols.graphpipe.errors import (
     from_appliance,
     http_status,
 )
+from appliance.protocols.graphpipe.request import InferRequest, MetadataRequest
 from appliance.protocols.graphpipe.wire import MetadataInfo, describe, metadata_json
 from appliance.protocols.web import App, guarded, read_body
 
