@@ -252,14 +252,10 @@ def stream(
     client: ModelClient, regions: RegionTable, request: InferRequest, timeout_s: float | None
 ) -> Iterator[list[OutputData]]:
     """Yield the outputs of each part a streaming (decoupled) model sends."""
-    model = request.model
-    if request.version:
-        model, _ = resolve(client, model, request.version)
     if any(output.shm for output in request.outputs or ()):
         raise BadRequest("outputs of a streamed (decoupled) model cannot go to shared memory")
-    inputs = _inputs(regions, request)
-    names = None if request.outputs is None else [o.name for o in request.outputs]
-    parts = client.stream(model, inputs, names, request.model_parameters(), timeout_s)
+    call = _prepare(client, regions, request)
+    parts = client.stream(call.model, call.inputs, call.names, call.parameters, timeout_s)
     try:
         for part in parts:
             yield _outputs(request, part.outputs, {})
