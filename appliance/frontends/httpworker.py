@@ -7,7 +7,8 @@ gunicorn's ASGI worker:
 - A request's headers, and a body up to ``BODY_DEADLINE_BYTES`` declared by
   Content-Length, must arrive within ``http.read_timeout_s`` of the
   connection opening (or of the first byte of a keep-alive connection's next
-  request); else the connection is closed. gunicorn bounds each wait for body
+  request, or, for a request pipelined behind another, of that one's
+  answer); else the connection is closed. gunicorn bounds each wait for body
   bytes (``timeout``, set to ``http.io_timeout_s``), not a request that never
   completes.
 - A client that stops reading its reply for ``http.io_timeout_s`` is cut
@@ -68,11 +69,14 @@ class _Connection(ASGIProtocol):  # type: ignore[misc]
         self._cancel_deadline()
         super()._on_message_complete()
 
-    def data_received(self, data: bytes) -> None:
-        # The first bytes of a keep-alive connection's next request.
-        if self._deadline is None and self._awaiting_request:
+    def _feed_callback_parser(self, data: bytes) -> bool:
+        # The first bytes of a keep-alive connection's next request: fresh
+        # ones, or a pipelined tail that gunicorn feeds again once the
+        # request before it is answered.
+        if self._deadline is None and self._current_request is None:
             self._arm_deadline()
-        super().data_received(data)
+        fed: bool = super()._feed_callback_parser(data)
+        return fed
 
     def pause_writing(self) -> None:
         # The client stopped reading its reply: it gets io_timeout_s to go on.

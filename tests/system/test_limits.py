@@ -443,6 +443,27 @@ def test_http_request_that_never_completes_is_dropped_after_read_timeout(
     http_ready(served)
 
 
+def test_a_request_pipelined_behind_another_must_arrive_within_read_timeout(
+    served: Appliance,
+) -> None:
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]})
+    infer = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
+    with socket.create_connection(("127.0.0.1", served.ports["http"]), timeout=TIMEOUT_S) as sock:
+        # A whole request, then the start of one whose headers never end.
+        sock.sendall(infer + SLOW_HEADERS[:20])
+        [(status, _)] = read_responses(sock, 1)
+        started = time.monotonic()
+        assert status == 200
+        assert sock.recv(1024) == b"", "the server answered a request it never got"
+        waited = time.monotonic() - started
+    # Not the keep-alive timeout (30 s): the read deadline, from the first answer on.
+    assert waited < READ_TIMEOUT_S + 3.0, waited
+    http_ready(served)
+
+
 def test_an_http_client_that_stops_reading_its_reply_is_cut_off() -> None:
     # A reply far larger than the kernel's socket buffers: JSON text of 2 M floats.
     values = np.random.default_rng(0).random(1 << 21, dtype=np.float32)
