@@ -136,6 +136,7 @@ class WorkerServer:
         self._counts = [0] * N_COUNTERS
         self._counts_dirty = False
         self._counts_at = 0.0
+        self._ring_published = (-1, -1)
         self._poller = zmq.Poller()
         self._poller.register(socket, zmq.POLLIN)
 
@@ -183,7 +184,11 @@ class WorkerServer:
         now = time.monotonic()
         if self._counts_dirty and (depth == 0 or now >= self._counts_at):
             self._flush_counts(now)
-            ring = self.ring
+        ring = self.ring
+        # Space comes back with clients' releases too, not only with replies.
+        in_use = (ring.used_bytes, ring.spilled_bytes)
+        if in_use != self._ring_published:
+            self._ring_published = in_use
             self.status.set_ring(self.slot, ring.used_bytes, ring.capacity, ring.spilled_bytes)
         if now >= self._beat_at:
             self.status.beat(self.slot)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import http.client
+import time
+from collections.abc import Callable
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
@@ -65,3 +67,27 @@ def test_metrics_cover_state_batches_processes_and_rings() -> None:
         assert value(scrape(appliance), "appliance_online") == 0
         appliance.ctl("online")
         assert "http model=- status=200" in appliance.log()
+
+
+def test_the_ring_gauge_shows_space_coming_back_when_a_client_releases() -> None:
+    # Without pass-through, identity copies its output into its own ring.
+    with running(demo_models("identity", identity={"passthrough": False})) as appliance:
+        client = appliance.client()
+        x = np.zeros((128, 64), np.float32)  # 32 KiB: above the inline threshold
+
+        def used() -> float:
+            samples = scrape(appliance)
+            return value(samples, "appliance_ring_used_bytes", model="identity", kind="used")
+
+        result = client.infer("identity", {"INPUT0": x})
+        assert eventually(lambda: used() > 0)
+        result.release()
+        # No other request comes: the worker publishes what the release gave back.
+        assert eventually(lambda: used() == 0)
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return check()
