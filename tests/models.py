@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,3 +111,39 @@ class Scaled(Model):
     def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
         time.sleep(float(self.options.get("delay_s", 0.0)))
         return {"y": np.float32(self.options.get("factor", 2.0)) * inputs["x"]}
+
+
+class Rendezvous(Model):
+    """y = x; a gradient or a stream answers only once ``parties`` calls run at once.
+
+    Each call leaves a file in ``options["dir"]`` (below the request's
+    ``round`` parameter, if given) and waits for the others' there, across
+    instances. So the calls succeed only if the frontend sends them all to
+    the models at the same time; otherwise they fail after ``wait_s``.
+    """
+
+    inputs = [spec("x", "FP64", [1])]
+    outputs = [spec("y", "FP64", [1])]
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        return {"y": inputs["x"]}
+
+    def predict_stream(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Iterator[Outputs]:
+        self._meet(parameters)
+        yield {"y": inputs["x"]}
+
+    def gradient(
+        self, out_wrt: str, in_wrt: str, inputs: Arrays, sens: Any, parameters: Any
+    ) -> Any:
+        self._meet(parameters)
+        return np.ravel(sens)
+
+    def _meet(self, parameters: Mapping[str, Any]) -> None:
+        where = Path(self.options["dir"]) / str(parameters.get("round", ""))
+        where.mkdir(parents=True, exist_ok=True)
+        (where / f"{os.getpid()}-{time.monotonic_ns()}").touch()
+        deadline = time.monotonic() + float(self.options.get("wait_s", 20.0))
+        while len(list(where.iterdir())) < int(self.options["parties"]):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the other calls never reached a model")
+            time.sleep(0.01)

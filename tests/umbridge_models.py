@@ -6,10 +6,7 @@ so the module imports numpy and ``appliance.model`` only.
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -118,31 +115,3 @@ class Unmappable(Model):
 
     def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
         return {"y": inputs["x"]}
-
-
-class Rendezvous(Model):
-    """y = x; a gradient returns only once ``parties`` gradients are running at once.
-
-    Each call leaves a file in ``options["dir"]`` and waits for the others'
-    (across instances), so the calls succeed only if the frontend sends them
-    all to the models at the same time; otherwise they fail after
-    ``wait_s``.
-    """
-
-    inputs = [spec("x", "FP64", [1])]
-    outputs = [spec("y", "FP64", [1])]
-
-    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
-        return {"y": inputs["x"]}
-
-    def gradient(
-        self, out_wrt: str, in_wrt: str, inputs: Arrays, sens: Vector, parameters: Any
-    ) -> npt.ArrayLike:
-        where = Path(self.options["dir"])
-        (where / f"{os.getpid()}-{time.monotonic_ns()}").touch()
-        deadline = time.monotonic() + float(self.options.get("wait_s", 20.0))
-        while len(list(where.iterdir())) < int(self.options["parties"]):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the other gradient calls never reached a model")
-            time.sleep(0.01)
-        return np.ravel(sens)

@@ -5,8 +5,9 @@ same sockets (a PUSH per instance, one bound PULL for replies). The loop
 watches the PULL socket's file descriptor with ``add_reader`` and sets each
 reply as the result of the future its request waits on, so an asyncio
 frontend calls models without a thread hop and with one loop callback per
-burst of replies. It carries unary calls only (one reply per request), so
-a future per request is all a waiter needs.
+burst of replies into the box of the request it answers, waking the
+coroutine that waits on that box. A box holds the messages its waiter has
+not taken yet: one reply for a unary call, parts for a stream.
 
 ZeroMQ's descriptor is edge-triggered: it signals that the socket's state
 may have changed, not that a message is there. So the callback drains until
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -31,12 +33,32 @@ import zmq
 from appliance.client.channel import PushSockets, worker_lost
 from appliance.client.routing import Router, Target
 from appliance.core.descriptor import DescriptorError, Message, from_frame, to_frame
-from appliance.errors import DeadlineExceeded
+from appliance.errors import ApplianceError, DeadlineExceeded
 
 SLICE_S = 0.05
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _FD = int(zmq.FD)
+
+Item = Message | ApplianceError
+
+
+class _Box:
+    """The messages of one request not yet taken, and the future its waiter awaits."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: deque[Item] = deque()
+        self.waiter: asyncio.Future[Item] | None = None
+
+    def put(self, item: Item) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            self.waiter = None
+            waiter.set_result(item)
+        else:
+            self.items.append(item)
 
 
 class AsyncChannel:
@@ -66,7 +88,7 @@ class AsyncChannel:
         self._on_stray = on_stray
         self._loop = asyncio.get_running_loop()
         self._pushes = PushSockets(context, endpoint)
-        self._inbox: dict[int, asyncio.Future[Message]] = {}
+        self._inbox: dict[int, _Box] = {}
         self._waiting: dict[int, tuple[Target, float]] = {}
         self._watchdog: asyncio.Task[None] | None = None
         self._replies: zmq.Socket[bytes] = context.socket(zmq.PULL)
@@ -83,9 +105,9 @@ class AsyncChannel:
                 message = from_frame(frame)
             except DescriptorError:
                 continue
-            future = self._inbox.get(message.request_id)
-            if future is not None and not future.done():
-                future.set_result(message)
+            box = self._inbox.get(message.request_id)
+            if box is not None:
+                box.put(message)
             else:
                 self._on_stray(message)
 
@@ -97,41 +119,53 @@ class AsyncChannel:
             self._loop.call_soon(self._drain)
 
     def expect(self, request_id: int) -> None:
-        self._inbox[request_id] = self._loop.create_future()
+        self._inbox[request_id] = _Box()
 
     def forget(self, request_id: int) -> None:
-        self._inbox.pop(request_id, None)
+        box = self._inbox.pop(request_id, None)
         self._waiting.pop(request_id, None)
+        if box is not None:
+            # Parts a stream's consumer left untaken still hold ring space.
+            for item in box.items:
+                if isinstance(item, Message):
+                    self._on_stray(item)
 
-    def wait(self, target: Target, request_id: int, deadline: float) -> asyncio.Future[Message]:
-        """The reply to ``request_id`` from ``target``, to await.
+    async def wait(self, target: Target, request_id: int, deadline: float) -> Message:
+        """Await the next message for ``request_id`` from ``target``.
 
-        Awaiting it raises DeadlineExceeded when ``deadline`` (monotonic
-        seconds, 0 = none) passes first, and WorkerLost when the instance
-        dies or is replaced meanwhile.
+        Raises:
+            DeadlineExceeded: ``deadline`` (monotonic seconds, 0 = none) passed.
+            WorkerLost: the instance died or was replaced meanwhile.
         """
-        future = self._inbox[request_id]
-        if not future.done():
+        box = self._inbox[request_id]
+        if box.items:
+            item = box.items.popleft()
+        else:
             if self._watchdog is None:
                 self._watchdog = self._loop.create_task(self._watch())
-            # forget() drops it, however the call ends.
             self._waiting[request_id] = (target, deadline)
-        return future
+            box.waiter = self._loop.create_future()
+            try:
+                item = await box.waiter
+            finally:
+                box.waiter = None
+                self._waiting.pop(request_id, None)
+        if isinstance(item, ApplianceError):
+            raise item
+        return item
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(SLICE_S)
             now = time.monotonic()
             for request_id, (target, deadline) in list(self._waiting.items()):
-                future = self._inbox.get(request_id)
-                if future is None or future.done():
+                box = self._inbox.get(request_id)
+                if box is None:
                     continue
                 if deadline and now > deadline:
-                    future.set_exception(
-                        DeadlineExceeded("the request's deadline passed before a reply came")
-                    )
+                    box.put(DeadlineExceeded("the request's deadline passed before a reply came"))
                 elif not self._router.is_current(target):
-                    future.set_exception(worker_lost(target))
+                    box.put(worker_lost(target))
                 else:
                     continue
                 del self._waiting[request_id]

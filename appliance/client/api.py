@@ -22,7 +22,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +286,54 @@ class ModelClient:
         return await self._roundtrip_async(
             model, "predict", inputs, outputs, parameters, timeout_s, None
         )
+
+    async def stream_async(
+        self,
+        model: str,
+        inputs: Mapping[str, TensorLike],
+        outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncGenerator[InferResult, None]:
+        """:meth:`stream` for code running in an event loop (no thread hop).
+
+        Each part is released when the next one is requested; closing the
+        generator early (``aclose``) cancels the stream in the worker.
+        """
+        started = time.perf_counter()
+        code = ErrorCode.OK
+        try:
+            channel = self._async_channel()
+            target, request_id, blocks, deadline = self._send(
+                channel, model, "stream", inputs, outputs, parameters, timeout_s, None
+            )
+            previous: InferResult | None = None
+            finished = False
+            try:
+                while True:
+                    reply = await channel.wait(target, request_id, deadline)
+                    if previous is not None:
+                        previous.release()
+                        previous = None
+                    if reply.kind is Kind.END:
+                        finished = True
+                        _raise_for(reply)
+                        return
+                    # Parts may borrow request blocks; those stay until the stream ends.
+                    previous = self._result(target, reply, blocks)[0]
+                    yield previous
+            finally:
+                if previous is not None:
+                    previous.release()
+                if not finished and self.router.is_current(target):
+                    with contextlib.suppress(zmq.ZMQError):
+                        channel.send(target, Message(Kind.CANCEL, request_id, self._pid))
+                self._finish(channel, target, request_id, blocks, finished)
+        except ApplianceError as ex:
+            code = ex.code
+            raise
+        finally:
+            record_call(model, code, started)
 
     async def derivative_async(
         self,
@@ -572,7 +620,6 @@ class ModelClient:
         blocks: list[Block],
         answered: bool,
     ) -> None:
-        channel.forget(request_id)
         self.router.end(target.slot)
         self._adjust_inflight(-1)
         if answered or not self.router.is_current(target):
@@ -582,6 +629,8 @@ class ModelClient:
             # its late reply arrives (see _stray) or it dies.
             with self._lock:
                 self._abandoned[request_id] = (target, blocks)
+        # Last: a final message the caller left untaken is a late reply now.
+        channel.forget(request_id)
 
     def _result(
         self, target: Target, reply: Message, sent: list[Block], keep: bool = False

@@ -1,18 +1,25 @@
-"""GRPS over REST against a real appliance: every route, payload kind and error."""
+"""GRPS over REST against a real appliance: every route, payload kind and error.
+
+One test streams over gRPC too: streams in flight on both transports.
+"""
 
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import json
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import requests
 import yaml
 
+from appliance._generated import grps_pb2, grps_pb2_grpc
 from appliance.client.api import ModelClient
 from tests.system.harness import Appliance, demo_models, running
 
@@ -449,6 +456,44 @@ def test_a_client_that_leaves_stops_the_models_stream(
     assert eventually(lambda: echo_depth(client) == 1, 2.0)
     response.close()  # the connection goes away mid-stream
     assert eventually(lambda: echo_depth(client) == 0, 5.0)
+
+
+def test_streams_in_flight_are_not_capped_by_the_frontend_threads(tmp_path: Path) -> None:
+    # One thread in each frontend's pool, two streams that each wait for the
+    # other at a model: they pass only if both reach the models at once.
+    model = {
+        "name": "rendezvous",
+        "class": "tests.models:Rendezvous",
+        "instances": 2,
+        "options": {"dir": str(tmp_path), "parties": 2, "wait_s": 20.0},
+    }
+    with (
+        running([model], http={"workers": 1, "threads": 1}, grpc={"threads": 1}) as appliance,
+        grpc.insecure_channel(f"127.0.0.1:{appliance.ports['grpc']}") as channel,
+    ):
+        stub = grps_pb2_grpc.GrpsServiceStub(channel)
+
+        def over_rest(index: int) -> float:
+            tensor = {"name": "x", "dtype": "DT_FLOAT64", "shape": [1], "flat_float64": [index]}
+            body = {"model": "rendezvous", "gtensors": {"tensors": [tensor]}}
+            with requests.Session() as session:
+                [(_t, message)] = stream_chunks(
+                    session, appliance, body, "?streaming=true&round=rest"
+                )
+            return float(message["gtensors"]["tensors"][0]["flat_float64"][0])
+
+        def over_grpc(index: int) -> float:
+            request = grps_pb2.GrpsMessage(model="rendezvous")
+            request.gtensors.tensors.add(
+                name="x", dtype=grps_pb2.DT_FLOAT64, shape=[1], flat_float64=[index]
+            )
+            [reply] = stub.PredictStreaming(request, metadata=[("round", "grpc")], timeout=60)
+            assert reply.status.code == 200, reply.status.msg
+            return float(reply.gtensors.tensors[0].flat_float64[0])
+
+        for call in (over_rest, over_grpc):
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                assert list(pool.map(call, [1, 2])) == [1.0, 2.0]
 
 
 # -- the page ----------------------------------------------------------------------

@@ -120,7 +120,7 @@ def test_derivatives_in_flight_are_not_capped_by_the_http_threads(tmp_path: Path
     # they pass only if both reach the models at once.
     model = {
         "name": "rendezvous",
-        "class": f"{MODELS}:Rendezvous",
+        "class": "tests.models:Rendezvous",
         "instances": 2,
         "options": {"dir": str(tmp_path), "parties": 2, "wait_s": 20.0},
     }

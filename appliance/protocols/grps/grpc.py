@@ -8,8 +8,8 @@ they change every protocol's readiness, not only this service's.
 Request options for the model (echo's ``chunks``, ``chunk_delay_s``) come
 from the call's metadata, e.g. ``metadata=[("chunks", "5")]``.
 
-Predict waits in the gRPC frontend's event loop; a stream, and the calls
-that may block, run on the frontend's threads.
+Predict and PredictStreaming wait in the gRPC frontend's event loop; the
+calls that may block run on the frontend's threads.
 """
 
 from __future__ import annotations
@@ -57,20 +57,21 @@ class GrpsServicer(grps_pb2_grpc.GrpsServiceServicer):  # type: ignore[misc]
     async def PredictStreaming(self, request: Any, context: Context) -> AsyncIterator[Any]:
         """Yield each part as the model streams it.
 
-        When the client leaves, gRPC cancels this generator and the model's
-        stream is closed after its current part (Threads.iterate).
+        When the client leaves, gRPC cancels this generator, and closing
+        the parts cancels the model's stream in its worker.
         """
         try:
             payload = decode_message(request)
             parameters = _parameters(context.invocation_metadata())
             deadline = _deadline(context)
-            parts = self.threads.iterate(
-                lambda: service.stream(
-                    self.client, payload, parameters, encode_message, timeout_s=deadline
-                )
+            parts = service.stream_async(
+                self.client, payload, parameters, encode_message, timeout_s=deadline
             )
-            async for part in parts:
-                yield part
+            try:
+                async for part in parts:
+                    yield part
+            finally:
+                await parts.aclose()
         except Exception as ex:
             yield encode_error(service.failure(ex))
 

@@ -25,7 +25,6 @@ import falcon.asgi
 import orjson
 
 from appliance.client.api import ModelClient
-from appliance.frontends.threads import Threads
 from appliance.protocols import page
 from appliance.protocols.grps import service
 from appliance.protocols.grps.codec import (
@@ -159,7 +158,7 @@ class PredictResource:
         pairs = [(k, v if isinstance(v, str) else v[-1]) for k, v in req.params.items()]
         parameters = service.parameters(pairs, RESERVED_PARAMS)
         if streaming:
-            await self._stream(req.context.threads, resp, payload, parameters)
+            await self._stream(resp, payload, parameters)
             return
         body, content_type = await service.predict_async(
             self.client, payload, parameters, _encode, want_ndarray=want_ndarray
@@ -167,17 +166,9 @@ class PredictResource:
         reply(resp, OK, body, content_type)
 
     async def _stream(
-        self,
-        threads: Threads,
-        resp: falcon.asgi.Response,
-        payload: Payload,
-        parameters: dict[str, Any],
+        self, resp: falcon.asgi.Response, payload: Payload, parameters: dict[str, Any]
     ) -> None:
-        # The model's parts come from a blocking generator: one pool thread
-        # runs it whole (see frontends/threads.py).
-        parts = threads.iterate(
-            lambda: service.stream(self.client, payload, parameters, encode_json_reply)
-        )
+        parts = service.stream_async(self.client, payload, parameters, encode_json_reply)
         # The first part decides the HTTP status: errors found before any
         # output (model, binding, the worker's checks) get a plain reply.
         try:

@@ -9,7 +9,7 @@ must be encoded before the result is released).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, TypeVar
 
 import yaml
@@ -90,34 +90,34 @@ def _prepare(
     return model, inputs, ReplyShaper(payload, want_ndarray)
 
 
-def stream(
+async def stream_async(
     client: ModelClient,
     payload: Payload,
     parameters: dict[str, Any],
     encode: Encode[T],
     timeout_s: float | None = None,
-) -> Generator[T, None, None]:
-    """Yield the encoded replies as the model streams them.
+) -> AsyncGenerator[T, None]:
+    """Yield the encoded replies as the model streams them (in the event loop).
 
     A model without a streaming predict answers once. Closing this
-    generator closes the model's stream, which cancels it in the worker.
+    generator early (``aclose``) cancels the model's stream in the worker.
     """
     model = resolve_model(client, payload.model)
     metadata = client.metadata(model)
     inputs = bind(payload, metadata)
     shaper = ReplyShaper(payload)
     if not metadata.supports.get("predict_stream"):
-        with client.infer(model, inputs, parameters=parameters, timeout_s=timeout_s) as result:
+        result = await client.infer_async(model, inputs, parameters=parameters, timeout_s=timeout_s)
+        with result:
             yield encode(shaper.shape(result.outputs))
         return
-    parts = client.stream(model, inputs, parameters=parameters, timeout_s=timeout_s)
-    assert isinstance(parts, Generator)
+    parts = client.stream_async(model, inputs, parameters=parameters, timeout_s=timeout_s)
     try:
-        for part in parts:
+        async for part in parts:
             yield encode(shaper.shape(part.outputs, final=False))
         shaper.finish()
     finally:
-        parts.close()
+        await parts.aclose()
 
 
 def failure(error: BaseException) -> GrpsError:

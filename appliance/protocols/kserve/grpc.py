@@ -6,9 +6,9 @@ ModelStreamInfer they travel as ``error_message`` and the stream goes on.
 A request's time limit is the smaller of the client's gRPC deadline and the
 KServe ``timeout`` parameter.
 
-The server is grpc.aio's. Inference waits in the event loop; the other
-RPCs, which may block (a model load waits for its worker), and a decoupled
-model's stream run on the frontend's threads.
+The server is grpc.aio's. Inference, streamed or not, waits in the event
+loop; the other RPCs, which may block (a model load waits for its worker),
+run on the frontend's threads.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -155,21 +155,29 @@ class InferenceServicer:
                 response = self._response(decoded, outputs, flag)
             yield pbcodec.encode_stream_response(response)
             return
-        parts = self.threads.iterate(lambda: self._parts(decoded, limit, wants_final))
-        async for response in parts:
-            yield response
+        parts = self._parts(decoded, limit, wants_final)
+        try:
+            async for response in parts:
+                yield response
+        finally:
+            # Cancels the model's stream when this call ends early.
+            await parts.aclose()
 
-    def _parts(
+    async def _parts(
         self, decoded: InferRequest, limit: float | None, wants_final: bool
-    ) -> Iterator[bytes]:
-        """A decoupled model's responses (blocking: runs on a thread).
+    ) -> AsyncGenerator[bytes, None]:
+        """A decoupled model's responses.
 
         SPEC: Triton's decoupled models flag each response with
         triton_final_response when the client asked for an empty final one.
         """
         flag = {FINAL_FLAG: False} if wants_final else None
-        for outputs in service.stream(self.client, self.regions, decoded, limit):
-            yield pbcodec.encode_stream_response(self._response(decoded, outputs, flag))
+        parts = service.stream_async(self.client, self.regions, decoded, limit)
+        try:
+            async for outputs in parts:
+                yield pbcodec.encode_stream_response(self._response(decoded, outputs, flag))
+        finally:
+            await parts.aclose()
         if wants_final:
             final = pbcodec.encode_infer_response(
                 decoded.model, "", decoded.id, [], {FINAL_FLAG: True}

@@ -9,7 +9,7 @@ both transports answer the same thing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,22 +248,23 @@ def _prepare(client: ModelClient, regions: RegionTable, request: InferRequest) -
     )
 
 
-def stream(
+async def stream_async(
     client: ModelClient, regions: RegionTable, request: InferRequest, timeout_s: float | None
-) -> Iterator[list[OutputData]]:
-    """Yield the outputs of each part a streaming (decoupled) model sends."""
+) -> AsyncGenerator[list[OutputData], None]:
+    """Yield the outputs of each part a streaming (decoupled) model sends.
+
+    The parts are awaited in the event loop. Closing the generator early
+    (``aclose``) cancels the stream in the worker.
+    """
     if any(output.shm for output in request.outputs or ()):
         raise BadRequest("outputs of a streamed (decoupled) model cannot go to shared memory")
     call = _prepare(client, regions, request)
-    parts = client.stream(call.model, call.inputs, call.names, call.parameters, timeout_s)
+    parts = client.stream_async(call.model, call.inputs, call.names, call.parameters, timeout_s)
     try:
-        for part in parts:
+        async for part in parts:
             yield _outputs(request, part.outputs, {})
     finally:
-        # Closing the generator early cancels the stream in the worker.
-        close = getattr(parts, "close", None)
-        if close is not None:
-            close()
+        await parts.aclose()
 
 
 def decoupled(client: ModelClient, model: str) -> bool:
