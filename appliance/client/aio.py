@@ -2,12 +2,12 @@
 
 The asyncio twin of :class:`~appliance.client.channel.Channel`, with the
 same sockets (a PUSH per instance, one bound PULL for replies). The loop
-watches the PULL socket's file descriptor with ``add_reader`` and sets each
-reply as the result of the future its request waits on, so an asyncio
-frontend calls models without a thread hop and with one loop callback per
-burst of replies into the box of the request it answers, waking the
-coroutine that waits on that box. A box holds the messages its waiter has
-not taken yet: one reply for a unary call, parts for a stream.
+watches the PULL socket's file descriptor with ``add_reader``; its callback
+puts each reply in the box of the request it answers and wakes the
+coroutine waiting on that box. So an asyncio frontend calls models without
+a thread hop, with one loop callback per burst of replies. A box holds the
+messages its waiter has not taken yet: one reply for a unary call, parts
+for a stream.
 
 ZeroMQ's descriptor is edge-triggered: it signals that the socket's state
 may have changed, not that a message is there. So the callback drains until
