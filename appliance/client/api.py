@@ -23,6 +23,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,19 @@ class InferResult:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.release()
+
+
+@dataclass(slots=True)
+class _StreamCall:
+    """A stream in flight: where it went, what it holds, and how far it got."""
+
+    channel: Channel | AsyncChannel
+    target: Target
+    id: int
+    blocks: list[Block]
+    deadline: float
+    previous: InferResult | None = None
+    finished: bool = False
 
 
 class ModelClient:
@@ -223,31 +237,40 @@ class ModelClient:
         timeout_s: float | None,
     ) -> Iterator[InferResult]:
         channel = self._channel()
-        target, request_id, blocks, deadline = self._send(
-            channel, model, "stream", inputs, outputs, parameters, timeout_s, None
+        call = _StreamCall(
+            channel,
+            *self._send(channel, model, "stream", inputs, outputs, parameters, timeout_s, None),
         )
-        previous: InferResult | None = None
-        finished = False
         try:
             while True:
-                reply = channel.wait(target, request_id, deadline)
-                if previous is not None:
-                    previous.release()
-                    previous = None
-                if reply.kind is Kind.END:
-                    finished = True
-                    _raise_for(reply)
+                part = self._stream_part(call, channel.wait(call.target, call.id, call.deadline))
+                if part is None:
                     return
-                # Parts may borrow request blocks; those stay until the stream ends.
-                previous = self._result(target, reply, blocks)[0]
-                yield previous
+                yield part
         finally:
-            if previous is not None:
-                previous.release()
-            if not finished and self.router.is_current(target):
-                cancel = Message(Kind.CANCEL, request_id, self._pid)
-                channel.send(target, cancel)
-            self._finish(channel, target, request_id, blocks, finished)
+            self._stream_end(call)
+
+    def _stream_part(self, call: _StreamCall, reply: Message) -> InferResult | None:
+        """The part ``reply`` carries; None at the stream's end (or raise its error)."""
+        if call.previous is not None:
+            call.previous.release()
+            call.previous = None
+        if reply.kind is Kind.END:
+            call.finished = True
+            _raise_for(reply)
+            return None
+        # Parts may borrow request blocks; those stay until the stream ends.
+        call.previous = self._result(call.target, reply, call.blocks)[0]
+        return call.previous
+
+    def _stream_end(self, call: _StreamCall) -> None:
+        """Release the last part; cancel the stream in the worker if it did not end."""
+        if call.previous is not None:
+            call.previous.release()
+        if not call.finished and self.router.is_current(call.target):
+            with contextlib.suppress(zmq.ZMQError):
+                call.channel.send(call.target, Message(Kind.CANCEL, call.id, self._pid))
+        self._finish(call.channel, call.target, call.id, call.blocks, call.finished)
 
     def derivative(
         self,
@@ -304,31 +327,19 @@ class ModelClient:
         code = ErrorCode.OK
         try:
             channel = self._async_channel()
-            target, request_id, blocks, deadline = self._send(
-                channel, model, "stream", inputs, outputs, parameters, timeout_s, None
+            call = _StreamCall(
+                channel,
+                *self._send(channel, model, "stream", inputs, outputs, parameters, timeout_s, None),
             )
-            previous: InferResult | None = None
-            finished = False
             try:
                 while True:
-                    reply = await channel.wait(target, request_id, deadline)
-                    if previous is not None:
-                        previous.release()
-                        previous = None
-                    if reply.kind is Kind.END:
-                        finished = True
-                        _raise_for(reply)
+                    reply = await channel.wait(call.target, call.id, call.deadline)
+                    part = self._stream_part(call, reply)
+                    if part is None:
                         return
-                    # Parts may borrow request blocks; those stay until the stream ends.
-                    previous = self._result(target, reply, blocks)[0]
-                    yield previous
+                    yield part
             finally:
-                if previous is not None:
-                    previous.release()
-                if not finished and self.router.is_current(target):
-                    with contextlib.suppress(zmq.ZMQError):
-                        channel.send(target, Message(Kind.CANCEL, request_id, self._pid))
-                self._finish(channel, target, request_id, blocks, finished)
+                self._stream_end(call)
         except ApplianceError as ex:
             code = ex.code
             raise
