@@ -27,6 +27,7 @@ FAMILIES = {
         "graphpipe",
         "mlserver-pw1 rest-json",
         "mlserver-pw0 rest-json",
+        "floor-asgi",
         "floor-gthread",
         "floor-sync",
     ),
