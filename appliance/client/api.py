@@ -323,9 +323,7 @@ class ModelClient:
         Each part is released when the next one is requested; closing the
         generator early (``aclose``) cancels the stream in the worker.
         """
-        started = time.perf_counter()
-        code = ErrorCode.OK
-        try:
+        with _recorded(model):
             channel = self._async_channel()
             call = _StreamCall(
                 channel,
@@ -340,11 +338,6 @@ class ModelClient:
                     yield part
             finally:
                 self._stream_end(call)
-        except ApplianceError as ex:
-            code = ex.code
-            raise
-        finally:
-            record_call(model, code, started)
 
     async def derivative_async(
         self,

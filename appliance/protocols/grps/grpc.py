@@ -14,6 +14,7 @@ calls that may block run on the frontend's threads.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -64,14 +65,12 @@ class GrpsServicer(grps_pb2_grpc.GrpsServiceServicer):  # type: ignore[misc]
             payload = decode_message(request)
             parameters = _parameters(context.invocation_metadata())
             deadline = _deadline(context)
-            parts = service.stream_async(
+            stream = service.stream_async(
                 self.client, payload, parameters, encode_message, timeout_s=deadline
             )
-            try:
+            async with contextlib.aclosing(stream) as parts:
                 async for part in parts:
                     yield part
-            finally:
-                await parts.aclose()
         except Exception as ex:
             yield encode_error(service.failure(ex))
 

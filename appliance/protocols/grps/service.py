@@ -8,6 +8,7 @@ must be encoded before the result is released).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, TypeVar
@@ -111,13 +112,11 @@ async def stream_async(
         with result:
             yield encode(shaper.shape(result.outputs))
         return
-    parts = client.stream_async(model, inputs, parameters=parameters, timeout_s=timeout_s)
-    try:
+    stream = client.stream_async(model, inputs, parameters=parameters, timeout_s=timeout_s)
+    async with contextlib.aclosing(stream) as parts:
         async for part in parts:
             yield encode(shaper.shape(part.outputs, final=False))
         shaper.finish()
-    finally:
-        await parts.aclose()
 
 
 def failure(error: BaseException) -> GrpsError:

@@ -13,6 +13,7 @@ run on the frontend's threads.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -155,13 +156,10 @@ class InferenceServicer:
                 response = self._response(decoded, outputs, flag)
             yield pbcodec.encode_stream_response(response)
             return
-        parts = self._parts(decoded, limit, wants_final)
-        try:
+        # Closing the parts when this call ends early cancels the model's stream.
+        async with contextlib.aclosing(self._parts(decoded, limit, wants_final)) as parts:
             async for response in parts:
                 yield response
-        finally:
-            # Cancels the model's stream when this call ends early.
-            await parts.aclose()
 
     async def _parts(
         self, decoded: InferRequest, limit: float | None, wants_final: bool
@@ -172,12 +170,10 @@ class InferenceServicer:
         triton_final_response when the client asked for an empty final one.
         """
         flag = {FINAL_FLAG: False} if wants_final else None
-        parts = service.stream_async(self.client, self.regions, decoded, limit)
-        try:
+        stream = service.stream_async(self.client, self.regions, decoded, limit)
+        async with contextlib.aclosing(stream) as parts:
             async for outputs in parts:
                 yield pbcodec.encode_stream_response(self._response(decoded, outputs, flag))
-        finally:
-            await parts.aclose()
         if wants_final:
             final = pbcodec.encode_infer_response(
                 decoded.model, "", decoded.id, [], {FINAL_FLAG: True}

@@ -259,12 +259,10 @@ async def stream_async(
     if any(output.shm for output in request.outputs or ()):
         raise BadRequest("outputs of a streamed (decoupled) model cannot go to shared memory")
     call = _prepare(client, regions, request)
-    parts = client.stream_async(call.model, call.inputs, call.names, call.parameters, timeout_s)
-    try:
+    stream = client.stream_async(call.model, call.inputs, call.names, call.parameters, timeout_s)
+    async with contextlib.aclosing(stream) as parts:
         async for part in parts:
             yield _outputs(request, part.outputs, {})
-    finally:
-        await parts.aclose()
 
 
 def decoupled(client: ModelClient, model: str) -> bool:

@@ -2,9 +2,8 @@
 
 Each method takes a decoded request and returns the reply body; the model
 calls (Evaluate and the derivatives) are coroutines that wait for the model
-in the event loop. The checks
-run in the order UM-Bridge's servers and its conformity suite expect
-(SPEC: PROTOCOL-FACTS §5.1, §5.3):
+in the event loop. The checks run in the order UM-Bridge's servers and its
+conformity suite expect (SPEC: PROTOCOL-FACTS §5.1, §5.3):
 
     1. the model name               400 ModelNotFound
     2. the endpoint's support flag  400 UnsupportedFeature, before any other field
