@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,28 @@ def demo_models(*names: str, **overrides: dict[str, Any]) -> list[dict[str, Any]
         entry.update(overrides.get(name, {}))
         models.append(entry)
     return models
+
+
+def rendezvous(where: Path, parties: int = 2) -> dict[str, Any]:
+    """A ``tests.models:Rendezvous`` entry whose calls meet in ``where``.
+
+    Its ``parties`` instances answer a gradient or a stream only once that
+    many run at the same time: proof that the frontend sent them all at once.
+    """
+    return {
+        "name": "rendezvous",
+        "class": "tests.models:Rendezvous",
+        "instances": parties,
+        "options": {"dir": str(where), "parties": parties, "wait_s": 20.0},
+    }
+
+
+def eventually(check: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Poll ``check`` until it holds or ``timeout_s`` passes; return its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(interval_s)
+    return check()
 
 
 @dataclass

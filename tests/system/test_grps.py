@@ -9,7 +9,7 @@ import base64
 import concurrent.futures
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import yaml
 
 from appliance._generated import grps_pb2, grps_pb2_grpc
 from appliance.client.api import ModelClient
-from tests.system.harness import Appliance, demo_models, running
+from tests.system.harness import Appliance, demo_models, eventually, rendezvous, running
 
 MODELS = ("simple", "simple_identity", "forward", "digits", "echo")
 JSON = {"Content-Type": "application/json"}
@@ -438,13 +438,6 @@ def echo_depth(client: ModelClient) -> int:
     return sum(client.status.read(slot).depth for slot in client.router.slots["echo"])
 
 
-def eventually(check: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return check()
-
-
 def test_a_client_that_leaves_stops_the_models_stream(
     grps: Appliance, session: requests.Session
 ) -> None:
@@ -461,14 +454,10 @@ def test_a_client_that_leaves_stops_the_models_stream(
 def test_streams_in_flight_are_not_capped_by_the_frontend_threads(tmp_path: Path) -> None:
     # One thread in each frontend's pool, two streams that each wait for the
     # other at a model: they pass only if both reach the models at once.
-    model = {
-        "name": "rendezvous",
-        "class": "tests.models:Rendezvous",
-        "instances": 2,
-        "options": {"dir": str(tmp_path), "parties": 2, "wait_s": 20.0},
-    }
     with (
-        running([model], http={"workers": 1, "threads": 1}, grpc={"threads": 1}) as appliance,
+        running(
+            [rendezvous(tmp_path)], http={"workers": 1, "threads": 1}, grpc={"threads": 1}
+        ) as appliance,
         grpc.insecure_channel(f"127.0.0.1:{appliance.ports['grpc']}") as channel,
     ):
         stub = grps_pb2_grpc.GrpsServiceStub(channel)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -19,7 +19,7 @@ import yaml
 
 from appliance._generated import grps_pb2, grps_pb2_grpc, health_pb2, health_pb2_grpc
 from appliance.client.api import ModelClient
-from tests.system.harness import Appliance, demo_models, running
+from tests.system.harness import Appliance, demo_models, eventually, running
 
 MODELS = ("simple", "forward", "echo")
 SUCCESS = grps_pb2.Status.SUCCESS
@@ -79,13 +79,6 @@ def test_liveness_readiness_and_metadata(stub: Any) -> None:
     failed(stub.ModelMetadata(msg(str_data="nope"), timeout=10), 404, "nope")
 
 
-def eventually(check: Callable[[], bool], timeout_s: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return check()
-
-
 def test_offline_over_grpc_drains_every_protocol(
     grps: Appliance, stub: Any, channel: grpc.Channel
 ) -> None:
@@ -102,7 +95,7 @@ def test_offline_over_grpc_drains_every_protocol(
     finally:
         ok(stub.Online(msg(), timeout=10))
     ok(stub.CheckReadiness(msg(), timeout=10))
-    assert eventually(lambda: requests.get(kserve_ready, timeout=10).status_code == 200)
+    assert eventually(lambda: requests.get(kserve_ready, timeout=10).status_code == 200, 2.0)
 
 
 # -- predict -----------------------------------------------------------------------
@@ -212,7 +205,7 @@ def test_a_cancelled_stream_stops_the_model(stub: Any, client: ModelClient) -> N
     options = [("chunks", "40"), ("chunk_delay_s", "0.25")]  # 10 s if nobody stops it
     call = stub.PredictStreaming(msg(str_data="x" * 40), metadata=options, timeout=30)
     ok(next(call))
-    assert eventually(lambda: echo_depth(client) == 1)
+    assert eventually(lambda: echo_depth(client) == 1, 2.0)
     call.cancel()
     assert eventually(lambda: echo_depth(client) == 0, timeout_s=5.0)
 

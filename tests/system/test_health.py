@@ -7,13 +7,11 @@ import socket
 import struct
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
 import grpc
 
 from appliance._generated import health_pb2, health_pb2_grpc
-from tests.system.harness import Appliance
+from tests.system.harness import Appliance, eventually
 
 
 def http_status(appliance: Appliance, path: str) -> int:
@@ -41,15 +39,6 @@ def mip_ping(appliance: Appliance) -> bytes:
 PONG = bytes([0, 1, 1, 0, 0, 0, 0, 0])
 
 
-def eventually(check: Callable[[], bool], timeout_s: float = 1.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
-
-
 def test_everything_is_ready_after_start(demo: Appliance) -> None:
     assert http_status(demo, "/v2/health/live") == 200
     assert http_status(demo, "/v2/health/ready") == 200
@@ -60,7 +49,7 @@ def test_everything_is_ready_after_start(demo: Appliance) -> None:
 def test_offline_turns_every_protocol_not_ready_and_online_back(demo: Appliance) -> None:
     demo.ctl("offline")
     try:
-        assert eventually(lambda: http_status(demo, "/v2/health/ready") == 503)
+        assert eventually(lambda: http_status(demo, "/v2/health/ready") == 503, 1.0, 0.02)
         assert not grpc_serving(demo)
         assert mip_ping(demo)[:3] == bytes([0, 0, 5])
         # Live stays true, and requests are still served while offline.
@@ -70,7 +59,7 @@ def test_offline_turns_every_protocol_not_ready_and_online_back(demo: Appliance)
             assert result.array("y").tolist() == [[2.0]]
     finally:
         demo.ctl("online")
-    assert eventually(lambda: http_status(demo, "/v2/health/ready") == 200)
+    assert eventually(lambda: http_status(demo, "/v2/health/ready") == 200, 1.0, 0.02)
     assert grpc_serving(demo)
     assert mip_ping(demo) == PONG
 

@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from appliance.client.api import ModelClient
-from tests.system.harness import Appliance, demo_models, running
+from tests.system.harness import Appliance, demo_models, eventually, running
 
 MODELS = [
     *demo_models("simple", "simple_string", "simple_identity", "identity", "echo"),
@@ -71,15 +71,6 @@ def failure(call: Callable[[], object]) -> InferenceServerException:
     with pytest.raises(InferenceServerException) as caught:
         call()
     return caught.value
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
 
 
 # -- health, metadata, configuration --------------------------------------------
@@ -342,7 +333,7 @@ def test_statistics_count_real_inferences(client: grpcclient.InferenceServerClie
     before = successes()
     for _ in range(3):
         client.infer("identity", [tensor("INPUT0", np.ones((1, 2), np.float32))])
-    assert eventually(lambda: successes() >= before + 3)
+    assert eventually(lambda: successes() >= before + 3, 5.0)
     every = client.get_inference_statistics().model_stats
     assert [s.name for s in every] == [m["name"] for m in MODELS]
     error = failure(lambda: client.get_inference_statistics("nope"))
@@ -438,11 +429,11 @@ def test_readiness_follows_the_master(
 ) -> None:
     appliance.ctl("offline")
     try:
-        assert eventually(lambda: not client.is_server_ready())
+        assert eventually(lambda: not client.is_server_ready(), 5.0)
         assert not client.is_model_ready("simple")
         assert client.is_server_live()
         assert_serving(client)
     finally:
         appliance.ctl("online")
-    assert eventually(client.is_server_ready)
+    assert eventually(client.is_server_ready, 5.0)
     assert client.is_model_ready("simple")

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import http.client
-import time
-from collections.abc import Callable
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.system.harness import Appliance, demo_models, running
+from tests.system.harness import Appliance, demo_models, eventually, running
 
 
 def scrape(appliance: Appliance) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -80,14 +78,7 @@ def test_the_ring_gauge_shows_space_coming_back_when_a_client_releases() -> None
             return value(samples, "appliance_ring_used_bytes", model="identity", kind="used")
 
         result = client.infer("identity", {"INPUT0": x})
-        assert eventually(lambda: used() > 0)
+        assert eventually(lambda: used() > 0, 5.0)
         result.release()
         # No other request comes: the worker publishes what the release gave back.
-        assert eventually(lambda: used() == 0)
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return check()
+        assert eventually(lambda: used() == 0, 5.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ import requests
 import umbridge
 
 from appliance.core.status import Counter
-from tests.system.harness import Appliance, demo_models, running
+from tests.system.harness import Appliance, demo_models, rendezvous, running
 
 MODELS = "tests.umbridge_models"
 EXTRA: list[dict[str, Any]] = [
@@ -118,30 +119,14 @@ def test_access_lines_name_the_model_of_evaluate_and_of_a_derivative(
 def test_derivatives_in_flight_are_not_capped_by_the_http_threads(tmp_path: Path) -> None:
     # One pool thread, two gradients that each wait for the other at a model:
     # they pass only if both reach the models at once.
-    model = {
-        "name": "rendezvous",
-        "class": "tests.models:Rendezvous",
-        "instances": 2,
-        "options": {"dir": str(tmp_path), "parties": 2, "wait_s": 20.0},
-    }
-    with running([model], http={"workers": 1, "threads": 1}) as appliance:
+    with running([rendezvous(tmp_path)], http={"workers": 1, "threads": 1}) as appliance:
         url = f"http://127.0.0.1:{appliance.ports['http']}"
-        results: dict[int, Any] = {}
 
-        def gradient(index: int) -> None:
-            try:
-                results[index] = connect(url, "rendezvous", False).gradient(
-                    0, 0, [[1.0]], [float(index + 1)]
-                )
-            except BaseException as ex:
-                results[index] = ex
+        def gradient(sens: float) -> Any:
+            return connect(url, "rendezvous", False).gradient(0, 0, [[1.0]], [sens])
 
-        callers = [threading.Thread(target=gradient, args=(i,)) for i in range(2)]
-        for caller in callers:
-            caller.start()
-        for caller in callers:
-            caller.join(timeout=60)
-        assert results == {0: [1.0], 1: [2.0]}
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(gradient, [1.0, 2.0])) == [[1.0], [2.0]]
 
 
 def rosenbrock(x: np.ndarray) -> float:
