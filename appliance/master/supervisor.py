@@ -91,6 +91,7 @@ class Supervisor:
         self.configured = config.models
         self.unloaded: set[str] = set()
         self._notified_ready = False
+        self._http_booted = -1  # the HTTP arbiter generation whose workers all booted
         self._request_totals: collections.deque[tuple[float, int]] = collections.deque()
         self.reloads = 0
         self.watchdog = watchdog.Watchdog()
@@ -477,10 +478,27 @@ class Supervisor:
         for child in self.frontends():
             if self.status.hot(child.spec.slot)[0] != SlotState.READY:
                 return False
+            if child.spec.status_role is Role.HTTP and not self._http_workers_booted(child):
+                return False
         accepted = {SlotState.READY, SlotState.FAILED} if or_failed else {SlotState.READY}
         for slots in self.layout.values():
             if not any(self.status.hot(slot)[0] in accepted for slot in slots):
                 return False
+        return True
+
+    def _http_workers_booted(self, arbiter: Child) -> bool:
+        """Every gunicorn worker of this arbiter has booted once.
+
+        The arbiter is up before it forks its workers; ready at that point
+        would send a balancer's first requests to one worker while the
+        others still import. Later, a worker gunicorn replaces must not
+        flap readiness, so the count is checked once per arbiter generation.
+        """
+        if self._http_booted == arbiter.generation:
+            return True
+        if sum(map(pid_alive, self.http_worker_pids())) < self.config.http.workers:
+            return False
+        self._http_booted = arbiter.generation
         return True
 
     def _update_readiness(self) -> None:

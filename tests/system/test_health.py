@@ -11,7 +11,7 @@ import sys
 import grpc
 
 from appliance._generated import health_pb2, health_pb2_grpc
-from tests.system.harness import Appliance, eventually
+from tests.system.harness import Appliance, demo_models, eventually, running
 
 
 def http_status(appliance: Appliance, path: str) -> int:
@@ -95,3 +95,14 @@ def test_ctl_without_an_appliance_says_so(tmp_path: object) -> None:
     )
     assert result.returncode == 1
     assert "no appliance is running" in result.stderr
+
+
+def test_ready_only_once_every_http_worker_has_booted() -> None:
+    # gunicorn's arbiter is up before its workers: ready at that point would
+    # let a balancer's first burst land on one worker while the rest boot.
+    # Big request rings make each worker's boot (pre-faulting its ring) slow.
+    rings = {"request_ring_bytes": 128 << 20}
+    with running(demo_models("identity"), http={"workers": 8}, shm=rings) as app:
+        assert app.ctl("status")["ready"]
+        workers = [p for p in app.processes() if p["role"] == "http worker"]
+        assert len(workers) == 8, workers

@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 
 from appliance._generated import grps_pb2, grps_pb2_grpc
 from appliance.protocols.mip.client import MipClient, decode_item, tensor_item
-from tests.system.harness import Appliance, demo_models, eventually, running
+from tests.system.harness import Appliance, demo_models, running
 from tests.system.test_metrics import scrape, value
 
 ROW = list(range(16))
@@ -174,10 +174,8 @@ def test_calls_are_counted_by_protocol_model_and_outcome_across_processes(
     appliance: Appliance,
 ) -> None:
     sent: Counter[str] = Counter()
-    # The appliance is ready once gunicorn's arbiter is; its second worker
-    # may still be booting.
-    assert eventually(lambda: len(http_worker_pids(appliance)) == 2, 10.0)
     workers = http_worker_pids(appliance)
+    assert len(workers) == 2  # ready means every HTTP worker has booted
     # Rounds on fresh connections, 4 at a time, until both HTTP workers and
     # both gRPC processes have served some.
     for _round in range(6):
