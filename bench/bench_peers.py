@@ -180,8 +180,11 @@ def main_phase(pool: ClientPool, args: argparse.Namespace, record: dict[str, Any
                 if repeat and began + record["grid_repeat_s"] > deadline:
                     log(f"load grid: {repeat} repeat(s); another would pass --budget-min")
                     break
+                # The shared machine drifts over minutes: every other repeat
+                # runs the systems backwards, so drift weighs on all alike.
+                ordered = systems if repeat % 2 == 0 else systems[::-1]
                 for payload in PAYLOADS:
-                    for system in systems:
+                    for system in ordered:
                         levels = system.levels(payload, sweep)
                         if args.quick and payload == "1MiB" and system.name not in QUICK_1MIB:
                             continue

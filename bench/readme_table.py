@@ -162,8 +162,8 @@ def render(
     out = [
         f"Measured by `bench/bench_peers.py` on {when}: {os.cpu_count()} vCPUs, Python "
         f"{sys.version.split()[0]}, load average {start} at the start and {end} at the end; "
-        f"{record['grid_repeats']} repeat(s) of {args['seconds']:g} s per cell, medians; the "
-        "whole run took "
+        f"{record['grid_repeats']} repeat(s) of {args['seconds']:g} s per cell (every other "
+        "repeat runs the systems in reverse order), medians; the whole run took "
         f"{record['elapsed_s'] / 60:.0f} min. c = client processes, each with one request in "
         "flight. The load generator shares the 2 vCPUs with the server: server µs/req (CPU "
         "of the server's whole process tree per request, psutil) does not depend on it.",
