@@ -51,6 +51,7 @@ from bench.loadgen import ClientPool, ProcessTree, write_results  # noqa: E402
 from bench.plan import (  # noqa: E402
     APPLIANCE,
     BATCHING_CLIENTS,
+    BATCHING_MODELS,
     BATCHING_PROTOCOLS,
     FULL_SWEEP,
     PACED_SHARE,
@@ -250,9 +251,14 @@ def batching(
     where: dict[str, Any],
     trees: dict[str, ProcessTree],
 ) -> None:
-    """digits at 64 clients, batched (64 rows, 2 ms) and unbatched, per protocol."""
+    """digits (and digits with a fixed cost per call) at 64 clients, batched (64 rows,
+    2 ms) and unbatched, per protocol."""
     endpoint = {"kserve-grpc": "grpc", "mip": "mip", "direct": "run_dir"}
-    models = {"digits": "digits", "digits-unbatched": "digits_unbatched"}
+    models = {
+        payload: model
+        for kind, pair in BATCHING_MODELS.items()
+        for payload, model in zip((kind, f"{kind}-unbatched"), pair, strict=True)
+    }
     for repeat in range(args.repeats):
         for protocol in BATCHING_PROTOCOLS:
             system = System(protocol, "appliance", protocol, endpoint[protocol])

@@ -140,14 +140,21 @@ SCALING_CLIENTS = 16
 BATCHING_CLIENTS = 64
 BATCHING_PROTOCOLS = ("kserve-grpc", "mip", "direct")
 BATCH_DELAY_MS = 2.0
+# The batching part's models: payload -> (batched model, unbatched model).
+CALL_COST_MS = 2.0
+BATCHING_MODELS = {
+    "digits": ("digits", "digits_unbatched"),
+    "digits-2ms": ("digits_2ms", "digits_2ms_unbatched"),
+}
 # Equal offered load: this share of the slower server's closed-loop 16-client rate.
 PACED_SHARE = 0.7
 
 
 def payload_spec(payload: str) -> dict[str, Any]:
     if payload.startswith("digits"):
-        served = "digits_unbatched" if payload == "digits-unbatched" else "digits"
-        return {"model": "digits", "served_as": served}
+        kind = payload.removesuffix("-unbatched")
+        batched, unbatched = BATCHING_MODELS[kind]
+        return {"model": "digits", "served_as": unbatched if kind != payload else batched}
     return {"model": "identity", "nbytes": SIZES[payload]}
 
 
@@ -179,13 +186,15 @@ def appliance_sections(frontends: int | None = None) -> dict[str, Any]:
         if frontends is not None and name in ("http", "grpc", "mip"):
             table["workers"] = frontends
         sections[name] = table
-    listeners = [{"port": 0, "model": m} for m in ("identity", "digits", "digits_unbatched")]
+    served = ("identity", *(m for pair in BATCHING_MODELS.values() for m in pair))
+    listeners = [{"port": 0, "model": m} for m in served]
     sections["mip"]["listeners"] = listeners
     return sections
 
 
 def appliance_models(instances: int = 1, umbridge: bool = True) -> list[dict[str, Any]]:
-    """identity and digits as in default.toml, digits unbatched, and UM-Bridge's identities."""
+    """identity and digits as in default.toml, digits unbatched, digits with a fixed cost
+    per call (batched and not), and UM-Bridge's identities."""
     models: list[dict[str, Any]] = [
         {
             "name": "identity",
@@ -199,6 +208,14 @@ def appliance_models(instances: int = 1, umbridge: bool = True) -> list[dict[str
             "max_queue_delay_ms": BATCH_DELAY_MS,
         },
         {"name": "digits_unbatched", "class": "appliance.demos.digits:Digits", "max_batch_size": 0},
+    ]
+    slow = {
+        "class": "bench.peers.appliance_models:CallCostDigits",
+        "options": {"call_ms": CALL_COST_MS},
+    }
+    models += [
+        {"name": "digits_2ms", **slow, "max_batch_size": 64, "max_queue_delay_ms": BATCH_DELAY_MS},
+        {"name": "digits_2ms_unbatched", **slow, "max_batch_size": 0},
     ]
     for label, nbytes in SIZES.items():
         if umbridge and label != "16MiB":
