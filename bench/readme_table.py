@@ -38,9 +38,8 @@ LABELS = {
     "floor-gthread": "falcon+gunicorn floor, gthread",
     "floor-sync": "falcon+gunicorn floor, sync",
 }
-# (header, payload, concurrency, key): the README's columns.
 BATCHING_LABELS = {"digits": "digits", "digits-2ms": f"digits + {CALL_COST_MS:g} ms per call"}
-
+# (header, payload, concurrency, key): the README's columns.
 COLUMNS = (
     ("16 B c=1 p50 ms", "16B", 1, "p50_ms"),
     ("16 B c=16 req/s", "16B", 16, "rps"),
