@@ -254,16 +254,13 @@ def batching(
     """digits (and digits with a fixed cost per call) at 64 clients, batched (64 rows,
     2 ms) and unbatched, per protocol."""
     endpoint = {"kserve-grpc": "grpc", "mip": "mip", "direct": "run_dir"}
-    models = {
-        payload: model
-        for kind, pair in BATCHING_MODELS.items()
-        for payload, model in zip((kind, f"{kind}-unbatched"), pair, strict=True)
-    }
+    payloads = [p for kind in BATCHING_MODELS for p in (kind, f"{kind}-unbatched")]
     for repeat in range(args.repeats):
         for protocol in BATCHING_PROTOCOLS:
             system = System(protocol, "appliance", protocol, endpoint[protocol])
-            for payload, model in models.items():
+            for payload in payloads:
                 spec = spec_for(system, payload, where)
+                model = spec["served_as"]
                 before = counters(where["client"], model)
                 row = pool.measure(spec, BATCHING_CLIENTS, args.seconds, trees["appliance"])
                 row |= batch_figures(before, counters(where["client"], model))
