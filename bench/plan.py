@@ -139,7 +139,8 @@ SCALING_CELLS = (
 SCALING_CLIENTS = 16
 BATCHING_CLIENTS = 64
 BATCHING_PROTOCOLS = ("kserve-grpc", "mip", "direct")
-BATCH_DELAY_MS = 2.0
+# Natural batching, the default: a batch is what queued while the last one ran.
+BATCH_DELAY_MS = 0.0
 # The batching part's models: payload -> (batched model, unbatched model).
 CALL_COST_MS = 2.0
 BATCHING_MODELS = {

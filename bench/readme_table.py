@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.plan import BATCHING_MODELS, CALL_COST_MS, NO_PEER, PEERS, SYSTEMS
+from bench.plan import BATCH_DELAY_MS, BATCHING_MODELS, CALL_COST_MS, NO_PEER, PEERS, SYSTEMS
 from bench.report import Summary, cell, find, ratio
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -182,7 +182,8 @@ def render(
         "",
         *target_lines(targets),
         "",
-        "Dynamic batching (max_batch_size 64 and max_queue_delay_ms 2 against 0; the last "
+        f"Dynamic batching (max_batch_size 64 with max_queue_delay_ms {BATCH_DELAY_MS:g} against "
+        "max_batch_size 0; the last "
         "column is unbatched over batched server CPU per request, what batching saves the "
         "server whatever the load generator can drive). `digits` computes in 15-60 µs, "
         "less than a request's trip through a frontend; `digits + "

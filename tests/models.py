@@ -15,7 +15,12 @@ from appliance.model import Arrays, Model, Outputs, spec
 
 
 class BatchProbe(Model):
-    """y = 2x, and ``batch`` tells each row how many rows its batch had."""
+    """y = 2x, and ``batch`` tells each row how many rows its batch had.
+
+    With the ``gate`` option (a directory), a request with the ``hold``
+    parameter leaves ``running`` there and waits while ``hold`` exists: a
+    test decides what queues behind a running batch.
+    """
 
     inputs = [spec("x", "FP32", [-1, 4])]
     outputs = [spec("y", "FP32", [-1, 4]), spec("batch", "INT32", [-1, 1])]
@@ -24,8 +29,17 @@ class BatchProbe(Model):
     def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
         x = inputs["x"]
         time.sleep(float(self.options.get("delay_s", 0.0)))
+        if parameters.get("hold") and "gate" in self.options:
+            self._wait_at_gate(Path(self.options["gate"]))
         batch = np.full((x.shape[0], 1), x.shape[0], dtype=np.int32)
         return {"y": 2 * x, "batch": batch}
+
+    @staticmethod
+    def _wait_at_gate(gate: Path) -> None:
+        (gate / "running").touch()
+        deadline = time.monotonic() + 30.0
+        while (gate / "hold").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 class Slow(Model):

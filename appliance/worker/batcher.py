@@ -2,9 +2,12 @@
 
 Requests for a batchable model (``max_batch_size`` > 0) whose inputs have the
 same trailing shapes and whose parameters are equal are concatenated along
-the first dimension, up to ``max_batch_size`` rows, waiting at most
-``max_queue_delay`` for the batch to fill. Everything else (streams,
-derivatives, unbatched models) runs one request at a time, in arrival order.
+the first dimension, up to ``max_batch_size`` rows. Batching is natural: the
+worker takes a batch whenever it is free, so a lone request runs at once and
+the requests that arrived while the last batch ran form the next one.
+``max_queue_delay`` (0 by default) is an extra wait for a batch to fill.
+Everything else (streams, derivatives, unbatched models) runs one request at
+a time, in arrival order.
 """
 
 from __future__ import annotations
