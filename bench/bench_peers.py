@@ -135,7 +135,8 @@ def appliance_endpoints(appliance: Any) -> dict[str, Any]:
 
 
 def peer_factories() -> dict[str, Callable[[], Any]]:
-    http = appliance_sections()["http"]
+    sections = appliance_sections()
+    http, grpc = sections["http"], sections["grpc"]
     sizes = {label: n // 4 for label, n in SIZES.items() if label != "16MiB"}
     return {
         "mlserver-pw1": lambda: servers.mlserver(1),
@@ -144,6 +145,8 @@ def peer_factories() -> dict[str, Callable[[], Any]]:
         "floor-asgi": lambda: servers.floor("asgi", http["workers"], 1),
         "floor-gthread": lambda: servers.floor("gthread", http["workers"], http["threads"]),
         "floor-sync": lambda: servers.floor("sync", http["workers"], 1),
+        "floor-grpc-aio": lambda: servers.grpc_floor("aio", grpc["workers"], 1),
+        "floor-grpc-sync": lambda: servers.grpc_floor("sync", grpc["workers"], grpc["threads"]),
     }
 
 

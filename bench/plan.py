@@ -117,6 +117,22 @@ PEERS = (
     System(
         "floor-sync", "floor-sync", "kserve-rest", "rest", caps=FLOOR_CAPS, versus="kserve-rest"
     ),
+    System(
+        "floor-grpc-aio",
+        "floor-grpc-aio",
+        "kserve-grpc",
+        "grpc",
+        caps=FLOOR_CAPS,
+        versus="kserve-grpc",
+    ),
+    System(
+        "floor-grpc-sync",
+        "floor-grpc-sync",
+        "kserve-grpc",
+        "grpc",
+        caps=FLOOR_CAPS,
+        versus="kserve-grpc",
+    ),
 )
 SYSTEMS = {system.name: system for system in (*APPLIANCE, *PEERS)}
 # Protocols with no peer that installs here (PEERS.md §5): GRPS ships no

@@ -9,6 +9,7 @@ frame anywhere on the stack). Not run by ``make bench``. Usage::
 
     python bench/profile_load.py --system kserve-rest --payload 16B --clients 1
     python bench/profile_load.py --system direct --payload digits --clients 64
+    python bench/profile_load.py --system kserve-grpc --svg bench/profiles/kserve-grpc-c1.svg
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def main() -> int:
     parser.add_argument(
         "--gil", action="store_true", help="only samples holding the GIL (Python's own CPU time)"
     )
+    parser.add_argument(
+        "--svg", type=Path, help="also write a flame graph of every process (a second run)"
+    )
     args = parser.parse_args()
     system = SYSTEMS.get(args.system) or System("direct", "appliance", "direct", "run_dir")
     with (
@@ -67,6 +71,11 @@ def main() -> int:
                 after = per_process(tree)
                 spy.wait(args.seconds + 60)
                 stacks = Path(raw.name).read_text()
+            if args.svg:
+                # py-spy writes one format per run: the flame graph gets a run of its own.
+                spy = start_py_spy(appliance.process.pid, args, args.svg, "flamegraph")
+                pool.measure(spec, args.clients, args.seconds, tree)
+                spy.wait(args.seconds + 60)
         finally:
             pool.release()
     print(
@@ -93,9 +102,11 @@ def per_process(tree: ProcessTree) -> dict[int, tuple[str, float]]:
     return out
 
 
-def start_py_spy(pid: int, args: argparse.Namespace, out: Path) -> subprocess.Popen[bytes]:
+def start_py_spy(
+    pid: int, args: argparse.Namespace, out: Path, form: str = "raw"
+) -> subprocess.Popen[bytes]:
     argv = [str(PY_SPY), "record", "--pid", str(pid), "--subprocesses", "--nonblocking"]
-    argv += ["--format", "raw", "--nolineno", "--rate", str(args.rate)]
+    argv += ["--format", form, "--nolineno", "--rate", str(args.rate)]
     argv += ["--duration", str(int(args.seconds)), "--output", str(out)]
     argv += ["--gil"] if args.gil else []
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

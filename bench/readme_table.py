@@ -37,6 +37,8 @@ LABELS = {
     "floor-asgi": "falcon+gunicorn floor, ASGI",
     "floor-gthread": "falcon+gunicorn floor, gthread",
     "floor-sync": "falcon+gunicorn floor, sync",
+    "floor-grpc-aio": "grpcio floor, aio",
+    "floor-grpc-sync": "grpcio floor, sync thread pool",
 }
 BATCHING_LABELS = {"digits": "digits", "digits-2ms": f"digits + {CALL_COST_MS:g} ms per call"}
 # (header, payload, concurrency, key): the README's columns.
@@ -141,7 +143,8 @@ def target_lines(targets: list[dict[str, Any]]) -> list[str]:
     lines = ["| target | value | limit | verdict | measured |", "|---|---|---|---|---|"]
     for item in targets:
         verdict = {True: "met", False: "**MISSED**", None: "not measured"}[item["met"]]
-        value = fmt(item["value"], "ratio")
+        unit = item.get("unit", "ratio")
+        value = fmt(item["value"], "p50_ms" if unit == "ms" else "ratio")
         lines.append(
             f"| {item['target']} | {value} | {item['limit']} | {verdict} | {item['detail']} |"
         )
@@ -178,7 +181,7 @@ def render(
         "",
         *ratio_table(summary),
         "",
-        "Targets (issue 10):",
+        "Targets (issues 10 and 18):",
         "",
         *target_lines(targets),
         "",

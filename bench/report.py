@@ -11,7 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 from bench.loadgen import median_row
-from bench.plan import PEERS, SYSTEMS
+from bench.plan import APPLIANCE, PEERS, SYSTEMS
 
 Summary = dict[str, dict[str, dict[int, dict[str, Any]]]]
 
@@ -91,16 +91,23 @@ def find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 
 
 def target(
-    name: str, value: float, limit: float, lower_is_better: bool, detail: str
+    name: str,
+    value: float,
+    limit: float,
+    lower_is_better: bool,
+    detail: str,
+    unit: str = "ratio",
 ) -> dict[str, Any]:
+    """One target's verdict; ``unit`` is "ratio" or "ms" (a difference of latencies)."""
     met = None if math.isnan(value) else (value <= limit if lower_is_better else value >= limit)
     sign = "<=" if lower_is_better else ">="
     return {
         "target": name,
         "value": value,
-        "limit": f"{sign} {limit}",
+        "limit": f"{sign} {limit}" + (" ms" if unit == "ms" else ""),
         "met": met,
         "detail": detail,
+        "unit": unit,
     }
 
 
@@ -146,8 +153,24 @@ def targets(
                     detail,
                 )
             )
+    for ours_name, peer in (
+        ("kserve-rest-json", "mlserver-pw0 rest-json"),
+        ("kserve-grpc", "mlserver-pw0 grpc"),
+    ):
+        a, b = cell(summary, ours_name, "16B", 16), cell(summary, peer, "16B", 16)
+        out.append(
+            target(
+                f"16 clients, 16 B, {ours_name} throughput vs {peer} (in-process)",
+                ratio(a and a["rps"], b and b["rps"]),
+                1.0,
+                False,
+                _throughput_detail(a, b),
+            )
+        )
     out += _paced_targets(paced)
     out += _floor_targets(get)
+    out += _umbridge_targets(summary)
+    out += _digits_latency_targets(get)
     out += _batching_targets(batching)
     return out
 
@@ -172,28 +195,87 @@ def _paced_targets(paced: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# Each protocol's floor: the same stack answering in place, no model, no process hop.
+FLOORS = (
+    ("kserve-rest", "floor-asgi", "falcon+gunicorn (ASGI)"),
+    ("kserve-grpc", "floor-grpc-aio", "grpc.aio"),
+)
+
+
 def _floor_targets(get: Any) -> list[dict[str, Any]]:
-    # The floor of the appliance's own HTTP stack: gunicorn's ASGI worker + falcon.asgi.
-    ours, floor = get("kserve-rest", "16B", 1, "p50_ms"), get("floor-asgi", "16B", 1, "p50_ms")
+    out = []
+    for ours_name, floor_name, stack in FLOORS:
+        ours, floor = get(ours_name, "16B", 1, "p50_ms"), get(floor_name, "16B", 1, "p50_ms")
+        out.append(
+            target(
+                f"1 client, 16 B, {ours_name} p50 vs the {stack} floor",
+                ratio(ours, floor),
+                1.5,
+                True,
+                f"{_ms(ours)} vs {_ms(floor)}",
+            )
+        )
+        ours, floor = (
+            get(ours_name, "16B", 16, "server_cpu_us"),
+            get(floor_name, "16B", 16, "server_cpu_us"),
+        )
+        out.append(
+            target(
+                f"16 clients, 16 B, {ours_name} server CPU per request vs the {stack} floor",
+                ratio(ours, floor),
+                2.0,
+                True,
+                f"{_us(ours)} vs {_us(floor)} µs/req; {_rps(get(ours_name, '16B', 16, 'rps'))}"
+                f" vs {_rps(get(floor_name, '16B', 16, 'rps'))} req/s",
+            )
+        )
+    return out
+
+
+def _umbridge_targets(summary: Summary) -> list[dict[str, Any]]:
+    ours, ref = cell(summary, "umbridge", "16B", 1), cell(summary, "umbridge-ref", "16B", 1)
     out = [
         target(
-            "1 client, 16 B, KServe REST p50 vs the falcon+gunicorn floor (ASGI)",
-            ratio(ours, floor),
-            1.5,
+            "1 client, UM-Bridge Evaluate p50 vs UM-Bridge's own server",
+            ratio(ours and ours["p50_ms"], ref and ref["p50_ms"]),
+            1.0,
             True,
-            f"{_ms(ours)} vs {_ms(floor)} (binary tensors both sides)",
+            f"{_ms(ours and ours['p50_ms'])} vs {_ms(ref and ref['p50_ms'])}",
         )
     ]
-    ours, floor = get("kserve-rest", "16B", 16, "rps"), get("floor-asgi", "16B", 16, "rps")
+    ours, ref = cell(summary, "umbridge", "16B", 16), cell(summary, "umbridge-ref", "16B", 16)
     out.append(
         target(
-            "16 clients, 16 B, floor (ASGI) throughput / KServe REST throughput",
-            ratio(floor, ours),
-            1.5,
-            True,
-            f"{_rps(floor)} vs {_rps(ours)} req/s",
+            "16 clients, UM-Bridge Evaluate throughput vs UM-Bridge's own server",
+            ratio(ours and ours["rps"], ref and ref["rps"]),
+            1.0,
+            False,
+            _throughput_detail(ours, ref),
         )
     )
+    return out
+
+
+def _digits_latency_targets(get: Any) -> list[dict[str, Any]]:
+    """A batched model answers a lone request as fast as an unbatched identity does."""
+    out = []
+    for system in APPLIANCE:
+        digits, identity = (
+            get(system.name, "digits", 1, "p50_ms"),
+            get(system.name, "16B", 1, "p50_ms"),
+        )
+        if digits is None:
+            continue
+        out.append(
+            target(
+                f"1 client, digits p50 minus identity p50 over {system.name}",
+                digits - identity if identity is not None else math.nan,
+                0.2,
+                True,
+                f"{_ms(digits)} vs {_ms(identity)}",
+                unit="ms",
+            )
+        )
     return out
 
 
@@ -202,14 +284,26 @@ def _batching_targets(batching: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for protocol in sorted({row["system"] for row in batching}):
         on = find(batching, system=protocol, payload="digits")
         off = find(batching, system=protocol, payload="digits-unbatched")
+        detail = (
+            _throughput_detail(on, off)
+            + f"; {on['rows_per_batch'] if on else math.nan:.1f} rows per batch"
+        )
+        out.append(
+            target(
+                f"64 clients, digits over {protocol}: batching on / off server CPU per request",
+                ratio(on and on["server_cpu_us"], off and off["server_cpu_us"]),
+                0.33,
+                True,
+                detail,
+            )
+        )
         out.append(
             target(
                 f"64 clients, digits over {protocol}: batching on / off throughput",
                 ratio(on and on["rps"], off and off["rps"]),
-                3.0,
+                1.0,
                 False,
-                _throughput_detail(on, off)
-                + f"; {on['rows_per_batch'] if on else math.nan:.1f} rows per batch",
+                detail,
             )
         )
     return out
@@ -228,6 +322,10 @@ def _throughput_detail(a: dict[str, Any] | None, b: dict[str, Any] | None) -> st
 
 def _ms(value: float | None) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.3f} ms"
+
+
+def _us(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:,.0f}"
 
 
 def _rps(value: float | None) -> str:

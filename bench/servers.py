@@ -7,8 +7,9 @@ started raises :class:`PeerUnavailable` with the reason, and the benchmark
 goes on without it.
 
 Peers: Seldon MLServer 1.7.1 (V2 REST and gRPC, ``parallel_workers`` 1 and
-0), UM-Bridge's own Python server, and a bare falcon+gunicorn app (the floor
-of a Python HTTP frontend) with the gthread and the sync worker.
+0), UM-Bridge's own Python server, a bare falcon+gunicorn app (the floor
+of a Python HTTP frontend) with the ASGI, gthread and sync workers, and bare
+grpcio (the floor of a Python gRPC frontend), aio and sync.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def started(
         PeerUnavailable: it exited or was not ready within START_TIMEOUT_S.
     """
     log = PEERS_DIR / f"{name}.server.log"
+    PEERS_DIR.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         process = subprocess.Popen(
             argv,
@@ -281,6 +283,50 @@ def floor(kind: str, workers: int, threads: int) -> Iterator[PeerServer]:
             "threads": threads if threaded else 1,
         }
         yield server
+
+
+@contextlib.contextmanager
+def grpc_floor(kind: str, workers: int, threads: int) -> Iterator[PeerServer]:
+    """grpcio answering ModelInfer in place (peers/floor_grpc_app.py): ``kind`` is aio or sync.
+
+    It runs in the appliance's own environment: its grpcio, protobuf and stubs.
+    """
+    port = free_port()
+    argv = [sys.executable, str(PEER_CODE / "floor_grpc_app.py"), str(port), kind]
+    argv += [str(workers), str(threads)]
+    url = f"127.0.0.1:{port}"
+    with started(
+        f"floor-grpc-{kind}",
+        argv,
+        {"grpc": url},
+        grpc_ready(url),
+        PEER_CODE,
+        {"PYTHONPATH": str(ROOT)},
+    ) as server:
+        server.details = {
+            "grpcio": importlib.metadata.version("grpcio"),
+            "server": "grpc.aio" if kind == "aio" else "grpc.server with a thread pool",
+            "workers": workers,
+            "threads": threads if kind == "sync" else 1,
+        }
+        yield server
+
+
+def grpc_ready(url: str) -> Callable[[], bool]:
+    """ServerReady over raw bytes: the bench's process also imports tritonclient's stubs,
+    which register the same protobuf names as the appliance's."""
+
+    def ready() -> bool:
+        import grpc
+
+        with grpc.insecure_channel(url) as channel:
+            call = channel.unary_unary("/inference.GRPCInferenceService/ServerReady")
+            try:
+                return bool(call(b"", timeout=2) == b"\x08\x01")  # ready: true
+            except grpc.RpcError:
+                return False
+
+    return ready
 
 
 def plot_python() -> Path:

@@ -19,7 +19,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 FAMILIES = {
-    "gRPC": ("kserve-grpc", "kserve-shm", "grps-grpc", "mlserver-pw1 grpc", "mlserver-pw0 grpc"),
+    "gRPC": (
+        "kserve-grpc",
+        "kserve-shm",
+        "grps-grpc",
+        "mlserver-pw1 grpc",
+        "mlserver-pw0 grpc",
+        "floor-grpc-aio",
+        "floor-grpc-sync",
+    ),
     "HTTP": (
         "kserve-rest",
         "kserve-rest-json",
