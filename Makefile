@@ -20,7 +20,7 @@ UNITDIR ?= /etc/systemd/system
 help:
 	@echo "make run       serve the demo models (HTTP 8000, gRPC 8001, MIP 8002)"
 	@echo "make test      install, then run the whole test suite"
-	@echo "make lint      ruff format --check, ruff check, mypy"
+	@echo "make lint      ruff format --check, ruff check, mypy, import contracts"
 	@echo "make upgrade   bring the venv's packages to the newest versions pyproject allows"
 	@echo "make bench     run the benchmarks; results in bench/results/"
 	@echo "make soak      10 minutes of load on every protocol; fails if memory, fds or shm grow"
@@ -60,6 +60,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check appliance tests bench tools
 	$(BIN)/ruff check appliance tests bench tools
 	$(BIN)/mypy appliance
+	$(BIN)/lint-imports --no-cache
 	$(MAKE) --no-print-directory generate-check
 
 fmt: $(STAMP)

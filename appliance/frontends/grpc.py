@@ -30,11 +30,11 @@ from appliance.exitcodes import ExitCode
 from appliance.frontends import auth
 from appliance.frontends.context import FrontendContext
 from appliance.frontends.observe import GrpcObserver
-from appliance.frontends.threads import Threads
 from appliance.process import become_child
 from appliance.protocols import health_grpc
 from appliance.protocols.grps import grpc as grps_grpc
 from appliance.protocols.kserve import grpc as kserve_grpc
+from appliance.protocols.threads import Threads
 
 # Every protocol's gRPC services, registered on one server.
 PROTOCOLS = (health_grpc, kserve_grpc, grps_grpc)

@@ -11,6 +11,7 @@ blocking routes run on ``http.threads`` threads (``protocols/web.py``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -28,17 +29,24 @@ from appliance.frontends.context import FrontendContext
 from appliance.frontends.metrics import MetricsResource
 from appliance.frontends.observe import HttpObserver
 from appliance.frontends.slots import claim_slot
-from appliance.frontends.threads import Threads
 from appliance.process import become_child
 from appliance.protocols.dashboard import rest as dashboard_rest
 from appliance.protocols.graphpipe import rest as graphpipe_rest
 from appliance.protocols.grps import rest as grps_rest
 from appliance.protocols.kserve import rest as kserve_rest
+from appliance.protocols.threads import Threads
 from appliance.protocols.umbridge import rest as umbridge_rest
 from appliance.protocols.web import App, ReadAhead
 
 # Every protocol's REST routes, mounted into one app; each renders its own errors.
-PROTOCOLS = (kserve_rest, grps_rest, umbridge_rest, graphpipe_rest, dashboard_rest)
+# GET / serves GraphPipe's default model, and the dashboard to a browser.
+ROUTES: tuple[Callable[[App, ModelClient], None], ...] = (
+    kserve_rest.add_routes,
+    grps_rest.add_routes,
+    umbridge_rest.add_routes,
+    functools.partial(graphpipe_rest.add_routes, home_page=dashboard_rest.render),
+    dashboard_rest.add_routes,
+)
 
 log = logging.getLogger("appliance.http")
 
@@ -48,8 +56,8 @@ def create_app(client: ModelClient, threads: Threads) -> App:
     # Refused requests are answered before their bodies are read.
     body = ReadAhead(client.config.http.max_body_bytes, threads)
     app = falcon.asgi.App(middleware=[HttpObserver(), *auth.http_middleware(client.config), body])
-    for protocol in PROTOCOLS:
-        protocol.add_routes(app, client)
+    for add_routes in ROUTES:
+        add_routes(app, client)
     app.add_route("/metrics", MetricsResource(client))
     return app
 

@@ -15,7 +15,7 @@ import grpc
 
 from appliance._generated import health_pb2, health_pb2_grpc
 from appliance.client.api import ModelClient
-from appliance.frontends.threads import Threads
+from appliance.protocols.threads import Threads
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -2,9 +2,10 @@
 
 SPEC: grps.md "Metrics接口" — GRPS serves a metrics page at the root of its
 HTTP port. GET / from a browser (GraphPipe's route asks :func:`wants_html`)
-shows the live dashboard of ``appliance/protocols/dashboard/``: processes,
-models and instances, online/offline, throughput and latency charts.
-:func:`snapshot` is the smaller JSON GRPS keeps under :data:`MONITOR_PATH`.
+shows the live dashboard, which the HTTP frontend hands to that route:
+processes, models and instances, online/offline, throughput and latency
+charts. :func:`snapshot` is the smaller JSON GRPS keeps under
+:data:`MONITOR_PATH`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 
 from appliance.client.api import ModelClient
 from appliance.core.status import Counter, Role
-from appliance.protocols.dashboard import rest as dashboard_rest
 
 # Served by the GRPS routes (GRPS keeps its monitor data under /grps/v1/monitor).
 MONITOR_PATH = "/grps/v1/monitor/metrics"
@@ -67,8 +67,3 @@ def _processes(client: ModelClient) -> list[dict[str, Any]]:
             }
         )
     return processes
-
-
-def render(client: ModelClient) -> str:
-    """Return the dashboard (appliance/protocols/dashboard/) as HTML text."""
-    return dashboard_rest.render(client)

@@ -20,8 +20,8 @@ import falcon
 import falcon.asgi
 
 from appliance.errors import BadRequest, TooLarge
-from appliance.frontends.threads import Threads
 from appliance.metrics import MODEL
+from appliance.protocols.threads import Threads
 
 # The falcon app every protocol's REST routes mount into.
 App = falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]

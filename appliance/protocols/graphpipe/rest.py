@@ -4,20 +4,21 @@ SPEC: specs/graphpipe.md §4 and PROTOCOL-FACTS §1.2 — a POST body is a
 flatbuffer ``Request`` (no Content-Type needed); an InferRequest gets an
 InferResponse, any other Request a MetadataResponse; a GET answers the
 metadata as JSON. ``GET /`` from a browser (Accept: text/html) gets the
-host's page instead. A body that is not a Request gets HTTP 400 text/plain;
-a request that decodes but fails gets an InferResponse with ``errors``.
+host's page instead, when the frontend hands one in (``home_page``). A body
+that is not a Request gets HTTP 400 text/plain; a request that decodes but
+fails gets an InferResponse with ``errors``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import falcon
 from flatbuffers.builder import BuilderSizeError
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, ModelNotFound
-from appliance.protocols import page
 from appliance.protocols.graphpipe.bind import bind, select_outputs
 from appliance.protocols.graphpipe.codec import (
     decode_request,
@@ -34,7 +35,11 @@ from appliance.protocols.graphpipe.errors import (
 )
 from appliance.protocols.graphpipe.request import InferRequest, MetadataRequest
 from appliance.protocols.graphpipe.wire import MetadataInfo, describe, metadata_json
+from appliance.protocols.page import wants_html
 from appliance.protocols.web import App, guarded, read_body
+
+# Renders the page a browser gets at GET / (the frontend hands in the dashboard).
+HomePage = Callable[[ModelClient], str]
 
 log = logging.getLogger("appliance.graphpipe")
 
@@ -73,14 +78,15 @@ def _text(resp: falcon.Response, status: str, message: str) -> None:
 class GraphPipeResource:
     """One model's GraphPipe endpoint; the default model when none is routed."""
 
-    def __init__(self, client: ModelClient) -> None:
+    def __init__(self, client: ModelClient, home_page: HomePage | None = None) -> None:
         self.client = client
+        self.home_page = home_page
 
     @_guarded
     def on_get(self, req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
-        if not model and page.wants_html(req.accept):
+        if not model and self.home_page is not None and wants_html(req.accept):
             resp.content_type = falcon.MEDIA_HTML
-            resp.text = page.render(self.client)
+            resp.text = self.home_page(self.client)
             return
         resp.content_type = falcon.MEDIA_JSON
         resp.data = metadata_json(self._describe(model))
@@ -134,13 +140,14 @@ class GraphPipeResource:
         return name
 
 
-def add_routes(app: App, client: ModelClient) -> None:
+def add_routes(app: App, client: ModelClient, home_page: HomePage | None = None) -> None:
     """Mount GraphPipe at ``/`` (the default model) and ``/graphpipe/{model}``.
 
     Clients POST to exactly the URL they are given (PROTOCOL-FACTS §1.2), so
-    a trailing slash is accepted too.
+    a trailing slash is accepted too. ``home_page`` renders what a browser's
+    GET / shows instead of the default model's metadata.
     """
-    resource = GraphPipeResource(client)
+    resource = GraphPipeResource(client, home_page)
     app.add_route("/", resource)
     app.add_route("/graphpipe/{model}", resource)
     app.add_route("/graphpipe/{model}/", resource)

@@ -22,7 +22,6 @@ import grpc
 
 from appliance._generated import grps_pb2_grpc
 from appliance.client.api import ModelClient
-from appliance.frontends.threads import Threads
 from appliance.protocols.grps import service
 from appliance.protocols.grps.errors import OK, bad_request
 from appliance.protocols.grps.pbcodec import (
@@ -32,6 +31,7 @@ from appliance.protocols.grps.pbcodec import (
     encode_message,
     status,
 )
+from appliance.protocols.threads import Threads
 
 # Metadata gRPC itself sends; the rest reaches the model as parameters.
 _TRANSPORT_KEYS = ("user-agent", "content-type", "te", "accept-encoding", "authorization")

@@ -25,12 +25,12 @@ from google.protobuf import json_format
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, DeadlineExceeded
-from appliance.frontends.threads import Threads
 from appliance.protocols.kserve import pbcodec, repository, service
 from appliance.protocols.kserve.errors import grpc_status
 from appliance.protocols.kserve.inference import InferRequest, OutputData
 from appliance.protocols.kserve.pbcodec import pb
 from appliance.protocols.kserve.shm import RegionTable
+from appliance.protocols.threads import Threads
 
 log = logging.getLogger("appliance.kserve")
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Any]

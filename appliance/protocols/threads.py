@@ -1,5 +1,7 @@
 """Blocking work for an event-loop frontend, on a bounded pool of threads.
 
+The frontend process makes the pool and hands it to its protocols' routes.
+
 The gRPC and HTTP frontends answer inference, streamed or not, in their
 event loops (the model client's asyncio channel, no thread hop). Some calls
 block: loading a model waits for its worker, metadata may ask a worker.
