@@ -3,7 +3,8 @@
 Requests for a batchable model (``max_batch_size`` > 0) whose inputs have the
 same trailing shapes and whose parameters are equal are concatenated along
 the first dimension, up to ``max_batch_size`` rows, waiting at most
-``max_queue_delay`` for the batch to fill. Everything else (streams,
+``max_queue_delay`` for the batch to fill. A prediction with more rows is
+cut into pieces first (see pieces.py). Everything else (streams,
 derivatives, unbatched models) runs one request at a time, in arrival order.
 """
 
@@ -13,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +25,9 @@ from appliance.core.dtypes import DType, to_numpy
 from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import BadRequest, ModelFailed
+
+if TYPE_CHECKING:
+    from appliance.worker.pieces import Whole
 
 Array = npt.NDArray[Any]
 PREDICT = "predict"
@@ -46,6 +50,9 @@ class Pending:
     arrived: float = field(default_factory=time.monotonic)
     # Where the inputs lie in shared memory (see passthrough.py).
     spans: list[tuple[int, int, str, int]] = field(default_factory=list)
+    # Set on a piece of a request over max_batch_size (see pieces.py).
+    whole: Whole | None = None
+    index: int = 0
 
     @property
     def request_id(self) -> int:
@@ -74,6 +81,12 @@ def check_request(metadata: ModelMetadata, message: Message, tensors: dict[str, 
     rows = 0
     if metadata.max_batch_size > 0 and metadata.inputs is not None:
         rows = _batch_rows(metadata, arrays)
+        if rows > metadata.max_batch_size and method != PREDICT:
+            raise BadRequest(
+                f"model {metadata.name}: a {method} request of {rows} rows exceeds its "
+                f"max_batch_size of {metadata.max_batch_size} (only predictions are split "
+                "into batches); send at most that many rows"
+            )
     key = _batch_key(arrays, parameters) if rows and method == PREDICT else None
     for name, tensor in extras.items():
         arrays[name] = _array(name, tensor)
@@ -142,13 +155,7 @@ def _batch_rows(metadata: ModelMetadata, arrays: dict[str, Array]) -> int:
         raise BadRequest(
             f"model {metadata.name}: inputs disagree on the batch size (first dimension): {detail}"
         )
-    count = counts.pop() if counts else 0
-    if count > metadata.max_batch_size:
-        raise BadRequest(
-            f"model {metadata.name}: a batch of {count} rows exceeds its max_batch_size "
-            f"of {metadata.max_batch_size}"
-        )
-    return count
+    return counts.pop() if counts else 0
 
 
 def _batch_key(arrays: dict[str, Array], parameters: dict[str, Any]) -> Hashable:
