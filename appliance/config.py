@@ -145,6 +145,8 @@ class ModelConfig:
     max_queue: int = 1024
     # The master kills an instance busy this long in one batch (None: never).
     max_busy_s: float | None = None
+    # How long a request waits for an instance that is (re)starting.
+    restart_wait_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -314,6 +314,7 @@ class Reader:
             "options",
             "max_queue",
             "max_busy_s",
+            "restart_wait_s",
         }
         self.no_extra(data, known, where)
         for required in ("name", "class"):
@@ -332,6 +333,9 @@ class Reader:
         if not isinstance(options, Mapping):
             self.fail(f"{where}.options", "expected a table")
         max_queue, max_busy_s = self.model_limits(where, data)
+        restart_wait_s = self.value(
+            f"{where}.restart_wait_s", data.get("restart_wait_s", 5.0), "float"
+        )
         return ModelConfig(
             name=name,
             cls=cls,
@@ -349,4 +353,5 @@ class Reader:
             options=dict(options),
             max_queue=max_queue,
             max_busy_s=max_busy_s,
+            restart_wait_s=restart_wait_s,
         )
