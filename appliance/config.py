@@ -67,6 +67,8 @@ class HttpConfig:
     read_timeout_s: float = 30.0
     io_timeout_s: float = 60.0
     keepalive_s: int = 30
+    # The model GraphPipe's root URL serves ("" = server.default_model).
+    graphpipe_model: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,7 +68,10 @@ def _check(config: ApplianceConfig, reader: Reader) -> None:
     for name in names:
         if names.count(name) > 1:
             reader.fail("models", f"model name {name!r} appears more than once")
-    named = [("server.default_model", config.server.default_model)]
+    named = [
+        ("server.default_model", config.server.default_model),
+        ("http.graphpipe_model", config.http.graphpipe_model),
+    ]
     named += [
         (f"mip.listeners[{index}].model", listener.model)
         for index, listener in enumerate(config.mip.listeners)
