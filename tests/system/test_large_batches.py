@@ -13,7 +13,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.system.harness import Appliance, demo_models, running
+from appliance.client.api import ModelClient
+from appliance.core.status import Counter
+from appliance.errors import DeadlineExceeded
+from tests.system.harness import Appliance, demo_models, eventually, running
 
 HOLDOUT = Path(__file__).resolve().parent.parent / "data" / "digits_holdout.npz"
 # README: digits classifies 349 of the 360 held-out rows correctly.
@@ -24,6 +27,7 @@ MODELS = [
     *demo_models("digits"),
     {"name": "probe", "class": "tests.models:BatchProbe", "max_queue_delay_ms": 0.0},
     {"name": "short_queue", "class": "tests.models:BatchProbe", "max_queue": 4},
+    {"name": "slow_probe", "class": "tests.models:BatchProbe", "options": {"delay_s": 0.05}},
 ]
 
 
@@ -63,6 +67,10 @@ def grpc_infer(
         client.close()
 
 
+def delta(client: ModelClient, model: str, before: dict[Counter, int], counter: Counter) -> int:
+    return client.counters(model)[counter] - before[counter]
+
+
 @pytest.mark.parametrize("infer", [rest_infer, grpc_infer], ids=["rest", "grpc"])
 def test_the_held_out_digits_classify_in_one_kserve_request(
     appliance: Appliance,
@@ -83,10 +91,33 @@ def test_the_held_out_digits_classify_in_one_kserve_request(
 
 
 def test_the_model_never_sees_more_rows_than_max_batch_size(appliance: Appliance) -> None:
+    before = appliance.client().counters("probe")
     x = np.arange(100 * 4, dtype=np.float32).reshape(100, 4)
     result = rest_infer(appliance, "probe", "x", x)
     assert np.array_equal(result.as_numpy("y"), 2 * x)
     assert result.as_numpy("batch").max() <= 16  # BatchProbe's max_batch_size
+    # One request, answered once, in 7 batches (workers publish counters a moment later).
+    client = appliance.client()
+    assert eventually(lambda: delta(client, "probe", before, Counter.BATCH_ROWS) == 100, 10.0)
+    assert delta(client, "probe", before, Counter.SUCCESS) == 1
+    assert delta(client, "probe", before, Counter.BATCHES) == 7
+
+
+def test_a_deadline_that_passes_between_pieces_fails_the_request_once(
+    appliance: Appliance,
+) -> None:
+    client = appliance.client()
+    before = client.counters("slow_probe")
+    x = np.ones((16 * 10, 4), dtype=np.float32)  # 10 batches of 50 ms each
+    with pytest.raises(DeadlineExceeded):
+        client.infer("slow_probe", {"x": x}, timeout_s=0.12)
+    # The pieces still queued are dropped, and the model serves the next request.
+    with client.infer("slow_probe", {"x": x[:20]}, timeout_s=30) as result:
+        assert np.array_equal(result.array("y"), 2 * x[:20])
+    assert eventually(lambda: delta(client, "slow_probe", before, Counter.SUCCESS) == 1, 10.0)
+    assert delta(client, "slow_probe", before, Counter.FAIL) == 1
+    # At most 3 pieces start within 0.12 s; then the 2 batches of the 20 rows.
+    assert delta(client, "slow_probe", before, Counter.BATCHES) <= 5
 
 
 def test_grps_serves_the_held_out_set_in_one_request(
