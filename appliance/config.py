@@ -67,6 +67,8 @@ class HttpConfig:
     read_timeout_s: float = 30.0
     io_timeout_s: float = 60.0
     keepalive_s: int = 30
+    # The model GraphPipe's root URL serves ("" = server.default_model).
+    graphpipe_model: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,8 @@ class ModelConfig:
     max_queue: int = 1024
     # The master kills an instance busy this long in one batch (None: never).
     max_busy_s: float | None = None
+    # How long a request waits for an instance that is (re)starting.
+    restart_wait_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)

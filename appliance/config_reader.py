@@ -68,7 +68,10 @@ def _check(config: ApplianceConfig, reader: Reader) -> None:
     for name in names:
         if names.count(name) > 1:
             reader.fail("models", f"model name {name!r} appears more than once")
-    named = [("server.default_model", config.server.default_model)]
+    named = [
+        ("server.default_model", config.server.default_model),
+        ("http.graphpipe_model", config.http.graphpipe_model),
+    ]
     named += [
         (f"mip.listeners[{index}].model", listener.model)
         for index, listener in enumerate(config.mip.listeners)
@@ -314,6 +317,7 @@ class Reader:
             "options",
             "max_queue",
             "max_busy_s",
+            "restart_wait_s",
         }
         self.no_extra(data, known, where)
         for required in ("name", "class"):
@@ -332,6 +336,9 @@ class Reader:
         if not isinstance(options, Mapping):
             self.fail(f"{where}.options", "expected a table")
         max_queue, max_busy_s = self.model_limits(where, data)
+        restart_wait_s = self.value(
+            f"{where}.restart_wait_s", data.get("restart_wait_s", 5.0), "float"
+        )
         return ModelConfig(
             name=name,
             cls=cls,
@@ -349,4 +356,5 @@ class Reader:
             options=dict(options),
             max_queue=max_queue,
             max_busy_s=max_busy_s,
+            restart_wait_s=restart_wait_s,
         )

@@ -199,7 +199,8 @@ def appliance_sections(frontends: int | None = None) -> dict[str, Any]:
     defaults = tomllib.loads((ROOT / "appliance" / "default.toml").read_text())
     sections: dict[str, Any] = {"server": {"access_log": False}}
     for name in ("http", "grpc", "mip", "shm"):
-        table = {k: v for k, v in defaults[name].items() if k not in ("port", "listeners")}
+        skip = ("port", "listeners", "graphpipe_model")
+        table = {k: v for k, v in defaults[name].items() if k not in skip}
         if frontends is not None and name in ("http", "grpc", "mip"):
             table["workers"] = frontends
         sections[name] = table

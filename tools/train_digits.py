@@ -13,7 +13,7 @@ per layer) and ``tests/data/digits_holdout.npz`` (``X`` uint8 [n, 64] raw
 rerun with the same library versions reproduces the same files.
 
 It then exports the same network, from the written weights, into the example
-model repository (``examples/repository``): ``digits_onnx/1/model.onnx``
+model repository (``appliance/demos/repository``): ``digits_onnx/1/model.onnx``
 (built with onnx's graph helpers, opset 17) and ``digits_torch/1/model.pt``
 (``torch.jit.script``) with the ``config.toml`` that declares its tensors.
 Both take raw 0..16 pixels and return softmax probabilities, as the numpy
@@ -44,7 +44,7 @@ from sklearn.neural_network import MLPClassifier
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_WEIGHTS = REPO_ROOT / "appliance" / "demos" / "digits_weights.npz"
 DEFAULT_HOLDOUT = REPO_ROOT / "tests" / "data" / "digits_holdout.npz"
-DEFAULT_REPOSITORY = REPO_ROOT / "examples" / "repository"
+DEFAULT_REPOSITORY = REPO_ROOT / "appliance" / "demos" / "repository"
 PIXEL_MAX = 16.0
 # ONNX Runtime 1.20 (the [onnx] extra's floor) reads IR version 10 and opset 21.
 ONNX_OPSET = 17

@@ -34,8 +34,9 @@ import zmq
 
 from appliance.client.aio import AsyncChannel
 from appliance.client.channel import Channel
+from appliance.client.restarts import RestartWaits
 from appliance.client.routing import Router, Target
-from appliance.config import ApplianceConfig, read_snapshot
+from appliance.config import ApplianceConfig, ConfigError, ModelConfig, read_snapshot
 from appliance.core.descriptor import (
     Kind,
     Message,
@@ -64,6 +65,7 @@ from appliance.metrics import record_call
 from appliance.process import pid_alive
 
 TensorLike = Tensor | npt.NDArray[Any]
+_DEFAULT_MODEL_CONFIG = ModelConfig("", "")
 METADATA_RECHECK_S = 1.0
 # Several clients may live in one process (tests do); each owns a ring, and
 # every channel of the process needs its own reply endpoint.
@@ -143,6 +145,9 @@ class ModelClient:
         self.config = config
         self.status = status
         self.router = Router(status, self._read_layout)
+        self._model_configs = {entry.name: entry for entry in config.models}
+        self._configs_generation = status.layout_generation
+        self._restarts = RestartWaits(self.router, self._restart_limits)
         self.inline_threshold = config.shm.inline_threshold_bytes
         self._publish_slot = publish_slot
         self._context: zmq.Context[Any] = zmq.Context()
@@ -181,6 +186,45 @@ class ModelClient:
         config = read_snapshot(tree.snapshot_path)
         status = StatusTable.attach(tree.status_name)
         return cls(tree, config, status, ring_bytes=ring_bytes)
+
+    def _restart_limits(self, model: str) -> tuple[float, int]:
+        """A model's (restart_wait_s, max_queue), from the config as of the last reload."""
+        generation = self.status.layout_generation
+        if generation != self._configs_generation:
+            self._configs_generation = generation
+            with contextlib.suppress(ConfigError):
+                fresh = read_snapshot(self.tree.snapshot_path)
+                self._model_configs = {entry.name: entry for entry in fresh.models}
+        entry = self._model_configs.get(model) or _DEFAULT_MODEL_CONFIG
+        return entry.restart_wait_s, entry.max_queue
+
+    def _pick(self, model: str, timeout_s: float | None) -> tuple[Target, float]:
+        """Choose an instance, waiting out a restart (restarts.py); return it, the deadline."""
+        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
+        try:
+            return self.router.pick(model), deadline
+        except ModelNotReady:
+            pass
+        with contextlib.closing(self._restarts.waits(model, deadline)) as waits:
+            for delay in waits:
+                time.sleep(delay)
+                with contextlib.suppress(ModelNotReady):
+                    return self.router.pick(model), deadline
+        raise AssertionError("waits() ends by raising")
+
+    async def _pick_async(self, model: str, timeout_s: float | None) -> tuple[Target, float]:
+        """:meth:`_pick` for code running in an event loop."""
+        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
+        try:
+            return self.router.pick(model), deadline
+        except ModelNotReady:
+            pass
+        with contextlib.closing(self._restarts.waits(model, deadline)) as waits:
+            for delay in waits:
+                await asyncio.sleep(delay)
+                with contextlib.suppress(ModelNotReady):
+                    return self.router.pick(model), deadline
+        raise AssertionError("waits() ends by raising")
 
     def _read_layout(self) -> dict[str, list[int]]:
         layout: dict[str, list[int]] = orjson.loads((self.tree.dir / "layout.json").read_bytes())[
@@ -236,10 +280,11 @@ class ModelClient:
         parameters: Mapping[str, Any] | None,
         timeout_s: float | None,
     ) -> Iterator[InferResult]:
+        picked = self._pick(model, timeout_s)
         channel = self._channel()
         call = _StreamCall(
             channel,
-            *self._send(channel, model, "stream", inputs, outputs, parameters, timeout_s, None),
+            *self._send(channel, picked, model, "stream", inputs, outputs, parameters, None),
         )
         try:
             while True:
@@ -324,10 +369,11 @@ class ModelClient:
         generator early (``aclose``) cancels the stream in the worker.
         """
         with _recorded(model):
+            picked = await self._pick_async(model, timeout_s)
             channel = self._async_channel()
             call = _StreamCall(
                 channel,
-                *self._send(channel, model, "stream", inputs, outputs, parameters, timeout_s, None),
+                *self._send(channel, picked, model, "stream", inputs, outputs, parameters, None),
             )
             try:
                 while True:
@@ -373,9 +419,10 @@ class ModelClient:
     ) -> InferResult:
         started = time.perf_counter()
         try:
+            picked = await self._pick_async(model, timeout_s)
             channel = self._async_channel()
             target, request_id, blocks, deadline = self._send(
-                channel, model, method, inputs, outputs, parameters, timeout_s, args
+                channel, picked, model, method, inputs, outputs, parameters, args
             )
             try:
                 reply = await channel.wait(target, request_id, deadline)
@@ -551,9 +598,10 @@ class ModelClient:
         timeout_s: float | None,
         args: dict[str, Any] | None,
     ) -> InferResult:
+        picked = self._pick(model, timeout_s)
         channel = self._channel()
         target, request_id, blocks, deadline = self._send(
-            channel, model, method, inputs, outputs, parameters, timeout_s, args
+            channel, picked, model, method, inputs, outputs, parameters, args
         )
         try:
             reply = channel.wait(target, request_id, deadline)
@@ -583,15 +631,16 @@ class ModelClient:
     def _send(
         self,
         channel: Channel | AsyncChannel,
+        picked: tuple[Target, float],
         model: str,
         method: str,
         inputs: Mapping[str, TensorLike],
         outputs: Sequence[str] | None,
         parameters: Mapping[str, Any] | None,
-        timeout_s: float | None,
         args: dict[str, Any] | None,
     ) -> tuple[Target, int, list[Block], float]:
-        target = self.router.pick(model)
+        """Send a request to the instance and by the deadline ``picked`` (see _pick)."""
+        target, deadline = picked
         tensors = {name: _tensor(name, value) for name, value in inputs.items()}
         payloads: list[Any] = []
         blocks: list[Block] = []
@@ -607,7 +656,6 @@ class ModelClient:
             body["outputs"] = list(outputs)
         if args is not None:
             body["args"] = args
-        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
         request_id = next(self._ids)
         message = Message(Kind.INFER, request_id, self._pid, body, payloads, deadline=deadline)
         channel.expect(request_id)

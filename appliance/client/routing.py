@@ -9,6 +9,7 @@ an instance whose published depth has not caught up yet.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ from appliance.core.status import SlotState, StatusTable
 from appliance.errors import ModelNotFound, ModelNotReady
 
 _READY = int(SlotState.READY)
+_STARTING = int(SlotState.STARTING)
+_DEAD = int(SlotState.DEAD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,17 @@ class Router:
                 if slot_pid == pid and state in (SlotState.READY, SlotState.STOPPING):
                     return Target(slot, generation, pid)
         return None
+
+    def coming(self, model: str, within_s: float) -> bool:
+        """Whether an instance of ``model`` is starting, or restarts within ``within_s``."""
+        now = time.monotonic()
+        for slot in self.slots.get(model, ()):
+            state = self.status.hot(slot)[0]
+            if state in (_STARTING, _DEAD):
+                restart_at = self.status.restart_at(slot)
+                if restart_at and restart_at - now <= within_s:
+                    return True
+        return False
 
     def ready(self, model: str) -> bool:
         return any(self.status.hot(slot)[0] == _READY for slot in self.slots.get(model, ()))

@@ -31,6 +31,10 @@ Layout (little-endian)::
     448  ring used         u64    bytes of this process's ring in use
     456  ring capacity     u64
     464  ring spilled      u64    bytes in one-off segments
+    488  restart at        f64    a STARTING or DEAD slot: when the master
+                                  (re)starts it (CLOCK_MONOTONIC); 0 when no
+                                  one should wait for it (it stops, or its
+                                  last start failed to load the model)
 
 SAFETY: every field has one writer at a time. The master writes a slot's
 state, generation and name before it starts the slot's process and after it
@@ -67,6 +71,8 @@ _OFF_NAME = 128
 _OFF_NOTE = 192
 _OFF_RING = 448
 _RING = struct.Struct("<QQQ")
+_OFF_RESTART_AT = 488
+_RESTART_AT = struct.Struct("<d")
 
 
 class SlotState(enum.IntEnum):
@@ -234,6 +240,15 @@ class StatusTable:
         _TIMES.pack_into(self._buf, base + _OFF_HEARTBEAT, time.monotonic(), 0.0)
         self._put_text(base + _OFF_NAME, _NAME_LEN, name)
         return int(generation)
+
+    def set_restart_at(self, index: int, at: float) -> None:
+        """Say when a slot (re)starts; 0: do not wait for it (master)."""
+        _RESTART_AT.pack_into(self._buf, self._at(index) + _OFF_RESTART_AT, at)
+
+    def restart_at(self, index: int) -> float:
+        """When the master (re)starts a slot (CLOCK_MONOTONIC); 0: do not wait for it."""
+        at: float = _RESTART_AT.unpack_from(self._buf, self._at(index) + _OFF_RESTART_AT)[0]
+        return at
 
     def set_state(self, index: int, state: SlotState, pid: int | None = None) -> None:
         base = self._at(index)

@@ -62,6 +62,7 @@ class Child:
         self.next_start: float | None = 0.0
         self.stopping = False
         self.last_exit: str = ""
+        self.load_failed = False
         # Retired by a reload: SIGTERM at retire_at, forgotten once it exits.
         self.retired = False
         self.retire_at: float | None = None
@@ -78,6 +79,8 @@ class Child:
         """Start the process; return the pidfd to watch for its exit."""
         spec = self.spec
         self.generation = status.assign(spec.slot, spec.status_role, spec.model, spec.instance)
+        # A model that failed to load will most likely fail again: no one waits for it.
+        status.set_restart_at(spec.slot, 0.0 if self.load_failed else time.monotonic())
         argv = [
             sys.executable,
             "-m",
@@ -120,7 +123,7 @@ class Child:
         level = logging.INFO if self.stopping or code == 0 else logging.WARNING
         log.log(level, "%s (pid %d) %s after %.1f s", self.spec.title, pid, self.last_exit, ran)
         failed = code == ExitCode.MODEL_LOAD_ERROR
-        status.set_state(self.spec.slot, SlotState.FAILED if failed else SlotState.DEAD)
+        self.load_failed = failed
         if not self.stopping:
             self.failures = 0 if ran >= HEALTHY_RUN_S else self.failures + 1
             delay = 0.0 if self.failures == 0 else self.backoff_s()
@@ -128,6 +131,11 @@ class Child:
             self.restarts += 1
             if delay:
                 log.info("restarting %s in %.1f s", self.spec.title, delay)
+        # Clients wait for a restart due soon instead of failing (client/restarts.py).
+        # Written before the state, so a client never sees DEAD with the last start's time.
+        restart_at = 0.0 if failed or self.next_start is None else self.next_start
+        status.set_restart_at(self.spec.slot, restart_at)
+        status.set_state(self.spec.slot, SlotState.FAILED if failed else SlotState.DEAD)
         return pid
 
     def backoff_s(self) -> float:

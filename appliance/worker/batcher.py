@@ -2,7 +2,8 @@
 
 Requests for a batchable model (``max_batch_size`` > 0) whose inputs have the
 same trailing shapes and whose parameters are equal are concatenated along
-the first dimension, up to ``max_batch_size`` rows. Batching is natural: the
+the first dimension, up to ``max_batch_size`` rows; a prediction with more
+rows is cut into pieces first (see pieces.py). Batching is natural: the
 worker takes a batch whenever it is free, so a lone request runs at once and
 the requests that arrived while the last batch ran form the next one.
 ``max_queue_delay`` (0 by default) is an extra wait for a batch to fill.
@@ -16,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +28,9 @@ from appliance.core.dtypes import DType, to_numpy
 from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import BadRequest, ModelFailed
+
+if TYPE_CHECKING:
+    from appliance.worker.pieces import Whole
 
 Array = npt.NDArray[Any]
 PREDICT = "predict"
@@ -49,6 +53,9 @@ class Pending:
     arrived: float = field(default_factory=time.monotonic)
     # Where the inputs lie in shared memory (see passthrough.py).
     spans: list[tuple[int, int, str, int]] = field(default_factory=list)
+    # Set on a piece of a request over max_batch_size (see pieces.py).
+    whole: Whole | None = None
+    index: int = 0
 
     @property
     def request_id(self) -> int:
@@ -77,6 +84,12 @@ def check_request(metadata: ModelMetadata, message: Message, tensors: dict[str, 
     rows = 0
     if metadata.max_batch_size > 0 and metadata.inputs is not None:
         rows = _batch_rows(metadata, arrays)
+        if rows > metadata.max_batch_size and method != PREDICT:
+            raise BadRequest(
+                f"model {metadata.name}: a {method} request of {rows} rows exceeds its "
+                f"max_batch_size of {metadata.max_batch_size} (only predictions are split "
+                "into batches); send at most that many rows"
+            )
     key = _batch_key(arrays, parameters) if rows and method == PREDICT else None
     for name, tensor in extras.items():
         arrays[name] = _array(name, tensor)
@@ -145,13 +158,7 @@ def _batch_rows(metadata: ModelMetadata, arrays: dict[str, Array]) -> int:
         raise BadRequest(
             f"model {metadata.name}: inputs disagree on the batch size (first dimension): {detail}"
         )
-    count = counts.pop() if counts else 0
-    if count > metadata.max_batch_size:
-        raise BadRequest(
-            f"model {metadata.name}: a batch of {count} rows exceeds its max_batch_size "
-            f"of {metadata.max_batch_size}"
-        )
-    return count
+    return counts.pop() if counts else 0
 
 
 def _batch_key(arrays: dict[str, Array], parameters: dict[str, Any]) -> Hashable:

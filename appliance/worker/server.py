@@ -64,6 +64,7 @@ from appliance.worker.batcher import (
 )
 from appliance.worker.loader import Loaded
 from appliance.worker.passthrough import borrowed_entries, input_spans
+from appliance.worker.pieces import Whole, answered, cut
 
 log = logging.getLogger("appliance.worker")
 
@@ -251,7 +252,16 @@ class WorkerServer:
         if pending.method == STREAM and not self.metadata.supports.get("predict_stream"):
             self._fail_pending(pending, Unsupported(f"model {self.metadata.name} does not stream"))
             return
-        self.batcher.add(pending)
+        max_rows = self.batcher.max_batch_size
+        if pending.key is None or pending.rows <= max_rows:
+            self.batcher.add(pending)
+            return
+        pieces = cut(pending, max_rows)
+        if len(self.batcher) + len(pieces) > self.max_queue:
+            self._fail_pending(pending, self._too_many_pieces(pending.rows, len(pieces)))
+            return
+        for piece in pieces:
+            self.batcher.add(piece)
 
     def _overloaded(self) -> Overloaded:
         name = self.metadata.name
@@ -259,6 +269,15 @@ class WorkerServer:
             f"model {name} is overloaded: its instance (pid {self.pid}) already holds "
             f"{len(self.batcher)} queued requests, the limit (models[{name}].max_queue) is "
             f"{self.max_queue}; retry later, or add instances"
+        )
+
+    def _too_many_pieces(self, rows: int, pieces: int) -> Overloaded:
+        name = self.metadata.name
+        return Overloaded(
+            f"model {name} is overloaded: a request of {rows} rows runs as {pieces} batches of "
+            f"at most {self.batcher.max_batch_size} rows, and its instance (pid {self.pid}) "
+            f"holds {len(self.batcher)} queued of at most {self.max_queue} "
+            f"(models[{name}].max_queue); send fewer rows per request, or retry later"
         )
 
     def _release(self, pid: int, blocks: list[Block]) -> None:
@@ -355,12 +374,21 @@ class WorkerServer:
             self.status.beat(self.slot)
         compute_ns = time.perf_counter_ns() - begin
         for pending, outputs in zip(batch, results, strict=True):
-            self._reply(pending, Kind.REPLY, outputs)
+            if pending.whole is None:
+                self._reply(pending, Kind.REPLY, outputs)
+                continue
+            if pending.whole.failed:
+                continue
+            joined = answered(pending, outputs)
+            if joined is not None:
+                self._reply(pending.whole.pending, Kind.REPLY, joined)
+                self._counts[Counter.SUCCESS] += 1
         self._count(batch, started, compute_ns)
 
     def _count(self, batch: list[Pending], started: float, compute_ns: int) -> None:
         counts = self._counts
-        counts[Counter.SUCCESS] += len(batch)
+        # A piece of a larger request counts once its whole request is answered.
+        counts[Counter.SUCCESS] += sum(1 for p in batch if p.whole is None)
         counts[Counter.BATCHES] += 1
         counts[Counter.BATCH_ROWS] += sum(max(p.rows, 1) for p in batch)
         counts[Counter.QUEUE_NS] += max(0, sum(int((started - p.arrived) * 1e9) for p in batch))
@@ -462,8 +490,19 @@ class WorkerServer:
     def _fail_pending(
         self, pending: Pending, error: ApplianceError, kind: Kind = Kind.REPLY
     ) -> None:
+        if pending.whole is not None:
+            self._fail_whole(pending.whole, error)
+            return
         self._fail(pending.message, error, kind)
         self._done_with(pending)
+
+    def _fail_whole(self, whole: Whole, error: ApplianceError) -> None:
+        """The first failed piece fails its request; the pieces still queued go."""
+        if whole.failed:
+            return
+        whole.failed = True
+        self.batcher.drop(lambda p: p.whole is whole)
+        self._fail_pending(whole.pending, error)
 
     def _fail(
         self,

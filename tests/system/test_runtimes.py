@@ -1,6 +1,6 @@
 """Models served from a model repository: ONNX Runtime and TorchScript, no Python written.
 
-One appliance serves a copy of examples/repository (digits exported to ONNX
+One appliance serves a copy of appliance/demos/repository (digits exported to ONNX
 and TorchScript), a model file that is garbage, a model directory with no
 version, and the numpy ``digits`` demo for reference. The stock clients
 drive it: tritonclient (KServe gRPC and REST) and umbridge. Like the other
@@ -27,10 +27,10 @@ from tritonclient.utils import InferenceServerException
 
 from tests.system.harness import ROOT, Appliance, demo_models, make_config, new_run_dir, start
 
-EXAMPLES = ROOT / "examples" / "repository"
+EXAMPLES = ROOT / "appliance" / "demos" / "repository"
 HOLDOUT = ROOT / "tests" / "data" / "digits_holdout.npz"
 RUNTIMES = ["digits_onnx", "digits_torch"]
-# A request may carry at most max_batch_size (64) rows.
+# Requests under max_batch_size (64); larger ones are split (test_large_batches.py).
 ROWS_PER_REQUEST = 60
 
 

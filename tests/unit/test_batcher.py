@@ -12,6 +12,7 @@ from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import Tensor, spec
 from appliance.errors import BadRequest, ModelFailed
 from appliance.worker.batcher import Batcher, batch_inputs, check_request, split_outputs
+from appliance.worker.pieces import answered, cut
 
 META = ModelMetadata(
     "m",
@@ -68,6 +69,31 @@ def test_a_model_returning_the_wrong_rows_fails_the_batch() -> None:
         split_outputs(META, {}, batch)
 
 
-def test_requests_that_do_not_fit_are_refused() -> None:
-    with pytest.raises(BadRequest, match="exceeds its max_batch_size of 4"):
-        pending(5)
+def test_a_prediction_over_max_batch_size_is_cut_into_views_and_joined_in_order() -> None:
+    whole = pending(10)
+    whole.arrays["x"] = np.arange(20, dtype=np.float32).reshape(10, 2)
+    pieces = cut(whole, 4)
+    assert [p.rows for p in pieces] == [4, 4, 2]
+    assert all(np.shares_memory(p.arrays["x"], whole.arrays["x"]) for p in pieces)
+    batcher = Batcher(4, max_queue_delay_s=0.0)
+    for piece in pieces:
+        batcher.add(piece)
+    now = time.monotonic()
+    batches = [batcher.take(now) for _ in pieces]
+    assert [len(batch) for batch in batches] == [1, 1, 1]  # full pieces never share a batch
+    joined = None
+    # Answered out of order on purpose: the join follows the request's rows.
+    for batch in reversed(batches):
+        outputs = split_outputs(META, {"y": batch_inputs(batch)["x"] * 10}, batch)
+        assert joined is None
+        joined = answered(batch[0], outputs[0])
+    assert joined is not None
+    assert joined["y"].array().tolist() == (np.arange(20).reshape(10, 2) * 10).tolist()
+
+
+def test_streams_and_derivatives_over_max_batch_size_are_refused() -> None:
+    x = Tensor.from_array(np.zeros((5, 2), dtype=np.float32))
+    for method in ("stream", "gradient"):
+        message = Message(Kind.INFER, 1, 1, {"method": method})
+        with pytest.raises(BadRequest, match="exceeds its max_batch_size of 4"):
+            check_request(META, message, {"x": x})

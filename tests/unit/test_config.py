@@ -26,6 +26,12 @@ def test_the_default_config_serves_the_demo_models() -> None:
     assert [(m.port, m.model) for m in config.mip.listeners] == [(8002, "echo")]
     assert config.server.host == "127.0.0.1"
     assert config.server.default_model == "echo"
+    # GraphPipe's root serves a model that declares its inputs and outputs.
+    assert config.http.graphpipe_model == "digits"
+    # Every runtime: the demo repository's ONNX and TorchScript models.
+    classes = {model.name: model.cls for model in config.models}
+    assert classes["digits_onnx"] == "appliance.runtimes.onnx:OnnxModel"
+    assert classes["digits_torch"].startswith("appliance.runtimes.torchscript:")
 
 
 def test_a_snapshot_reads_back_the_same_config(tmp_path: Path) -> None:

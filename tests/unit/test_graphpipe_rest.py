@@ -25,7 +25,7 @@ class StubClient:
     def __init__(self, default_model: str, error: Exception) -> None:
         self.config = SimpleNamespace(
             server=SimpleNamespace(default_model=default_model),
-            http=SimpleNamespace(max_body_bytes=1 << 20),
+            http=SimpleNamespace(max_body_bytes=1 << 20, graphpipe_model=""),
         )
         self.error = error
 

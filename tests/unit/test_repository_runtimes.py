@@ -27,7 +27,7 @@ from appliance.runtimes.torchscript import TorchScriptModel, writes_in_place
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDOUT = ROOT / "tests" / "data" / "digits_holdout.npz"
-EXAMPLES = ROOT / "examples" / "repository"
+EXAMPLES = ROOT / "appliance" / "demos" / "repository"
 
 # -- a minimal ONNX writer: protobuf's wire format, ONNX's field numbers -----------
 

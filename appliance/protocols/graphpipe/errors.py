@@ -18,7 +18,7 @@ from appliance.errors import ApplianceError, ErrorCode
 class GraphPipeCode(enum.IntEnum):
     """Codes of ``Error.code`` in an InferResponse; stable, never renumbered."""
 
-    BAD_REQUEST = 1  # the model refused the request (e.g. batch too large)
+    BAD_REQUEST = 1  # the model refused the request (e.g. inputs disagree on the batch size)
     UNKNOWN_MODEL = 2
     MODEL_NOT_READY = 3
     UNKNOWN_INPUT = 4  # an input name the model does not declare

@@ -131,10 +131,11 @@ class GraphPipeResource:
         return describe(self.client.metadata(model or self._default_model()))
 
     def _default_model(self) -> str:
-        name = self.client.config.server.default_model
+        config = self.client.config
+        name = config.http.graphpipe_model or config.server.default_model
         if not name:
             raise ModelNotFound(
-                "no default model is configured (server.default_model); "
+                "no default model is configured (http.graphpipe_model or server.default_model); "
                 "use /graphpipe/<model> for one of: " + ", ".join(self.client.models())
             )
         return name
