@@ -153,7 +153,8 @@ class ModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class RepositoryConfig:
-    """A model repository (see appliance/repository.py) and its version policy.
+    """A model repository (see appliance/repository.py), its version policy, and
+    whether models whose runtime is not installed are left out.
 
     ``versions`` is "latest", "all" or the version numbers to serve; a
     model's own config.toml may set another. ``path`` is absolute once read.
@@ -161,6 +162,9 @@ class RepositoryConfig:
 
     path: str
     versions: VersionPolicy = "latest"
+    # Leave out models whose runtime's package is not installed, with a warning,
+    # instead of serving them as failed (which keeps the host from being ready).
+    skip_unavailable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ the file, the key and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import stat
@@ -35,6 +36,9 @@ from appliance.config import (
 from appliance.repository import RepositoryError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
+
+
+log = logging.getLogger("appliance.config")
 
 
 def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> ApplianceConfig:
@@ -260,7 +264,7 @@ class Reader:
         found = []
         for index, item in enumerate(raw):
             where = f"repositories[{index}]"
-            self.no_extra(item, {"path", "versions"}, where)
+            self.no_extra(item, {"path", "versions", "skip_unavailable"}, where)
             if "path" not in item:
                 self.fail(f"{where}.path", "missing; a repository needs the directory's path")
             path = Path(self.value(f"{where}.path", item["path"], "str")).expanduser()
@@ -270,7 +274,10 @@ class Reader:
                 versions = repository.parse_versions(item.get("versions", "latest"))
             except RepositoryError as ex:
                 self.fail(f"{where}.versions", str(ex))
-            found.append(RepositoryConfig(os.path.normpath(path), versions))
+            skip = self.value(
+                f"{where}.skip_unavailable", item.get("skip_unavailable", False), "bool"
+            )
+            found.append(RepositoryConfig(os.path.normpath(path), versions, skip))
         return found
 
     def repository_models(self, repositories: tuple[RepositoryConfig, ...]) -> list[ModelConfig]:
@@ -283,6 +290,10 @@ class Reader:
             except RepositoryError as ex:
                 self.fail(f"{where}.path", str(ex))
             for entry in entries:
+                missing = repository.missing_runtime(entry) if repo.skip_unavailable else None
+                if missing:
+                    log.warning("%s: model %s is left out: %s", where, entry["name"], missing)
+                    continue
                 try:
                     models.append(self.model(f"{where} model {entry['name']}", entry))
                 except ConfigError as ex:

@@ -27,6 +27,7 @@ frontends may all call it.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import tomllib
 from collections.abc import Mapping
@@ -46,6 +47,8 @@ PLATFORMS: dict[str, tuple[str, str]] = {
     "torchscript": ("model.pt", TORCHSCRIPT_CLASS),
 }
 MODEL_FILES = {"model.onnx": ONNX_CLASS, "model.pt": TORCHSCRIPT_CLASS}
+# Each runtime's Python package, and the extra that installs it.
+RUNTIME_PACKAGES = {ONNX_CLASS: ("onnxruntime", "onnx"), TORCHSCRIPT_CLASS: ("torch", "torch")}
 
 # What a model's config.toml may hold, and the check of each value.
 SETTINGS = (
@@ -147,6 +150,17 @@ def model_entries(model_dir: Path, policy: VersionPolicy) -> list[dict[str, Any]
         except RepositoryError as ex:
             entries.append(broken(served_as, str(ex)))
     return entries
+
+
+def missing_runtime(entry: Mapping[str, Any]) -> str | None:
+    """Why ``entry``'s runtime cannot load here (its package is not installed), or None.
+
+    Looks the package up without importing it: the master reads the config.
+    """
+    package, extra = RUNTIME_PACKAGES.get(entry.get("class", ""), ("", ""))
+    if not package or importlib.util.find_spec(package) is not None:
+        return None
+    return f"{package} is not installed (pip install 'appliance[{extra}]')"
 
 
 def broken(name: str, reason: str) -> dict[str, Any]:

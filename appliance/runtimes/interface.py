@@ -25,10 +25,11 @@ from appliance.core import dtypes
 from appliance.core.dtypes import DType
 from appliance.core.tensor import TensorSpec
 from appliance.model import Model
+from appliance.repository import RUNTIME_PACKAGES
 
 DEFAULT_MAX_BATCH_SIZE = 64
 # The Python package and the extra that installs it, for each runtime.
-EXTRAS = {"onnxruntime": "onnx", "torch": "torch"}
+EXTRAS = dict(RUNTIME_PACKAGES.values())
 
 
 class ModelFileError(Exception):

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import tomli_w
 
+from appliance import repository
 from appliance.config import ConfigError, load, read_snapshot, write_snapshot
 from appliance.repository import (
     BROKEN_CLASS,
@@ -172,6 +173,25 @@ def test_config_adds_repository_models_after_its_own(repo: Path, tmp_path: Path)
     assert torchy is not None
     assert torchy.cls == BROKEN_CLASS  # the policy asks for versions it lacks
     assert torchy.instances == 1
+    write_snapshot(config, tmp_path / "snap.json")
+    assert read_snapshot(tmp_path / "snap.json") == config
+
+
+def test_skip_unavailable_leaves_out_models_whose_runtime_is_not_installed(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # This machine has both runtimes: make torch's package one that is not installed.
+    packages = {**repository.RUNTIME_PACKAGES, TORCHSCRIPT_CLASS: ("no_such_package", "torch")}
+    monkeypatch.setattr(repository, "RUNTIME_PACKAGES", packages)
+    entry = {"path": "models"}
+    config_path = write_config(tmp_path / "a.toml", {"repositories": [entry]})
+    assert "torchy" in [model.name for model in load(config_path).models]
+    config_path = write_config(
+        tmp_path / "b.toml", {"repositories": [{**entry, "skip_unavailable": True}]}
+    )
+    config = load(config_path)
+    assert [model.name for model in config.models] == ["multi"]
+    assert "model torchy is left out: no_such_package is not installed" in caplog.text
     write_snapshot(config, tmp_path / "snap.json")
     assert read_snapshot(tmp_path / "snap.json") == config
 
