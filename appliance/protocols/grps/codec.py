@@ -48,6 +48,7 @@ from appliance.protocols.grps.payload import (
     text_elements,
 )
 from appliance.protocols.grps.pbcodec import decode_gmap, encode_gmap, grps_pb2
+from appliance.protocols.jsonbody import kind_of, load_object
 
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
@@ -79,12 +80,7 @@ def decode_json_request(body: bytes) -> Payload:
     Raises:
         GrpsError: 400, the body is not a GrpsMessage with exactly one payload.
     """
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as ex:
-        raise bad_request(f"the body is not valid JSON: {ex}") from None
-    if not isinstance(doc, dict):
-        raise bad_request(f"the body must be a JSON object (a GrpsMessage), not {_kind_of(doc)}")
+    doc = load_object(body, bad_request, what="the body (a GrpsMessage)")
     model = doc.get("model") or ""
     if not isinstance(model, str):
         raise bad_request(f'model must be a string such as "name" or "name-1", not {model!r}')
@@ -98,16 +94,10 @@ def decode_json_request(body: bytes) -> Payload:
     return payload
 
 
-def _kind_of(value: object) -> str:
-    if isinstance(value, list):
-        return "an array"
-    return "a string" if isinstance(value, str) else type(value).__name__
-
-
 def _decode_payload(kind: Kind, value: Any) -> Payload:
     if kind is Kind.STR_DATA:
         if not isinstance(value, str):
-            raise bad_request(f"str_data must be a string, not {_kind_of(value)}")
+            raise bad_request(f"str_data must be a string, not {kind_of(value)}")
         return Payload(kind, data=value)
     if kind is Kind.BIN_DATA:
         return Payload(kind, data=_base64(value))

@@ -38,6 +38,7 @@ from appliance.protocols.grps.codec import (
 )
 from appliance.protocols.grps.errors import OK, GrpsError, bad_request
 from appliance.protocols.grps.payload import Kind, Payload
+from appliance.protocols.jsonbody import load_object
 from appliance.protocols.web import App, guarded, read_body
 
 ROOT = "/grps/v1"
@@ -121,11 +122,8 @@ class ModelMetadataResource:
 
     @_guarded
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        try:
-            doc = orjson.loads(read_body(req, self.client.config.http.max_body_bytes) or b"{}")
-        except orjson.JSONDecodeError as ex:
-            raise bad_request(f"the body is not valid JSON: {ex}") from None
-        name = doc.get("str_data") if isinstance(doc, dict) else None
+        body = read_body(req, self.client.config.http.max_body_bytes)
+        name = load_object(body, bad_request, empty_is_object=True, what="the body").get("str_data")
         if not isinstance(name, str) or not name:
             raise bad_request('No model name: POST {"str_data": "<model name>"}')
         yaml_text = service.model_metadata(self.client, name)

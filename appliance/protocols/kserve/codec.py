@@ -27,6 +27,7 @@ import orjson
 from appliance.core import dtypes
 from appliance.core.dtypes import DType
 from appliance.core.tensor import Tensor
+from appliance.protocols.jsonbody import load_object
 from appliance.protocols.kserve.errors import DecodeError
 from appliance.protocols.kserve.inference import (
     InferRequest,
@@ -71,7 +72,7 @@ def decode_infer_request(
                 f"{len(view)} byte body"
             )
         header, binary = view[:header_length], view[header_length:]
-    doc = _load_object(header)
+    doc = load_object(header, DecodeError)
     parameters = _parameters(doc.get("parameters"), "request")
     inputs = _decode_inputs(doc.get("inputs"), binary)
     outputs = _decode_outputs(doc.get("outputs"))
@@ -82,16 +83,6 @@ def decode_infer_request(
     if not isinstance(binary_output, bool):
         raise DecodeError(f"parameter binary_data_output must be a boolean, got {binary_output!r}")
     return InferRequest(model, version, request_id, parameters, inputs, outputs, binary_output)
-
-
-def _load_object(data: memoryview | bytes) -> dict[str, Any]:
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as ex:
-        raise DecodeError(f"the request body is not valid JSON: {ex}") from None
-    if not isinstance(doc, dict):
-        raise DecodeError("the request body must be a JSON object")
-    return doc
 
 
 def _parameters(value: object, what: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ import orjson
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, InternalError, Unsupported
+from appliance.protocols.jsonbody import load_object
 from appliance.protocols.kserve import codec, encoding, repository, service
 from appliance.protocols.kserve.errors import DecodeError, http_body, http_status
 from appliance.protocols.kserve.shm import RegionTable
@@ -83,16 +84,7 @@ class Resource:
 
     def json_body(self, req: falcon.Request) -> dict[str, Any]:
         """Read an optional JSON object body (tritonclient sometimes sends none)."""
-        data = self.body(req)
-        if not data.strip():
-            return {}
-        try:
-            value = orjson.loads(data)
-        except orjson.JSONDecodeError as ex:
-            raise DecodeError(f"the request body is not valid JSON: {ex}") from None
-        if not isinstance(value, dict):
-            raise DecodeError("the request body must be a JSON object")
-        return value
+        return load_object(self.body(req), DecodeError, empty_is_object=True)
 
 
 # Health reads the status table (shared memory): answered in the loop, at once.

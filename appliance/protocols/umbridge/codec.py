@@ -34,6 +34,7 @@ import orjson
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import TensorSpec
+from appliance.protocols.jsonbody import kind_of, load_object
 from appliance.protocols.umbridge.errors import (
     UmBridgeError,
     invalid_input,
@@ -133,15 +134,7 @@ def decode_body(body: bytes) -> dict[str, Any]:
     Raises:
         UmBridgeError: InvalidInput, the body is not a JSON object.
     """
-    if not body.strip():
-        return {}
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError as ex:
-        raise invalid_input(f"the request body is not valid JSON: {ex}") from None
-    if not isinstance(value, dict):
-        raise invalid_input(f"the request body must be a JSON object, got {_kind(value)}")
-    return value
+    return load_object(body, invalid_input, empty_is_object=True)
 
 
 def read_name(request: Mapping[str, Any]) -> str | None:
@@ -153,7 +146,7 @@ def read_name(request: Mapping[str, Any]) -> str | None:
     name = request.get("name")
     if name is None or isinstance(name, str):
         return name
-    raise model_not_found(f"'name' must be a string naming a model, got {_kind(name)}")
+    raise model_not_found(f"'name' must be a string naming a model, got {kind_of(name)}")
 
 
 def read_config(request: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -168,7 +161,7 @@ def read_config(request: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise invalid_input(
             f"'config' must be a JSON object (it becomes the model's request parameters), "
-            f"got {_kind(config)}"
+            f"got {kind_of(config)}"
         )
     return config or None
 
@@ -183,7 +176,7 @@ def read_inputs(request: Mapping[str, Any], iface: Interface) -> list[Vector]:
     if not isinstance(vectors, list):
         raise invalid_input(
             f"'input' must be an array of {len(iface.input_sizes)} arrays of numbers, "
-            f"got {_kind(vectors)}"
+            f"got {kind_of(vectors)}"
         )
     check_count(iface, len(vectors))
     return [
@@ -214,7 +207,7 @@ def read_vector(value: Any, what: str, expected: int) -> Vector:
         UmBridgeError: InvalidInput, not an array, wrong length, non-numbers.
     """
     if not isinstance(value, list):
-        raise invalid_input(f"{what} must be an array of numbers, got {_kind(value)}")
+        raise invalid_input(f"{what} must be an array of numbers, got {kind_of(value)}")
     check_length(what, len(value), expected)
     # PERF: one C-level pass over the element types instead of a Python loop.
     if not set(map(type, value)) <= _NUMBERS:
@@ -351,19 +344,12 @@ def encode_vector(vector: Vector) -> bytes:
     return orjson.dumps({"output": np.ascontiguousarray(vector)}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _kind(value: Any) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
-    if value is None:
-        return "nothing (null or missing)"
-    return names.get(type(value), "a number" if type(value) in _NUMBERS else type(value).__name__)
-
-
 def _short(value: Any) -> str:
     try:
         text = orjson.dumps(value).decode()
     except TypeError:
         # Nested too deeply for orjson (repr would recurse further and fail).
-        text = _kind(value)
+        text = kind_of(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
