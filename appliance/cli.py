@@ -14,7 +14,8 @@ from pathlib import Path
 import orjson
 
 from appliance import logs
-from appliance.config import ConfigError, load
+from appliance.config import ConfigError
+from appliance.config_reader import load
 from appliance.core.tree import Tree
 
 log = logging.getLogger("appliance")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,47 +202,7 @@ class ApplianceConfig:
         return Path(f"/tmp/appliance-{os.getuid()}")
 
 
-# -- loading ------------------------------------------------------------------
-
-
-def load(path: Path | None = None) -> ApplianceConfig:
-    """Read and check a TOML config; the packaged default when ``path`` is None.
-
-    The models of its ``[[repositories]]`` are scanned now and join
-    ``models``, after the ``[[models]]`` entries.
-
-    Raises:
-        ConfigError: the file is missing, not TOML, or a value is invalid.
-    """
-    path = path or DEFAULT_CONFIG
-    try:
-        with path.open("rb") as stream:
-            data = tomllib.load(stream)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except tomllib.TOMLDecodeError as ex:
-        raise ConfigError(f"{path}: not valid TOML: {ex}") from None
-    return from_dict(data, str(path), scan_repositories=True)
-
-
-def from_dict(
-    data: Mapping[str, Any], source: str, scan_repositories: bool = False
-) -> ApplianceConfig:
-    """Check a config mapping (from TOML or a snapshot) and build it.
-
-    Args:
-        data: the mapping.
-        source: the file it came from; relative repository paths start there.
-        scan_repositories: add the models found in ``[[repositories]]`` (a
-            snapshot already lists them among its models, so it does not).
-
-    Raises:
-        ConfigError: a value is invalid.
-    """
-    # config_reader builds this module's dataclasses, so it imports this module.
-    from appliance.config_reader import build
-
-    return build(data, source, scan_repositories)
+# -- snapshots ----------------------------------------------------------------
 
 
 def to_dict(config: ApplianceConfig) -> dict[str, Any]:
@@ -288,16 +247,3 @@ def write_snapshot(config: ApplianceConfig, path: Path) -> None:
     temp = path.with_suffix(".tmp")
     temp.write_bytes(orjson.dumps(to_dict(config), option=orjson.OPT_INDENT_2))
     temp.replace(path)
-
-
-def read_snapshot(path: Path) -> ApplianceConfig:
-    """Read a snapshot written by :func:`write_snapshot`.
-
-    Raises:
-        ConfigError: the snapshot is missing or invalid.
-    """
-    try:
-        data = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as ex:
-        raise ConfigError(f"{path}: cannot read the config snapshot: {ex}") from None
-    return from_dict(data, str(data.get("source", path)))

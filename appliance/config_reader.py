@@ -1,8 +1,9 @@
 """Reading a configuration: every value checked once, every error naming its key.
 
-:func:`build` turns a mapping (TOML, or the master's JSON snapshot) into the
-dataclasses of ``appliance/config.py``; a bad value raises ConfigError with
-the file, the key and what was expected.
+The only builder of the dataclasses of ``appliance/config.py``: :func:`load`
+reads a TOML file, :func:`read_snapshot` the master's JSON snapshot, and
+:func:`from_dict` (through :func:`build`) checks either mapping; a bad value
+raises ConfigError with the file, the key and what was expected.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ import logging
 import os
 import re
 import stat
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+import orjson
+
 from appliance import repository
 from appliance.config import (
+    DEFAULT_CONFIG,
     MAX_INLINE_BYTES,
     ApplianceConfig,
     AuthConfig,
@@ -41,8 +46,58 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
 log = logging.getLogger("appliance.config")
 
 
+def load(path: Path | None = None) -> ApplianceConfig:
+    """Read and check a TOML config; the packaged default when ``path`` is None.
+
+    The models of its ``[[repositories]]`` are scanned now and join
+    ``models``, after the ``[[models]]`` entries.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or a value is invalid.
+    """
+    path = path or DEFAULT_CONFIG
+    try:
+        with path.open("rb") as stream:
+            data = tomllib.load(stream)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as ex:
+        raise ConfigError(f"{path}: not valid TOML: {ex}") from None
+    return from_dict(data, str(path), scan_repositories=True)
+
+
+def from_dict(
+    data: Mapping[str, Any], source: str, scan_repositories: bool = False
+) -> ApplianceConfig:
+    """Check a config mapping (from TOML or a snapshot) and build it.
+
+    Args:
+        data: the mapping.
+        source: the file it came from; relative repository paths start there.
+        scan_repositories: add the models found in ``[[repositories]]`` (a
+            snapshot already lists them among its models, so it does not).
+
+    Raises:
+        ConfigError: a value is invalid.
+    """
+    return build(data, source, scan_repositories)
+
+
+def read_snapshot(path: Path) -> ApplianceConfig:
+    """Read a snapshot written by :func:`write_snapshot`.
+
+    Raises:
+        ConfigError: the snapshot is missing or invalid.
+    """
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as ex:
+        raise ConfigError(f"{path}: cannot read the config snapshot: {ex}") from None
+    return from_dict(data, str(data.get("source", path)))
+
+
 def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> ApplianceConfig:
-    """Check a config mapping and build it (see :func:`appliance.config.from_dict`)."""
+    """Check a config mapping and build it (see :func:`from_dict`)."""
     reader = Reader(source)
     known = {"server", "http", "grpc", "mip", "shm", "models", "repositories", "source"}
     known |= {"tls", "auth"}

@@ -36,7 +36,8 @@ from appliance.client.aio import AsyncChannel
 from appliance.client.channel import Channel
 from appliance.client.restarts import RestartWaits
 from appliance.client.routing import Router, Target
-from appliance.config import ApplianceConfig, ConfigError, ModelConfig, read_snapshot
+from appliance.config import ApplianceConfig, ConfigError, ModelConfig
+from appliance.config_reader import read_snapshot
 from appliance.core.descriptor import (
     Kind,
     Message,

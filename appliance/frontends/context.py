@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.client.api import ModelClient
-from appliance.config import ApplianceConfig, read_snapshot
+from appliance.config import ApplianceConfig
+from appliance.config_reader import read_snapshot
 from appliance.core.status import StatusTable
 from appliance.core.tree import Tree
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import orjson
 
-from appliance.config import ApplianceConfig, ConfigError, load, write_snapshot
+from appliance.config import ApplianceConfig, ConfigError, write_snapshot
+from appliance.config_reader import load
 from appliance.core.status import Counter, Role, SlotState, StatusTable
 from appliance.core.tree import Tree, new_tree_id
 from appliance.ctl import ControlError, request

@@ -15,7 +15,8 @@ from pathlib import Path
 import zmq
 
 from appliance import logs
-from appliance.config import ConfigError, read_snapshot
+from appliance.config import ConfigError
+from appliance.config_reader import read_snapshot
 from appliance.core.ring import Ring
 from appliance.core.segment import Segment
 from appliance.core.status import SlotState, StatusTable

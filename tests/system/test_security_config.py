@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from appliance import config as config_module
-from appliance.config import ConfigError, load
+from appliance.config import ConfigError
+from appliance.config_reader import from_dict, load
 from appliance.frontends import auth
 from tests.system.harness import ROOT
 
@@ -46,7 +47,7 @@ def test_paths_are_relative_to_the_config_file_and_survive_the_snapshot(tmp_path
     assert config.tls.cert == str(tmp_path / "server.crt")
     assert config.auth.tokens_file == str(tmp_path / "tokens")
     assert config.mip.listeners[0].trusted
-    again = config_module.from_dict(config_module.to_dict(config), config.source)
+    again = from_dict(config_module.to_dict(config), config.source)
     assert (again.tls, again.auth, again.mip.listeners) == (
         config.tls,
         config.auth,

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from appliance import logs, metrics
-from appliance.config import ConfigError, from_dict, to_dict
+from appliance.config import ConfigError, to_dict
+from appliance.config_reader import from_dict
 
 MODELS = [{"name": "m", "class": "pkg.mod:Model"}]
 

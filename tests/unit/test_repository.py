@@ -9,7 +9,8 @@ import pytest
 import tomli_w
 
 from appliance import repository
-from appliance.config import ConfigError, load, read_snapshot, write_snapshot
+from appliance.config import ConfigError, write_snapshot
+from appliance.config_reader import load, read_snapshot
 from appliance.repository import (
     BROKEN_CLASS,
     ONNX_CLASS,

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from appliance import config
+from appliance import config, config_reader
 from appliance.core.status import Role, SlotState, StatusTable
 from appliance.master.children import Child, ChildSpec
 from appliance.master.watchdog import overdue
@@ -58,16 +58,16 @@ def test_a_slot_written_by_another_process_is_not_trusted(status: StatusTable) -
 
 
 def test_config_reads_the_limits_with_their_defaults() -> None:
-    data = config.to_dict(config.load())
-    loaded = config.from_dict(data, "x")
+    data = config.to_dict(config_reader.load())
+    loaded = config_reader.from_dict(data, "x")
     assert loaded.http.max_body_bytes == 64 << 20
     assert all(m.max_queue == 1024 and m.max_busy_s is None for m in loaded.models)
     data["http"]["max_body_bytes"] = 1000
     data["models"][0].update(max_queue=3, max_busy_s=2)
-    loaded = config.from_dict(data, "x")
+    loaded = config_reader.from_dict(data, "x")
     assert (loaded.http.max_body_bytes, loaded.models[0].max_queue) == (1000, 3)
     assert loaded.models[0].max_busy_s == 2.0
-    assert config.from_dict(config.to_dict(loaded), "x") == loaded
+    assert config_reader.from_dict(config.to_dict(loaded), "x") == loaded
 
 
 @pytest.mark.parametrize(
@@ -80,8 +80,8 @@ def test_config_reads_the_limits_with_their_defaults() -> None:
     ],
 )
 def test_config_refuses_bad_limits(where: str, key: str, value: object, message: str) -> None:
-    data = config.to_dict(config.load())
+    data = config.to_dict(config_reader.load())
     target = data["models"][0] if where == "models" else data[where]
     target[key] = value
     with pytest.raises(config.ConfigError, match=re.escape(message)):
-        config.from_dict(data, "x")
+        config_reader.from_dict(data, "x")
