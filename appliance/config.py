@@ -48,6 +48,9 @@ class ServerConfig:
     spin_wait_us: int = 200
     # True (or "text"): one text line per request; "json": JSON lines; False: none.
     access_log: bool | str = True
+    # The CPUs "auto" sizes for (appliance/sizing.py); 0 reads them from the
+    # process's affinity and cgroup quota. A snapshot holds the number found.
+    cpus: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +181,9 @@ class ApplianceConfig:
     repositories: tuple[RepositoryConfig, ...] = ()
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
+    # The settings that were "auto" (sizing.py), e.g. "http.workers" or
+    # "models.digits.instances": their numbers above were derived from server.cpus.
+    auto: tuple[str, ...] = ()
 
     def mip_model(self, listener: MipListener) -> str:
         """The model a MIP listener serves: its own, the default, or the first."""

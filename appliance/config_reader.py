@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import orjson
 
-from appliance import repository
+from appliance import repository, sizing
 from appliance.config import (
     DEFAULT_CONFIG,
     MAX_INLINE_BYTES,
@@ -98,25 +98,28 @@ def read_snapshot(path: Path) -> ApplianceConfig:
 
 def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> ApplianceConfig:
     """Check a config mapping and build it (see :func:`from_dict`)."""
-    reader = Reader(source)
-    known = {"server", "http", "grpc", "mip", "shm", "models", "repositories", "source"}
+    # "source" and "auto" are written by the master into its snapshot.
+    known = {"server", "http", "grpc", "mip", "shm", "models", "repositories", "source", "auto"}
     known |= {"tls", "auth"}
-    reader.no_extra(data, known, "")
+    Reader(source).no_extra(data, known, "")
+    server = data.get("server", {})
+    reader = Reader(source, Reader(source).cpus(server))
     repositories = tuple(reader.repositories(data.get("repositories", [])))
     models = reader.models(data.get("models", []))
     if scan_repositories:
         models += reader.repository_models(repositories)
     config = ApplianceConfig(
         source=source,
-        server=reader.section(ServerConfig, data.get("server", {}), "server"),
-        http=reader.section(HttpConfig, data.get("http", {}), "http"),
-        grpc=reader.section(GrpcConfig, data.get("grpc", {}), "grpc"),
-        mip=reader.mip(data.get("mip", {})),
+        server=reader.section(ServerConfig, reader.with_cpus(server), "server"),
+        http=reader.section(HttpConfig, reader.sized(data.get("http", {}), "http"), "http"),
+        grpc=reader.section(GrpcConfig, reader.sized(data.get("grpc", {}), "grpc"), "grpc"),
+        mip=reader.mip(reader.sized(data.get("mip", {}), "mip")),
         shm=reader.section(ShmConfig, data.get("shm", {}), "shm"),
         models=tuple(models),
         repositories=repositories,
         tls=reader.tls(data.get("tls", {})),
         auth=reader.auth(data.get("auth", {})),
+        auto=(*reader.value("auto", data.get("auto", ()), "tuple[str, ...]"), *reader.auto),
     )
     _check(config, reader)
     return config
@@ -173,8 +176,26 @@ def _check_http(http: HttpConfig, reader: Reader) -> None:
 class Reader:
     """Check values against the dataclasses' field types, naming keys."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, n_cpus: int = 1) -> None:
         self.source = source
+        self.n_cpus = n_cpus
+        self.auto: list[str] = []  # the settings resolved from "auto"
+
+    def cpus(self, server: Any) -> int:
+        """server.cpus, or (0, the default) the CPUs this process may use."""
+        raw = server.get("cpus", 0) if isinstance(server, Mapping) else 0
+        return int(self.value("server.cpus", raw, "int")) or sizing.usable_cpus()
+
+    def with_cpus(self, server: Any) -> Any:
+        """The server section with the CPUs found, for the snapshot."""
+        return {**server, "cpus": self.n_cpus} if isinstance(server, Mapping) else server
+
+    def sized(self, data: Any, section: str) -> Any:
+        """A frontend section with ``workers = "auto"`` (the default) made a number."""
+        if not isinstance(data, Mapping) or data.get("workers", "auto") != "auto":
+            return data
+        self.auto.append(f"{section}.workers")
+        return {**data, "workers": sizing.auto(f"{section}.workers", self.n_cpus)}
 
     def fail(self, key: str, message: str) -> NoReturn:
         raise ConfigError(f"{self.source}: {key}: {message}")
@@ -395,7 +416,11 @@ class Reader:
         cls = self.value(f"{where}.class", data["class"], "str")
         if ":" not in cls:
             self.fail(f"{where}.class", f"expected 'module:Class', got {cls!r}")
-        instances = self.value(f"{where}.instances", data.get("instances", 1), "int")
+        instances = data.get("instances", 1)
+        if instances == "auto":
+            self.auto.append(f"models.{name}.instances")
+            instances = sizing.auto("instances", self.n_cpus)
+        instances = self.value(f"{where}.instances", instances, "int")
         if instances < 1:
             self.fail(f"{where}.instances", f"expected an integer >= 1, got {instances}")
         options = data.get("options", {})

@@ -39,7 +39,19 @@ def format_status(reply: dict[str, Any]) -> str:
     notes = [p for p in reply.get("processes", []) if p.get("note")]
     for process in notes:
         lines.append(f"{process['role']}: {process['note']}")
+    if reply.get("sizing"):
+        lines += ["", format_sizing(reply["sizing"])]
     return "\n".join(lines) + "\n"
+
+
+def format_sizing(sizing: dict[str, Any]) -> str:
+    """One line: each process count, marked where "auto" chose it for the CPUs."""
+    auto = set(sizing.get("auto", ()))
+    counts = ", ".join(
+        f"{name} {count}" + (" (auto)" if name in auto else "")
+        for name, count in sizing.get("counts", {}).items()
+    )
+    return f"sized for {sizing.get('cpus')} CPUs: {counts}"
 
 
 def _megabytes(value: Any) -> str:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from appliance import sizing
+
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 SIZES = {"16B": 16, "16KiB": 16 << 10, "1MiB": MiB, "16MiB": 16 * MiB}
@@ -203,6 +205,9 @@ def appliance_sections(frontends: int | None = None) -> dict[str, Any]:
         table = {k: v for k, v in defaults[name].items() if k not in skip}
         if frontends is not None and name in ("http", "grpc", "mip"):
             table["workers"] = frontends
+        elif table.get("workers") == "auto":
+            # As the appliance would size it here; the floors get the same count.
+            table["workers"] = sizing.auto(f"{name}.workers", sizing.usable_cpus())
         sections[name] = table
     served = ("identity", *(m for pair in BATCHING_MODELS.values() for m in pair))
     listeners = [{"port": 0, "model": m} for m in served]

@@ -6,6 +6,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from appliance import sizing
+from appliance.config import ApplianceConfig
 from appliance.core.status import Role
 
 if TYPE_CHECKING:
@@ -82,6 +84,23 @@ def cmd_status(supervisor: Supervisor) -> dict[str, Any]:
         "unloaded": sorted(supervisor.unloaded),
         "ports": supervisor.ports,
         "processes": processes,
+        "sizing": sizing_of(supervisor.config),
+    }
+
+
+def sizing_of(config: ApplianceConfig) -> dict[str, Any]:
+    """How many processes of each kind the config asks for, and which were "auto"."""
+    counts = {
+        "http.workers": config.http.workers,
+        "grpc.workers": config.grpc.workers,
+        "mip.workers": config.mip.workers,
+        **{f"models.{model.name}.instances": model.instances for model in config.models},
+    }
+    return {
+        "cpus": config.server.cpus,
+        "counts": counts,
+        "auto": list(config.auto),
+        "rule": sizing.rule_text(),
     }
 
 

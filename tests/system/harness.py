@@ -208,8 +208,12 @@ def _alive(pid: int) -> bool:
 
 
 def start(
-    config: dict[str, Any], wait: bool = True, env: dict[str, str] | None = None
+    config: dict[str, Any],
+    wait: bool = True,
+    env: dict[str, str] | None = None,
+    affinity: set[int] | None = None,
 ) -> Appliance:
+    """Start an appliance; ``affinity``: the CPUs its tree may use (as ``taskset``)."""
     run_dir = Path(config["server"]["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.toml"
@@ -223,6 +227,7 @@ def start(
             stdin=subprocess.DEVNULL,
             cwd=ROOT,
             env={**os.environ, **(env or {})},
+            preexec_fn=None if affinity is None else lambda: os.sched_setaffinity(0, affinity),
         )
     appliance = Appliance(run_dir, process, log_path)
     if wait:
@@ -241,11 +246,14 @@ def new_run_dir() -> Path:
 
 @contextlib.contextmanager
 def running(
-    models: list[dict[str, Any]], env: dict[str, str] | None = None, **sections: Any
+    models: list[dict[str, Any]],
+    env: dict[str, str] | None = None,
+    affinity: set[int] | None = None,
+    **sections: Any,
 ) -> Iterator[Appliance]:
     """Run an appliance for the duration of a ``with`` block."""
     run_dir = new_run_dir()
-    appliance = start(make_config(run_dir, models, **sections), env=env)
+    appliance = start(make_config(run_dir, models, **sections), env=env, affinity=affinity)
     try:
         yield appliance
     finally:

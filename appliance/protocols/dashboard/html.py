@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from appliance.ctl_format import format_sizing
 from appliance.protocols.dashboard.assets import SCRIPT, STYLE
 
 STATE_PATH = "/dashboard/state"
@@ -68,6 +69,7 @@ def render(state: dict[str, Any]) -> str:
             _table(_MODEL_COLUMNS, "models", _model_rows(state)),
             "<h2>processes</h2>",
             _table(_PROCESS_COLUMNS, "processes", [_process_row(p) for p in state["processes"]]),
+            _sizing(state.get("sizing")),
             "<footer id='updated'>updated when loaded; refreshes every second</footer>",
             f"<script id='initial' type='application/json'>{initial}</script>",
             f"<script>{script}</script></body></html>",
@@ -192,3 +194,8 @@ def _process_row(process: dict[str, Any]) -> str:
         "-" if cpu is None else f"{cpu:.1f} %",
     ]
     return f"<tr>{_cells(values)}</tr>"
+
+
+def _sizing(sizing: dict[str, Any] | None) -> str:
+    """How many processes of each kind run, and which "auto" chose for the CPUs."""
+    return f"<p class='sizing'>{html.escape(format_sizing(sizing))}</p>" if sizing else ""

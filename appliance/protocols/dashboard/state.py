@@ -38,6 +38,7 @@ def collect(client: ModelClient) -> dict[str, Any]:
         "unloaded": list(master.get("unloaded", [])) if master else [],
         "processes": _processes(master) if master else _slot_processes(client),
         "traffic": traffic.read(),
+        "sizing": master.get("sizing") if master else None,
     }
 
 
