@@ -146,14 +146,18 @@ def exchange(recording: Recording, path: str) -> tuple[Message, Message]:
 
 
 def tensor(name: str, array: Any) -> dict[str, Any]:
-    array = np.asarray(array)
+    """A tensor as plain values; BYTES elements as UTF-8 strings."""
     from tritonclient.utils import np_to_triton_dtype
 
+    array = np.asarray(array)
+    data = array.reshape(-1).tolist()
+    if array.dtype == object:
+        data = [element.decode() for element in data]
     return {
         "name": name,
         "datatype": np_to_triton_dtype(array.dtype),
         "shape": list(array.shape),
-        "data": array.reshape(-1).tolist(),
+        "data": data,
     }
 
 
@@ -192,15 +196,30 @@ SIMPLE_INPUTS = {
 OUTPUT_NAMES = ("OUTPUT0", "OUTPUT1")
 
 
+STRING_INPUTS = {
+    "INPUT0": np.array([[str(i).encode() for i in range(16)]], dtype=object),
+    "INPUT1": np.array([[b"1"] * 16], dtype=object),
+}
+# (case, model, inputs, binary tensors): tritonclient's default, JSON tensors,
+# and BYTES tensors with their per-element length prefixes.
+REST_CASES = (
+    ("binary", "simple", SIMPLE_INPUTS, True),
+    ("json", "simple", SIMPLE_INPUTS, False),
+    ("bytes", "simple_string", STRING_INPUTS, True),
+)
+
+
 def kserve_rest(app: Appliance, cases: dict[str, Any]) -> None:
     import tritonclient.http as httpclient
+    from tritonclient.utils import np_to_triton_dtype
 
-    for case, binary in (("binary", True), ("json", False)):
+    for case, model, sent, binary in REST_CASES:
         with relay(app.ports["http"]) as (port, recording):
             client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
             inputs = []
-            for name, array in SIMPLE_INPUTS.items():
-                item = httpclient.InferInput(name, list(array.shape), "INT32")
+            for name, array in sent.items():
+                dtype = np_to_triton_dtype(array.dtype)
+                item = httpclient.InferInput(name, list(array.shape), dtype)
                 item.set_data_from_numpy(array, binary_data=binary)
                 inputs.append(item)
             outputs = None
@@ -208,9 +227,9 @@ def kserve_rest(app: Appliance, cases: dict[str, Any]) -> None:
                 outputs = [
                     httpclient.InferRequestedOutput(n, binary_data=False) for n in OUTPUT_NAMES
                 ]
-            result = client.infer("simple", inputs, outputs=outputs)
+            result = client.infer(model, inputs, outputs=outputs)
             client.close()
-        request, response = exchange(recording, "/v2/models/simple/infer")
+        request, response = exchange(recording, f"/v2/models/{model}/infer")
         write(
             cases,
             "kserve_rest",
@@ -218,9 +237,9 @@ def kserve_rest(app: Appliance, cases: dict[str, Any]) -> None:
             request.body,
             response.body,
             **http_entry(request, response),
-            model="simple",
+            model=model,
             model_version=result.get_response()["model_version"],
-            inputs=[tensor(n, a) for n, a in SIMPLE_INPUTS.items()],
+            inputs=[tensor(n, a) for n, a in sent.items()],
             outputs=[tensor(n, result.as_numpy(n)) for n in OUTPUT_NAMES],
         )
 
@@ -352,7 +371,7 @@ CAPTURES: tuple[Callable[[Appliance, dict[str, Any]], None], ...] = (
 
 def main() -> None:
     cases: dict[str, Any] = {}
-    models = demo_models("simple", "forward", "echo")
+    models = demo_models("simple", "simple_string", "forward", "echo")
     with running(models, server={"default_model": "echo"}) as app:
         for capture in CAPTURES:
             capture(app, cases)

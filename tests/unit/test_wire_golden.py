@@ -44,12 +44,12 @@ def expected_arrays(tensors: list[dict[str, Any]]) -> dict[str, np.ndarray[Any, 
     from appliance.core import dtypes
     from appliance.core.dtypes import DType
 
-    return {
-        t["name"]: np.array(t["data"], dtype=dtypes.to_numpy(DType(t["datatype"]))).reshape(
-            t["shape"]
-        )
-        for t in tensors
-    }
+    arrays = {}
+    for t in tensors:
+        dtype = DType(t["datatype"])
+        data = [s.encode() for s in t["data"]] if dtype is DType.BYTES else t["data"]
+        arrays[t["name"]] = np.array(data, dtype=dtypes.to_numpy(dtype)).reshape(t["shape"])
+    return arrays
 
 
 def assert_arrays(got: dict[str, Any], want: dict[str, np.ndarray[Any, Any]]) -> None:
@@ -65,6 +65,7 @@ def test_every_case_has_its_files() -> None:
         "graphpipe/simple",
         "kserve_grpc/raw",
         "kserve_rest/binary",
+        "kserve_rest/bytes",
         "kserve_rest/json",
         "mip/echo",
         "umbridge/evaluate",
@@ -78,12 +79,19 @@ def test_every_case_has_its_files() -> None:
 # -- KServe REST ---------------------------------------------------------------
 
 
+REST_CASES = ["kserve_rest/binary", "kserve_rest/json", "kserve_rest/bytes"]
+
+
+def _binary(key: str) -> bool:
+    return not key.endswith("json")
+
+
 def _header_length(headers: dict[str, str]) -> int | None:
     value = headers.get("inference-header-content-length")
     return None if value is None else int(value)
 
 
-@pytest.mark.parametrize("key", ["kserve_rest/binary", "kserve_rest/json"])
+@pytest.mark.parametrize("key", REST_CASES)
 def test_kserve_rest_decodes_the_golden_request(key: str) -> None:
     from appliance.protocols.kserve import codec
 
@@ -96,7 +104,7 @@ def test_kserve_rest_decodes_the_golden_request(key: str) -> None:
     assert all(tensor.shm is None and tensor.data is not None for tensor in decoded.inputs)
     got = {tensor.name: tensor.data.array() for tensor in decoded.inputs if tensor.data}
     assert_arrays(got, expected_arrays(entry["inputs"]))
-    binary = key.endswith("binary")
+    binary = _binary(key)
     assert decoded.binary_output is binary
     if decoded.outputs is not None:
         assert [(o.name, o.binary) for o in decoded.outputs] == [
@@ -104,7 +112,7 @@ def test_kserve_rest_decodes_the_golden_request(key: str) -> None:
         ]
 
 
-@pytest.mark.parametrize("key", ["kserve_rest/binary", "kserve_rest/json"])
+@pytest.mark.parametrize("key", REST_CASES)
 def test_tritonclient_reads_the_golden_kserve_rest_response(key: str) -> None:
     from tritonclient.http import InferResult
 
@@ -117,7 +125,7 @@ def test_tritonclient_reads_the_golden_kserve_rest_response(key: str) -> None:
     assert_arrays({name: result.as_numpy(name) for name in want}, want)
 
 
-@pytest.mark.parametrize("key", ["kserve_rest/binary", "kserve_rest/json"])
+@pytest.mark.parametrize("key", REST_CASES)
 def test_kserve_rest_encodes_the_golden_response(key: str) -> None:
     from appliance.core.tensor import Tensor
     from appliance.protocols.kserve import codec
@@ -126,7 +134,7 @@ def test_kserve_rest_encodes_the_golden_response(key: str) -> None:
     entry = case(key)
     _, response = golden(key)
     outputs = [
-        OutputData(name, Tensor.from_array(array), binary=key.endswith("binary"))
+        OutputData(name, Tensor.from_array(array), binary=_binary(key))
         for name, array in expected_arrays(entry["outputs"]).items()
     ]
     body, header_length = codec.encode_infer_response(
