@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?=
 GENERATED := appliance/_generated
 
-.PHONY: help install upgrade run test test-unit lint fmt generate generate-check bench soak fuzz clean install-systemd
+.PHONY: help install upgrade run test test-unit lint fmt generate generate-check bench soak fuzz wire-capture clean install-systemd
 
 # install-systemd: a virtual environment of its own under PREFIX, the unit, and
 # an example config (never overwritten). DESTDIR stages it elsewhere.
@@ -26,6 +26,7 @@ help:
 	@echo "make soak      10 minutes of load on every protocol; fails if memory, fds or shm grow"
 	@echo "make fuzz      fuzz every codec, FUZZ_SECONDS (60) each; not part of make test"
 	@echo "make generate  regenerate protobuf/gRPC code from protos/"
+	@echo "make wire-capture  re-record tests/wire/ from the stock clients (only when a wire format changes on purpose)"
 	@echo "make clean     remove build outputs and stale shared memory"
 	@echo "make install-systemd  install as a systemd service (PREFIX=/opt/appliance)"
 
@@ -90,6 +91,10 @@ FUZZ_TARGETS ?=
 fuzz: $(STAMP)
 	$(PY) -m pip install --quiet atheris || echo "atheris did not install: fuzzing with hypothesis"
 	PYTHONPATH=. $(PY) -m tools.fuzz.run --seconds $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# The golden wire files: what the stock clients and the appliance say today.
+wire-capture: $(STAMP)
+	$(PY) tools/capture_wire.py
 
 install-systemd:
 	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)
