@@ -252,8 +252,23 @@ def running(
     **sections: Any,
 ) -> Iterator[Appliance]:
     """Run an appliance for the duration of a ``with`` block."""
-    run_dir = new_run_dir()
-    appliance = start(make_config(run_dir, models, **sections), env=env, affinity=affinity)
+    config = make_config(new_run_dir(), models, **sections)
+    with serving(config, env=env, affinity=affinity) as appliance:
+        yield appliance
+
+
+@contextlib.contextmanager
+def serving(
+    config: dict[str, Any], env: dict[str, str] | None = None, affinity: set[int] | None = None
+) -> Iterator[Appliance]:
+    """Run an appliance with ``config`` (from :func:`make_config`) for a ``with`` block;
+    afterwards it is stopped, checked clean, and its run directory removed."""
+    run_dir = Path(config["server"]["run_dir"])
+    try:
+        appliance = start(config, env=env, affinity=affinity)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     try:
         yield appliance
     finally:

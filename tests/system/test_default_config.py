@@ -6,7 +6,6 @@ GraphPipe root model, on ports 0.
 
 from __future__ import annotations
 
-import shutil
 import tomllib
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +16,7 @@ import requests
 import tritonclient.http as httpclient
 from graphpipe import remote
 
-from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, start
+from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, serving
 
 pytestmark = pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning")
 
@@ -38,15 +37,8 @@ def appliance() -> Iterator[Appliance]:
         {**repo, "path": str(ROOT / "appliance" / repo["path"])}
         for repo in DEFAULTS["repositories"]
     ]
-    started = start(config)
-    try:
+    with serving(config) as started:
         yield started
-    finally:
-        try:
-            started.stop()
-            started.assert_clean()
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def test_the_repository_index_lists_onnx_and_torchscript_models_ready(

@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 import umbridge
 from tritonclient.utils import InferenceServerException
 
-from tests.system.harness import ROOT, Appliance, demo_models, make_config, new_run_dir, start
+from tests.system.harness import ROOT, Appliance, demo_models, make_config, new_run_dir, serving
 
 EXAMPLES = ROOT / "appliance" / "demos" / "repository"
 HOLDOUT = ROOT / "tests" / "data" / "digits_holdout.npz"
@@ -51,15 +51,8 @@ def appliance(repository: Path) -> Iterator[Appliance]:
     run_dir = new_run_dir()
     config = make_config(run_dir, demo_models("digits"))
     config["repositories"] = [{"path": str(repository)}]
-    started = start(config)
-    try:
+    with serving(config) as started:
         yield started
-    finally:
-        try:
-            started.stop()
-            started.assert_clean()
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -259,8 +252,7 @@ def test_older_versions_answer_under_the_models_name(holdout: Any) -> None:
             )
         config = make_config(run_dir, [])
         config["repositories"] = [{"path": str(root), "versions": "all"}]
-        served = start(config)
-        try:
+        with serving(config) as served:
             grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.ports['grpc']}")
             rest = httpclient.InferenceServerClient(f"127.0.0.1:{served.ports['http']}")
             try:
@@ -287,9 +279,6 @@ def test_older_versions_answer_under_the_models_name(holdout: Any) -> None:
             finally:
                 grpc_client.close()
                 rest.close()
-        finally:
-            served.stop()
-            served.assert_clean()
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(run_dir, ignore_errors=True)
