@@ -57,14 +57,14 @@ test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check appliance tests bench tools
-	$(BIN)/ruff check appliance tests bench tools
+	$(BIN)/ruff format --check appliance tests bench tools deploy
+	$(BIN)/ruff check appliance tests bench tools deploy
 	$(BIN)/mypy appliance
 	$(MAKE) --no-print-directory generate-check
 
 fmt: $(STAMP)
-	$(BIN)/ruff format appliance tests bench tools
-	$(BIN)/ruff check --fix appliance tests bench tools
+	$(BIN)/ruff format appliance tests bench tools deploy
+	$(BIN)/ruff check --fix appliance tests bench tools deploy
 
 generate: $(STAMP)
 	$(PY) tools/generate.py --out $(GENERATED)
