@@ -83,7 +83,7 @@ class Host:
 
     run_dir: Path
     config: dict[str, Any]
-    app: Appliance | None = None
+    started: list[Appliance] = field(default_factory=list)
     control_path: Path = Path()
     pids: set[int] = field(default_factory=set)
     trees: set[str] = field(default_factory=set)
@@ -93,9 +93,10 @@ class Host:
         return self.run_dir / "config.toml"
 
     def start(self) -> None:
-        self.app = start(self.config)
-        self.control_path = self.app.control
-        self.pids |= self.app.pids
+        app = start(self.config)
+        self.started.append(app)
+        self.control_path = app.control
+        self.pids |= app.pids
 
     def status(self) -> dict[str, Any]:
         return request(self.control_path, "status")
@@ -123,9 +124,9 @@ class Host:
         self.remember()
         with contextlib.suppress(ControlError, OSError):
             os.kill(self.master_pid(), signal.SIGTERM)
-        if self.app is not None:
+        for app in self.started:  # reaped, whichever of them rolling.sh replaced
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.app.process.wait(60)
+                app.process.wait(60)
         eventually(lambda: not any(_alive(pid) for pid in self.pids), 60.0, 0.1)
         for pid in self.pids:
             if _alive(pid):
@@ -266,7 +267,6 @@ def test_a_fleet_behind_haproxy_loses_nothing() -> None:
             print(rolling.stdout, rolling.stderr)
             assert rolling.returncode == 0, rolling.stderr
             for host in hosts:
-                host.app = None  # rolling.sh started the masters now serving
                 host.remember()
             load.wait_each(5)
             phases.end("rolling upgrade (factor 4)")
