@@ -58,15 +58,15 @@ test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check appliance tests bench tools
-	$(BIN)/ruff check appliance tests bench tools
+	$(BIN)/ruff format --check appliance tests bench tools deploy
+	$(BIN)/ruff check appliance tests bench tools deploy
 	$(BIN)/mypy appliance
 	$(BIN)/lint-imports --no-cache
 	$(MAKE) --no-print-directory generate-check
 
 fmt: $(STAMP)
-	$(BIN)/ruff format appliance tests bench tools
-	$(BIN)/ruff check --fix appliance tests bench tools
+	$(BIN)/ruff format appliance tests bench tools deploy
+	$(BIN)/ruff check --fix appliance tests bench tools deploy
 
 generate: $(STAMP)
 	$(PY) tools/generate.py --out $(GENERATED)

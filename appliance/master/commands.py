@@ -76,6 +76,7 @@ def cmd_status(supervisor: Supervisor) -> dict[str, Any]:
         "pid": os.getpid(),
         "uptime_s": round(time.time() - supervisor.started_at, 1),
         "requests_per_s": round(supervisor.requests_per_s(), 1),
+        "in_flight": supervisor.in_flight(),
         "online": status.online,
         "ready": supervisor.ready,
         "draining": supervisor.drain.active,
