@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from appliance import device as devices
 from appliance import repository
 from appliance.config import (
     MAX_INLINE_BYTES,
@@ -314,6 +315,7 @@ class Reader:
             "options",
             "max_queue",
             "max_busy_s",
+            "device",
         }
         self.no_extra(data, known, where)
         for required in ("name", "class"):
@@ -332,6 +334,10 @@ class Reader:
         if not isinstance(options, Mapping):
             self.fail(f"{where}.options", "expected a table")
         max_queue, max_busy_s = self.model_limits(where, data)
+        device = data.get("device", "cpu")
+        problem = devices.check(device)
+        if problem:
+            self.fail(f"{where}.device", problem)
         return ModelConfig(
             name=name,
             cls=cls,
@@ -349,4 +355,5 @@ class Reader:
             options=dict(options),
             max_queue=max_queue,
             max_busy_s=max_busy_s,
+            device=device,
         )

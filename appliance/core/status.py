@@ -31,6 +31,8 @@ Layout (little-endian)::
     448  ring used         u64    bytes of this process's ring in use
     456  ring capacity     u64
     464  ring spilled      u64    bytes in one-off segments
+    472  device            16 bytes UTF-8, NUL padded: model: "cpu" or "cuda:N"
+    488  device memory     u64    model on a GPU: bytes torch has allocated there
 
 SAFETY: every field has one writer at a time. The master writes a slot's
 state, generation and name before it starts the slot's process and after it
@@ -67,6 +69,9 @@ _OFF_NAME = 128
 _OFF_NOTE = 192
 _OFF_RING = 448
 _RING = struct.Struct("<QQQ")
+_OFF_DEVICE = 472
+_DEVICE_LEN = 16
+_OFF_DEVICE_MEMORY = 488
 
 
 class SlotState(enum.IntEnum):
@@ -118,6 +123,8 @@ class SlotInfo:
     name: str
     note: str
     ring: tuple[int, int, int] = (0, 0, 0)
+    device: str = ""
+    device_memory: int = 0
 
 
 class StatusTable:
@@ -212,6 +219,8 @@ class StatusTable:
             self._text(base + _OFF_NAME, _NAME_LEN),
             self._text(base + _OFF_NOTE, _NOTE_LEN),
             _RING.unpack_from(self._buf, base + _OFF_RING),
+            self._text(base + _OFF_DEVICE, _DEVICE_LEN),
+            struct.unpack_from("<Q", self._buf, base + _OFF_DEVICE_MEMORY)[0],
         )
 
     def _text(self, offset: int, length: int) -> str:
@@ -233,6 +242,8 @@ class StatusTable:
         _HOT.pack_into(self._buf, base, SlotState.STARTING, role, instance, 0, generation, 0)
         _TIMES.pack_into(self._buf, base + _OFF_HEARTBEAT, time.monotonic(), 0.0)
         self._put_text(base + _OFF_NAME, _NAME_LEN, name)
+        # The new process publishes its own device once it has resolved it.
+        self.set_device(index, "", 0)
         return int(generation)
 
     def set_state(self, index: int, state: SlotState, pid: int | None = None) -> None:
@@ -246,6 +257,14 @@ class StatusTable:
 
     def set_ring(self, index: int, used: int, capacity: int, spilled: int) -> None:
         _RING.pack_into(self._buf, self._at(index) + _OFF_RING, used, capacity, spilled)
+
+    def set_device(self, index: int, device: str, memory: int = 0) -> None:
+        base = self._at(index)
+        self._put_text(base + _OFF_DEVICE, _DEVICE_LEN, device)
+        struct.pack_into("<Q", self._buf, base + _OFF_DEVICE_MEMORY, memory)
+
+    def set_device_memory(self, index: int, memory: int) -> None:
+        struct.pack_into("<Q", self._buf, self._at(index) + _OFF_DEVICE_MEMORY, memory)
 
     def set_depth(self, index: int, depth: int) -> None:
         struct.pack_into("<I", self._buf, self._at(index) + 12, max(0, depth))
