@@ -21,11 +21,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.gpu import cuda_missing, onnx_cuda_missing
-from tests.system.harness import ROOT, Appliance, demo_models, make_config, new_run_dir, start
+from tests.system.harness import (
+    ROOT,
+    Appliance,
+    demo_models,
+    eventually,
+    make_config,
+    new_run_dir,
+    start,
+)
 
 EXAMPLES = ROOT / "examples" / "repository"
 HOLDOUT = ROOT / "tests" / "data" / "digits_holdout.npz"
@@ -97,6 +106,7 @@ def test_cuda_models_fail_to_load_without_a_gpu_and_the_rest_serves(
         assert "has no CUDAExecutionProvider" in notes["digits_onnx_cuda"]
         assert "onnxruntime-gpu" in notes["digits_onnx_cuda"]
     assert devices["digits"] == "cpu"
+    assert devices["digits_cuda"] == "cuda:0"  # the failed instance says where it tried
     index = index_of(appliance)
     for model in ("digits_cuda", *PAIRS):
         assert index[model]["state"] == "UNAVAILABLE", model
@@ -169,3 +179,12 @@ def test_gpu_instances_report_their_device(appliance: Appliance) -> None:
     # instance i goes to GPU i mod count: two GPUs or more spread them.
     devices = {row["device"] for row in rows if row["model"] == "digits_torch_cuda"}
     assert len(devices) == min(2, int(__import__("torch").cuda.device_count()))
+
+    def memory_published() -> bool:
+        rows = [p for p in appliance.processes() if p["model"] == "digits_torch_cuda"]
+        return all((row["device_memory_bytes"] or 0) > 0 for row in rows)
+
+    # Workers publish it at housekeeping, every few seconds.
+    assert eventually(memory_published, 30.0), appliance.processes()
+    metrics = requests.get(f"http://127.0.0.1:{appliance.ports['http']}/metrics", timeout=10).text
+    assert "appliance_model_device_memory_bytes{" in metrics
