@@ -141,6 +141,8 @@ class ModelConfig:
     cls: str
     instances: int = 1
     max_batch_size: int | None = None
+    # "cpu", "cuda" (instance i on GPU i mod count) or "cuda:N"; see appliance/device.py.
+    device: str = "cpu"
     max_queue_delay_ms: float = 0.0
     response_ring_bytes: int | None = None
     passthrough: bool = True

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 import orjson
 
+from appliance import device as devices
 from appliance import repository, sizing
 from appliance.config import (
     DEFAULT_CONFIG,
@@ -405,6 +406,7 @@ class Reader:
             "max_queue",
             "max_busy_s",
             "restart_wait_s",
+            "device",
         }
         self.no_extra(data, known, where)
         for required in ("name", "class"):
@@ -430,6 +432,10 @@ class Reader:
         restart_wait_s = self.value(
             f"{where}.restart_wait_s", data.get("restart_wait_s", 5.0), "float"
         )
+        device = data.get("device", "cpu")
+        problem = devices.check(device)
+        if problem:
+            self.fail(f"{where}.device", problem)
         return ModelConfig(
             name=name,
             cls=cls,
@@ -448,4 +454,5 @@ class Reader:
             max_queue=max_queue,
             max_busy_s=max_busy_s,
             restart_wait_s=restart_wait_s,
+            device=device,
         )

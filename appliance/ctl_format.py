@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_COLUMNS = ("pid", "role", "model", "state", "restarts", "rss", "cpu")
+_COLUMNS = ("pid", "role", "model", "state", "restarts", "rss", "cpu", "device")
 
 
 def format_status(reply: dict[str, Any]) -> str:
@@ -31,6 +31,7 @@ def format_status(reply: dict[str, Any]) -> str:
                 str(process.get("restarts", 0)),
                 _megabytes(process.get("rss_bytes")),
                 _percent(process.get("cpu_percent")),
+                _device(process),
             )
         )
     widths = [max(len(row[index]) for row in rows) for index in range(len(_COLUMNS))]
@@ -60,3 +61,11 @@ def _megabytes(value: Any) -> str:
 
 def _percent(value: Any) -> str:
     return "-" if value is None else f"{value:.1f} %"
+
+
+def _device(process: dict[str, Any]) -> str:
+    device = process.get("device")
+    if not device:
+        return "-"
+    memory = process.get("device_memory_bytes")
+    return f"{device} ({_megabytes(memory)})" if device.startswith("cuda") and memory else device

@@ -56,6 +56,9 @@ class Model:
             every input's and output's first dimension is the batch (-1) and
             requests from all clients are concatenated along it.
         platform, version, description: reported in metadata.
+        device: where this instance runs, set before :meth:`load` from the
+            config's ``device`` ("cpu", or "cuda:N" once ``cuda`` is spread
+            over the GPUs); a model that uses torch moves itself there.
 
     Request tensors are read-only views into shared memory, valid only during
     the call: copy what you keep. BYTES tensors arrive as object arrays of
@@ -68,6 +71,7 @@ class Model:
     platform: str = "python"
     version: str = "1"
     description: str = ""
+    device: str = "cpu"
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         """Keep the config's ``options`` table; do heavy work in :meth:`load`."""

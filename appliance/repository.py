@@ -4,7 +4,7 @@ The layout is Triton's::
 
     <repository>/
       <model>/                 the model's name (letters, digits, '_', '.', '-')
-        config.toml            optional: batching, instances, threads, tensors
+        config.toml            optional: batching, instances, device, threads, tensors
         <version>/             a whole number; which ones serve is the version policy
           model.onnx           served by ONNX Runtime  (platform onnxruntime_onnx)
           model.pt             a TorchScript module     (platform pytorch_libtorch)
@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from appliance import device as devices
+
 ONNX_CLASS = "appliance.runtimes.onnx:OnnxModel"
 TORCHSCRIPT_CLASS = "appliance.runtimes.torchscript:TorchScriptModel"
 BROKEN_CLASS = "appliance.runtimes.broken:Broken"
@@ -58,12 +60,13 @@ SETTINGS = (
     "max_batch_size",
     "max_queue_delay_ms",
     "threads",
+    "device",
     "description",
     "inputs",
     "outputs",
 )
 # These go to the [[models]] entry itself; the rest become runtime options.
-ENTRY_KEYS = ("instances", "max_batch_size", "max_queue_delay_ms")
+ENTRY_KEYS = ("instances", "max_batch_size", "max_queue_delay_ms", "device")
 
 VersionPolicy = str | tuple[int, ...]
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
@@ -205,6 +208,8 @@ def _check_setting(key: str, value: object) -> str:
         return f"expected an integer >= {minimum}, got {value!r}"
     if key == "max_queue_delay_ms" and not _is_number(value, 0, whole=False):
         return f"expected a number >= 0, got {value!r}"
+    if key == "device":
+        return devices.check(value)
     if key == "description" and not isinstance(value, str):
         return f"expected a string, got {value!r}"
     if key in ("inputs", "outputs"):

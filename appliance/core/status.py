@@ -31,7 +31,9 @@ Layout (little-endian)::
     448  ring used         u64    bytes of this process's ring in use
     456  ring capacity     u64
     464  ring spilled      u64    bytes in one-off segments
-    488  restart at        f64    a STARTING or DEAD slot: when the master
+    472  device            16 bytes UTF-8, NUL padded: model: "cpu" or "cuda:N"
+    488  device memory     u64    model on a GPU: bytes torch has allocated there
+    496  restart at        f64    a STARTING or DEAD slot: when the master
                                   (re)starts it (CLOCK_MONOTONIC); 0 when no
                                   one should wait for it (it stops, or its
                                   last start failed to load the model)
@@ -71,7 +73,10 @@ _OFF_NAME = 128
 _OFF_NOTE = 192
 _OFF_RING = 448
 _RING = struct.Struct("<QQQ")
-_OFF_RESTART_AT = 488
+_OFF_DEVICE = 472
+_DEVICE_LEN = 16
+_OFF_DEVICE_MEMORY = 488
+_OFF_RESTART_AT = 496
 _RESTART_AT = struct.Struct("<d")
 
 
@@ -124,6 +129,8 @@ class SlotInfo:
     name: str
     note: str
     ring: tuple[int, int, int] = (0, 0, 0)
+    device: str = ""
+    device_memory: int = 0
 
 
 class StatusTable:
@@ -218,6 +225,8 @@ class StatusTable:
             self._text(base + _OFF_NAME, _NAME_LEN),
             self._text(base + _OFF_NOTE, _NOTE_LEN),
             _RING.unpack_from(self._buf, base + _OFF_RING),
+            self._text(base + _OFF_DEVICE, _DEVICE_LEN),
+            struct.unpack_from("<Q", self._buf, base + _OFF_DEVICE_MEMORY)[0],
         )
 
     def _text(self, offset: int, length: int) -> str:
@@ -239,6 +248,8 @@ class StatusTable:
         _HOT.pack_into(self._buf, base, SlotState.STARTING, role, instance, 0, generation, 0)
         _TIMES.pack_into(self._buf, base + _OFF_HEARTBEAT, time.monotonic(), 0.0)
         self._put_text(base + _OFF_NAME, _NAME_LEN, name)
+        # The new process publishes its own device once it has resolved it.
+        self.set_device(index, "", 0)
         return int(generation)
 
     def set_restart_at(self, index: int, at: float) -> None:
@@ -261,6 +272,14 @@ class StatusTable:
 
     def set_ring(self, index: int, used: int, capacity: int, spilled: int) -> None:
         _RING.pack_into(self._buf, self._at(index) + _OFF_RING, used, capacity, spilled)
+
+    def set_device(self, index: int, device: str, memory: int = 0) -> None:
+        base = self._at(index)
+        self._put_text(base + _OFF_DEVICE, _DEVICE_LEN, device)
+        struct.pack_into("<Q", self._buf, base + _OFF_DEVICE_MEMORY, memory)
+
+    def set_device_memory(self, index: int, memory: int) -> None:
+        struct.pack_into("<Q", self._buf, self._at(index) + _OFF_DEVICE_MEMORY, memory)
 
     def set_depth(self, index: int, depth: int) -> None:
         struct.pack_into("<I", self._buf, self._at(index) + 12, max(0, depth))

@@ -85,15 +85,25 @@ class TreeCollector(Collector):
         )
         rss = GaugeMetricFamily("appliance_process_resident_memory_bytes", "RSS.", labels=labels)
         cpu = GaugeMetricFamily("appliance_process_cpu_percent", "CPU use.", labels=labels)
+        gpu = GaugeMetricFamily(
+            "appliance_model_device_memory_bytes",
+            "GPU memory torch has allocated, per model instance on a GPU.",
+            labels=[*labels, "device"],
+        )
         for process in reply.get("processes", []):
             key = [str(process.get("role", "")), str(process.get("model") or "")]
             restarts.add_metric(key, float(process.get("restarts") or 0))
             if process.get("rss_bytes") is not None:
                 rss.add_metric([*key, str(process["pid"])], float(process["rss_bytes"]))
                 cpu.add_metric([*key, str(process["pid"])], float(process["cpu_percent"] or 0.0))
+            device = str(process.get("device") or "")
+            if device.startswith("cuda"):
+                memory = float(process.get("device_memory_bytes") or 0)
+                gpu.add_metric([*key, str(process["pid"]), device], memory)
         yield restarts
         yield rss
         yield cpu
+        yield gpu
 
 
 def _gauge(name: str, text: str, labels: list[str], values: list[tuple[list[str], Any]]) -> Metric:

@@ -125,7 +125,9 @@ class Child:
         failed = code == ExitCode.MODEL_LOAD_ERROR
         self.load_failed = failed
         if not self.stopping:
-            self.failures = 0 if ran >= HEALTHY_RUN_S else self.failures + 1
+            # A load that fails slowly (a large import) is still no healthy run.
+            healthy = ran >= HEALTHY_RUN_S and not failed
+            self.failures = 0 if healthy else self.failures + 1
             delay = 0.0 if self.failures == 0 else self.backoff_s()
             self.next_start = time.monotonic() + delay
             self.restarts += 1

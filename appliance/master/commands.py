@@ -56,6 +56,9 @@ def cmd_status(supervisor: Supervisor) -> dict[str, Any]:
                 "note": info.note,
             }
         )
+        if child.spec.model:
+            processes[-1]["device"] = info.device or None
+            processes[-1]["device_memory_bytes"] = info.device_memory if info.device else None
         if child.spec.status_role is Role.HTTP:
             for pid in supervisor.http_worker_pids():
                 processes.append(

@@ -7,6 +7,11 @@ dimension is batched (see ``interface.py``). ``config.toml`` may fix free
 dimensions (``[[inputs]]``/``[[outputs]]`` with ``name`` and ``shape``), set
 ``max_batch_size`` and ``threads``.
 
+With ``device = "cuda"`` (or ``"cuda:N"``) the session runs on that GPU
+through the CUDA execution provider (``onnxruntime-gpu``, the ``[gpu]``
+extra); without it, or when its CUDA libraries do not load, the model fails
+to load and says so.
+
 Session settings suit one process per instance: ``threads`` intra-op
 threads (1 by default), one inter-op thread, sequential execution, and no
 spinning thread pool, so an idle instance takes no CPU from its neighbours.
@@ -25,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from appliance import device as devices
 from appliance.core.dtypes import DType
 from appliance.core.tensor import TensorSpec
 from appliance.model import Arrays, Outputs
@@ -36,6 +42,7 @@ from appliance.runtimes.interface import (
     merge_specs,
 )
 
+_CUDA = "CUDAExecutionProvider"
 _ORT_CODE = re.compile(r"^\[ONNXRuntimeError\] : \d+ : (\w+) : ")
 # ONNX Runtime's type strings -> the appliance's dtypes.
 ONNX_DTYPES: dict[str, DType] = {
@@ -56,7 +63,7 @@ ONNX_DTYPES: dict[str, DType] = {
 
 
 class OnnxModel(RuntimeModel):
-    """An ONNX model file run by ONNX Runtime on the CPU."""
+    """An ONNX model file run by ONNX Runtime on the CPU or with its CUDA provider."""
 
     platform = "onnxruntime_onnx"
 
@@ -105,14 +112,33 @@ class OnnxModel(RuntimeModel):
         # An idle spinning pool would burn a core beside the other instances.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        providers = self._providers(ort)
         try:
-            return ort.InferenceSession(
-                str(self.path), sess_options=options, providers=["CPUExecutionProvider"]
+            session = ort.InferenceSession(
+                str(self.path), sess_options=options, providers=providers
             )
         except Exception as ex:
             raise ModelFileError(
                 f"ONNX Runtime cannot load {self.file_name}: {_ort_reason(str(ex), self.path)}"
             ) from None
+        if devices.is_cuda(self.device) and _CUDA not in session.get_providers():
+            # ONNX Runtime falls back to the CPU when the CUDA libraries do not load.
+            raise devices.DeviceError(
+                f"device {self.device} requested but ONNX Runtime could not start its "
+                f"{_CUDA} (the CUDA and cuDNN libraries it needs did not load; see the log)"
+            )
+        return session
+
+    def _providers(self, ort: Any) -> list[Any]:
+        if not devices.is_cuda(self.device):
+            return ["CPUExecutionProvider"]
+        if _CUDA not in ort.get_available_providers():
+            raise devices.DeviceError(
+                f"device {self.device} requested but onnxruntime {ort.__version__} has no "
+                f"{_CUDA} (install onnxruntime-gpu: pip install 'appliance[gpu]')"
+            )
+        device_id = int(self.device.partition(":")[2] or 0)
+        return [(_CUDA, {"device_id": device_id}), "CPUExecutionProvider"]
 
     def _specs(self, args: list[Any], what: str) -> list[TensorSpec]:
         specs = []

@@ -1,4 +1,4 @@
-"""Serve a TorchScript ``model.pt`` with torch on the CPU (the ``[torch]`` extra).
+"""Serve a TorchScript ``model.pt`` with torch on the CPU or a GPU (the ``[torch]`` extra).
 
 A TorchScript file does not reliably carry its tensors' names, dtypes or
 shapes, so the model's ``config.toml`` declares them::
@@ -24,7 +24,12 @@ Threads: ``threads`` intra-op threads (1 by default) and one inter-op
 thread per process, as one process serves one instance. Every call runs
 under ``torch.inference_mode()``.
 
-Copies. Outputs are returned as numpy views of torch's tensors (the worker
+Device. With ``device = "cuda"`` (or ``"cuda:N"``) the module is moved to
+that GPU; each input is copied there once from the request ring, and each
+output back once into a numpy array, which the worker writes into its
+response ring. Without a usable GPU the model fails to load and says so.
+
+Copies (on the CPU). Outputs are returned as numpy views of torch's tensors (the worker
 then writes them once into its response ring). Request inputs are read-only
 views of shared memory, mapped read-only in the worker. When the module's
 graph holds no op that writes into a tensor (no schema with a ``(a!)``
@@ -44,6 +49,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from appliance import device as devices
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.tensor import TensorSpec
 from appliance.model import Arrays, Outputs
@@ -62,7 +68,7 @@ _KNOWN_NAMESPACES = ("aten", "prim")
 
 
 class TorchScriptModel(RuntimeModel):
-    """A TorchScript module run by torch on the CPU."""
+    """A TorchScript module run by torch on the CPU or a GPU."""
 
     platform = "pytorch_libtorch"
 
@@ -80,6 +86,8 @@ class TorchScriptModel(RuntimeModel):
                 config.toml does not declare the tensors, or the trial fails.
         """
         torch = import_runtime("torch")
+        if devices.is_cuda(self.device):
+            devices.require_torch_cuda(self.device)
         _set_threads(torch, self.threads)
         where = self.config_name
         inputs, outputs = _declared_specs(self.options, where)
@@ -88,12 +96,13 @@ class TorchScriptModel(RuntimeModel):
                 # torch 2.13 deprecates TorchScript in favour of torch.export;
                 # serving the files users have is this runtime's purpose.
                 warnings.filterwarnings("ignore", "`torch.jit.load` is deprecated")
-                module = torch.jit.load(str(self.path), map_location="cpu")
+                module = torch.jit.load(str(self.path), map_location=self.device)
         except Exception as ex:
             raise ModelFileError(
                 f"{self.file_name} is not a TorchScript module (torch.jit.save a "
                 f"torch.jit.script or trace of one): {_first_sentence(ex)}"
             ) from None
+        module = module.to(self.device)
         module.eval()
         _check_arity(module, len(inputs), where)
         self._torch, self._module = torch, module
@@ -121,6 +130,9 @@ class TorchScriptModel(RuntimeModel):
         return self._outputs(result)
 
     def _tensor(self, array: npt.NDArray[Any]) -> Any:
+        if devices.is_cuda(self.device):
+            # The one copy: from the request ring straight to the GPU.
+            return self._torch.from_numpy(array).to(self.device, non_blocking=False)
         if not (self.zero_copy or array.flags.writeable):
             array = array.copy()
         return self._torch.from_numpy(array)
@@ -229,7 +241,8 @@ def _check_arity(module: Any, count: int, where: str) -> None:
 def _array(name: str, value: Any) -> npt.NDArray[Any]:
     if not hasattr(value, "numpy"):
         raise ValueError(f"forward returned {type(value).__name__} for output {name}, not a tensor")
-    array: npt.NDArray[Any] = value.detach().numpy()
+    # .cpu() is the one copy back from a GPU, and no copy on the CPU.
+    array: npt.NDArray[Any] = value.detach().cpu().numpy()
     return array
 
 

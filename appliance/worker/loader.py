@@ -11,10 +11,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from appliance import device as devices
 from appliance.config import ModelConfig
 from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import TensorSpec
 from appliance.model import Model
+from appliance.runtimes.interface import RuntimeModel
 
 
 class LoadError(Exception):
@@ -33,8 +35,15 @@ class Loaded:
         return self.metadata.max_batch_size
 
 
-def load_model(config: ModelConfig, python_path: Sequence[str] = ()) -> Loaded:
+def load_model(
+    config: ModelConfig, python_path: Sequence[str] = (), device: str | None = None
+) -> Loaded:
     """Import ``config.cls``, instantiate it with its options and load it.
+
+    ``device`` is the instance's resolved device (see
+    :func:`appliance.device.resolve`; the config's by default), set on the
+    model before ``load()``. A runtime checks CUDA in
+    its own way; for a Python model, torch must see the GPU.
 
     Raises:
         LoadError: import, construction, ``load()`` or declarations failed.
@@ -46,7 +55,12 @@ def load_model(config: ModelConfig, python_path: Sequence[str] = ()) -> Loaded:
     where = f"model {config.name!r} ({config.cls})"
     try:
         model = cls(config.options)
+        model.device = device or devices.resolve(config.device, 0)
+        if devices.is_cuda(model.device) and not isinstance(model, RuntimeModel):
+            devices.require_torch_cuda(model.device)
         model.load()
+    except devices.DeviceError as ex:
+        raise LoadError(f"model {config.name!r}: {ex}") from ex
     except Exception as ex:
         raise LoadError(f"{where}: load failed: {type(ex).__name__}: {ex}") from ex
     # Read from the instance: a runtime model learns its interface in load().

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import zmq
 
+from appliance import device as devices
 from appliance import logs
 from appliance.config import ConfigError
 from appliance.config_reader import read_snapshot
@@ -55,8 +56,11 @@ def run(
     title = f"model[{model}#{instance}]"
     logs.setup(title, config.server.log_level)
     become_child(title, master_pid)
+    device = devices.resolve(model_config.device, instance)
+    # Published before the load, so a model that fails on its GPU shows which.
+    status.set_device(slot, device)
     try:
-        loaded = load_model(model_config, config.server.python_path)
+        loaded = load_model(model_config, config.server.python_path, device)
     except LoadError as ex:
         log.error("%s", ex)
         status.set_note(slot, str(ex))

@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import zmq
 
+from appliance import device as devices
 from appliance.core.descriptor import (
     Kind,
     Message,
@@ -197,6 +198,12 @@ class WorkerServer:
         if now >= self._housekeeping_at:
             self._housekeeping_at = now + HOUSEKEEPING_S
             self._drop_dead_clients()
+            self._publish_device_memory()
+
+    def _publish_device_memory(self) -> None:
+        device = self.model.device
+        if devices.is_cuda(device):
+            self.status.set_device_memory(self.slot, devices.memory_allocated(device))
 
     # -- messages -------------------------------------------------------------
 

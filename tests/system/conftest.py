@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from appliance.client.api import ModelClient
+from tests.gpu import cuda_missing
 from tests.system.harness import Appliance, demo_models, running
 
 
@@ -20,3 +21,12 @@ def demo() -> Iterator[Appliance]:
 @pytest.fixture(scope="module")
 def client(demo: Appliance) -> ModelClient:
     return demo.client()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip ``gpu`` tests, with the reason, where no CUDA device is usable."""
+    marked = [item for item in items if item.get_closest_marker("gpu")]
+    if marked and cuda_missing():
+        skip = pytest.mark.skip(reason=cuda_missing())
+        for item in marked:
+            item.add_marker(skip)

@@ -53,6 +53,10 @@ def test_a_snapshot_reads_back_the_same_config(tmp_path: Path) -> None:
         ({"models": [{"name": "a b", "class": "m:C"}]}, "models[0].name"),
         ({"models": [{"name": "a", "class": "m:C", "instances": 0}]}, "instances: expected"),
         ({"models": [{"name": "a", "class": "m:C"}] * 2}, "appears more than once"),
+        (
+            {"models": [{"name": "a", "class": "m:C", "device": "gpu"}]},
+            'models[0].device: expected "cpu", "cuda" or "cuda:N"',
+        ),
         ({"server": {"default_model": "zz"}}, "server.default_model: names model 'zz'"),
         ({"server": {"log_level": "loud"}}, "server.log_level"),
         ({"mip": {"listeners": []}}, "mip.listeners: expected a non-empty array"),

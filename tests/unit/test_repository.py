@@ -46,7 +46,11 @@ def repo(tmp_path: Path) -> Path:
     for version in (1, 2, 10):
         put(root, f"multi/{version}/model.onnx")
     put(root, "torchy/3/model.pt")
-    put(root, "torchy/config.toml", 'instances = 2\nthreads = 2\n[[inputs]]\nname = "x"\n')
+    put(
+        root,
+        "torchy/config.toml",
+        'instances = 2\nthreads = 2\ndevice = "cuda:1"\n[[inputs]]\nname = "x"\n',
+    )
     put(root, ".hidden/1/model.onnx")
     put(root, "README.md", "not a model")
     return root
@@ -64,6 +68,7 @@ def test_latest_is_served_by_default_with_options_for_the_runtime(repo: Path) ->
     assert torchy["instances"] == 2
     assert torchy["options"]["threads"] == 2
     assert torchy["options"]["inputs"] == [{"name": "x"}]
+    assert torchy["device"] == "cuda:1"
     assert "instances" not in torchy["options"]
 
 
@@ -101,6 +106,7 @@ def test_a_new_file_is_a_change(repo: Path) -> None:
         ({"m/1/model.onnx": "x", "m/config.toml": "instances = 0"}, "expected an integer >= 1"),
         ({"m/1/model.onnx": "x", "m/config.toml": "platform = 'tf'"}, "platform: expected one"),
         ({"m/1/model.onnx": "x", "m/config.toml": "versions = 'newest'"}, "versions: expected"),
+        ({"m/1/model.onnx": "x", "m/config.toml": "device = 'gpu0'"}, 'device: expected "cpu"'),
         ({"m/1/model.pt": "x", "m/config.toml": "platform = 'onnx'"}, "m/1/ has no model.onnx"),
         (
             {"m/1/model.pt": "x", "m/config.toml": "[[inputs]]\nname = 'x'\nshape = [0.5]"},

@@ -230,7 +230,9 @@ SCRIPT = """
       row(body, [String(p.pid || '-'), p.role, p.model || '-', p.state,
         p.restarts === null ? '-' : String(p.restarts),
         p.rss_bytes === null ? '-' : fixed(p.rss_bytes / 1e6, 1) + ' MB',
-        p.cpu_percent === null ? '-' : fixed(p.cpu_percent, 1) + ' %']);
+        p.cpu_percent === null ? '-' : fixed(p.cpu_percent, 1) + ' %',
+        !p.device ? '-' : p.device.startsWith('cuda') && p.device_memory_bytes
+          ? p.device + ' (' + fixed(p.device_memory_bytes / 1e6, 1) + ' MB)' : p.device]);
     }
   }
 

@@ -33,7 +33,7 @@ _MODEL_COLUMNS = (
     "calls",
     "errors",
 )
-_PROCESS_COLUMNS = ("pid", "role", "model", "state", "restarts", "RSS", "CPU")
+_PROCESS_COLUMNS = ("pid", "role", "model", "state", "restarts", "RSS", "CPU", "device")
 _CHARTS = (
     ("rate", "requests/s by model"),
     ("latency", "latency in ms: mean by model; p99 of all calls dashed"),
@@ -192,6 +192,7 @@ def _process_row(process: dict[str, Any]) -> str:
         "-" if process.get("restarts") is None else process["restarts"],
         "-" if rss is None else f"{rss / 1e6:.1f} MB",
         "-" if cpu is None else f"{cpu:.1f} %",
+        _device(process),
     ]
     return f"<tr>{_cells(values)}</tr>"
 
@@ -199,3 +200,10 @@ def _process_row(process: dict[str, Any]) -> str:
 def _sizing(sizing: dict[str, Any] | None) -> str:
     """How many processes of each kind run, and which "auto" chose for the CPUs."""
     return f"<p class='sizing'>{html.escape(format_sizing(sizing))}</p>" if sizing else ""
+
+
+def _device(process: dict[str, Any]) -> str:
+    device, memory = process.get("device"), process.get("device_memory_bytes")
+    if not device:
+        return "-"
+    return f"{device} ({memory / 1e6:.1f} MB)" if device.startswith("cuda") and memory else device

@@ -85,7 +85,17 @@ def _instance(client: ModelClient, slot: int) -> dict[str, Any]:
 
 
 def _processes(master: dict[str, Any]) -> list[dict[str, Any]]:
-    keys = ("pid", "role", "model", "state", "restarts", "rss_bytes", "cpu_percent")
+    keys = (
+        "pid",
+        "role",
+        "model",
+        "state",
+        "restarts",
+        "rss_bytes",
+        "cpu_percent",
+        "device",
+        "device_memory_bytes",
+    )
     return [{key: process.get(key) for key in keys} for process in master.get("processes", [])]
 
 
@@ -104,6 +114,8 @@ def _slot_processes(client: ModelClient) -> list[dict[str, Any]]:
                 "restarts": None,
                 "rss_bytes": None,
                 "cpu_percent": None,
+                "device": info.device or None,
+                "device_memory_bytes": info.device_memory if info.device else None,
             }
         )
     return processes

@@ -1,0 +1,38 @@
+"""Whether this host can run models on a GPU, asked lazily (torch is heavy).
+
+Tests marked ``gpu`` skip with :func:`cuda_missing`'s reason where it is not
+"", so ``make test`` stays green on a host without one.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+CUDA = "CUDAExecutionProvider"
+
+
+@functools.cache
+def cuda_missing() -> str:
+    """Return why torch cannot use a GPU here, "" when it can."""
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError:
+        return "no CUDA device usable: torch is not installed"
+    if not torch.cuda.is_available():
+        return (
+            f"no CUDA device usable: torch.cuda.is_available() is False (torch {torch.__version__})"
+        )
+    return ""
+
+
+@functools.cache
+def onnx_cuda_missing() -> str:
+    """Return why ONNX Runtime cannot use a GPU here, "" when it can."""
+    try:
+        ort = importlib.import_module("onnxruntime")
+    except ImportError:
+        return "no CUDA for ONNX Runtime: onnxruntime is not installed"
+    if CUDA not in ort.get_available_providers():
+        return f"no CUDA for ONNX Runtime: onnxruntime {ort.__version__} has no {CUDA}"
+    return ""
