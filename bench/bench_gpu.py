@@ -1,6 +1,6 @@
 """Throughput per batch size of one model on the CPU and on a GPU, in one run.
 
-Serves the TorchScript digits classifier (examples/repository/digits_torch)
+Serves the TorchScript digits classifier (appliance/demos/repository/digits_torch)
 through the appliance: one appliance with two repository copies of it, one
 on ``device = "cpu"`` and one on ``device = "cuda"``, driven by tritonclient
 over gRPC with one request in flight. For each batch size the table shows
@@ -31,7 +31,7 @@ from tests.gpu import cuda_missing  # noqa: E402
 from tests.system.harness import make_config, new_run_dir, start  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "gpu.json"
-MODEL = ROOT / "examples" / "repository" / "digits_torch"
+MODEL = ROOT / "appliance" / "demos" / "repository" / "digits_torch"
 BATCHES = (1, 8, 64)
 DEVICES = ("cpu", "cuda")
 

@@ -1,7 +1,7 @@
 """Models on the GPU: ``device = "cuda"`` for ONNX, TorchScript and Python models.
 
 One appliance serves digits exported to ONNX and TorchScript (copied from
-examples/repository with ``device = "cuda"`` added to their config.toml,
+appliance/demos/repository with ``device = "cuda"`` added to their config.toml,
 two instances each), the numpy ``digits`` demo on the CPU as the reference
 (tests/system/test_runtimes.py shows the three agree on the CPU), and the
 same demo with ``device = "cuda"`` in its ``[[models]]`` table. On a host without a usable
@@ -36,9 +36,9 @@ from tests.system.harness import (
     start,
 )
 
-EXAMPLES = ROOT / "examples" / "repository"
+EXAMPLES = ROOT / "appliance" / "demos" / "repository"
 HOLDOUT = ROOT / "tests" / "data" / "digits_holdout.npz"
-# model on the GPU -> its copy in examples/repository
+# model on the GPU -> its copy in appliance/demos/repository
 PAIRS = {"digits_onnx_cuda": "digits_onnx", "digits_torch_cuda": "digits_torch"}
 # Nine processes import torch or onnxruntime at once on a small machine.
 START_TIMEOUT_S = 240.0
