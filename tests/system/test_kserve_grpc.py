@@ -24,7 +24,7 @@ from appliance.client.api import ModelClient
 from tests.system.harness import Appliance, demo_models, eventually, running
 
 MODELS = [
-    *demo_models("simple", "simple_string", "simple_identity", "identity", "echo"),
+    *demo_models("simple", "simple_int8", "simple_string", "simple_identity", "identity", "echo"),
     {"name": "slow", "class": "tests.models:Slow"},
     {"name": "params", "class": "tests.models:ParameterEcho"},
 ]
@@ -231,6 +231,24 @@ def test_typed_contents_are_accepted(stub: Any) -> None:
     response = stub.ModelInfer(request, timeout=30)
     assert response.raw_output_contents[0] == b"\x03\x00\x00\x00x\x00y\x01\x00\x00\x00z"
     assert np.frombuffer(response.raw_output_contents[1], "<f8").tolist() == [0.25, -8.0]
+
+
+def test_int8_sum_and_difference_as_the_example_client_does(stub: Any) -> None:
+    request = service_pb2.ModelInferRequest(model_name="simple_int8")
+    first = request.inputs.add(name="INPUT0", datatype="INT8", shape=[1, 16])
+    first.contents.int_contents.extend(range(16))
+    second = request.inputs.add(name="INPUT1", datatype="INT8", shape=[1, 16])
+    second.contents.int_contents.extend([1] * 16)
+    request.outputs.add(name="OUTPUT0")
+    request.outputs.add(name="OUTPUT1")
+    response = stub.ModelInfer(request, timeout=30)
+    assert [o.datatype for o in response.outputs] == ["INT8", "INT8"]
+    assert np.frombuffer(response.raw_output_contents[0], np.int8).tolist() == list(range(1, 17))
+    assert np.frombuffer(response.raw_output_contents[1], np.int8).tolist() == list(range(-1, 15))
+    request.model_version = "wrong_specification"
+    error = raw_error(stub, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "version string 'wrong_specification'" in (error.details() or "")
 
 
 def raw_error(stub: Any, request: Any) -> grpc.RpcError:

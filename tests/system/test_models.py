@@ -187,6 +187,7 @@ def test_errors_name_what_was_wrong(client: ModelClient) -> None:
 def test_metadata_describes_each_model(client: ModelClient) -> None:
     assert client.models() == [
         "simple",
+        "simple_int8",
         "simple_string",
         "simple_identity",
         "identity",
