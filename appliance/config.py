@@ -238,6 +238,30 @@ def from_dict(
     return build(data, source, scan_repositories)
 
 
+# The [[models]] keys a load may override (``appliance ctl``'s and KServe's load).
+OVERRIDABLE = ("instances", "max_batch_size", "max_queue_delay_ms")
+
+
+def with_overrides(model: ModelConfig, overrides: Mapping[str, Any]) -> ModelConfig:
+    """Return ``model`` with ``overrides`` (keys of :data:`OVERRIDABLE`) applied and checked.
+
+    Raises:
+        ConfigError: a key is not overridable, or a value is invalid.
+    """
+    from appliance.config_reader import Reader
+
+    unknown = sorted(set(overrides) - set(OVERRIDABLE))
+    if unknown:
+        raise ConfigError(
+            f"model {model.name}: cannot override {', '.join(unknown)} at load; "
+            f"overridable: {', '.join(OVERRIDABLE)}"
+        )
+    data = dataclasses.asdict(model)
+    data["class"] = data.pop("cls")
+    data.update(overrides)
+    return Reader("load override").model(f"override of {model.name}", data)
+
+
 def to_dict(config: ApplianceConfig) -> dict[str, Any]:
     """Return a JSON-able mapping that :func:`from_dict` reads back."""
     data = dataclasses.asdict(config)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import threading
@@ -35,7 +36,7 @@ import zmq
 from appliance.client.aio import AsyncChannel
 from appliance.client.channel import Channel
 from appliance.client.routing import Router, Target
-from appliance.config import ApplianceConfig, read_snapshot
+from appliance.config import ApplianceConfig, ConfigError, read_snapshot
 from appliance.core.descriptor import (
     Kind,
     Message,
@@ -186,6 +187,14 @@ class ModelClient:
         layout: dict[str, list[int]] = orjson.loads((self.tree.dir / "layout.json").read_bytes())[
             "models"
         ]
+        # A new layout follows a reload or a load, which may change a model's
+        # [[models]] entry (an override): the snapshot, written first, has the
+        # served entries. Unloaded models keep theirs (the repository index
+        # lists them).
+        with contextlib.suppress(ConfigError):
+            served = {model.name: model for model in read_snapshot(self.tree.snapshot_path).models}
+            kept = [served.pop(model.name, model) for model in self.config.models]
+            self.config = dataclasses.replace(self.config, models=(*kept, *served.values()))
         return layout
 
     # -- the calls -------------------------------------------------------------
@@ -457,14 +466,20 @@ class ModelClient:
         """
         request(self.tree.control_path, "online" if online else "offline")
 
-    def load_model(self, model: str, timeout_s: float = 300.0) -> None:
+    def load_model(
+        self, model: str, timeout_s: float = 300.0, overrides: Mapping[str, Any] | None = None
+    ) -> None:
         """Have the master (re)load ``model`` from its config; return once it serves.
 
+        ``overrides`` replaces ``[[models]]`` keys (``max_batch_size``,
+        ``instances``, ``max_queue_delay_ms``) for this load only; a later
+        load without them serves the config's own entry again.
+
         Raises:
-            ControlError: the master refused (unknown model, a reload running).
+            ControlError: the master refused (unknown model or key, a reload running).
             ModelNotReady: its new instances failed to load, or took too long.
         """
-        request(self.tree.control_path, "load", model=model)
+        request(self.tree.control_path, "load", model=model, overrides=dict(overrides or {}))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             state = request(self.tree.control_path, "status")

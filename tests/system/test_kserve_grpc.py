@@ -421,15 +421,43 @@ def test_repository_index_and_model_control(client: grpcclient.InferenceServerCl
     assert client.is_model_ready("simple")
     error = failure(lambda: client.load_model("wrong_model_name"))
     assert "failed to load" in error.message()
-    error = failure(lambda: client.load_model("simple", config='{"max_batch_size": 16}'))
-    assert "failed to load" in error.message()
-    assert error.status() == "StatusCode.UNIMPLEMENTED"
     client.unload_model("simple")
     assert not client.is_model_ready("simple")
     index = client.get_model_repository_index(as_json=True)["models"]
     unloaded = {m["name"]: m for m in index}["simple"]
     assert (unloaded["state"], unloaded["reason"]) == ("UNAVAILABLE", "unloaded")
     client.load_model("simple")
+    assert client.is_model_ready("simple")
+
+
+def test_load_with_an_override_config(client: grpcclient.InferenceServerClient) -> None:
+    # As Triton's simple_grpc_model_control.py: int64 fields come as strings.
+    malformed = '"parameters": {"config": {{"max_batch_size": "16"}}}'
+    error = failure(lambda: client.load_model("simple", config=malformed))
+    assert "failed to load" in error.message()
+    assert "not valid JSON" in error.message()
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    error = failure(lambda: client.load_model("simple", config='{"backend": "onnx"}'))
+    assert "backend" in error.message()
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert client.get_model_config("simple").config.max_batch_size == 8
+    override = '{"max_batch_size":"16","instance_group":[{"count":"2","kind":"KIND_CPU"}]}'
+    client.load_model("simple", config=override)
+    config = client.get_model_config("simple").config
+    assert (config.max_batch_size, config.instance_group[0].count) == (16, 2)
+    rows = np.tile(SIMPLE_IN0, (16, 1))
+    result = client.infer("simple", [tensor("INPUT0", rows), tensor("INPUT1", rows)])
+    assert np.array_equal(result.as_numpy("OUTPUT0"), rows * 2)
+    client.unload_model("simple")
+    client.load_model("simple")
+    config = client.get_model_config("simple").config
+    assert (config.max_batch_size, config.instance_group[0].count) == (8, 1)
+    error = failure(
+        lambda: client.load_model("simple", config="{}", files={"file:" + "A" * 256: b"a"})
+    )
+    assert error.status() == "StatusCode.INTERNAL"
+    assert "failed to poll from model repository" in error.message()
+    assert client.is_server_live()
     assert client.is_model_ready("simple")
 
 
