@@ -42,6 +42,7 @@ DEMO_MODELS = {
     "rosenbrock": "appliance.demos.rosenbrock:Rosenbrock",
     "digits": "appliance.demos.digits:Digits",
     "echo": "appliance.demos.echo:Echo",
+    "repeat_int32": "appliance.demos.repeat:RepeatInt32",
 }
 
 

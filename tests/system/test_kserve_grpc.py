@@ -24,7 +24,15 @@ from appliance.client.api import ModelClient
 from tests.system.harness import Appliance, demo_models, eventually, running
 
 MODELS = [
-    *demo_models("simple", "simple_int8", "simple_string", "simple_identity", "identity", "echo"),
+    *demo_models(
+        "simple",
+        "simple_int8",
+        "simple_string",
+        "simple_identity",
+        "identity",
+        "echo",
+        "repeat_int32",
+    ),
     {"name": "slow", "class": "tests.models:Slow"},
     {"name": "params", "class": "tests.models:ParameterEcho"},
 ]
@@ -459,6 +467,31 @@ def test_load_with_an_override_config(client: grpcclient.InferenceServerClient) 
     assert "failed to poll from model repository" in error.message()
     assert client.is_server_live()
     assert client.is_model_ready("simple")
+
+
+def test_repeat_int32_answers_each_element_then_flags_the_final_response(
+    appliance: Appliance,
+) -> None:
+    # As Triton's simple_grpc_custom_repeat.py, with the empty final response asked for.
+    responses: queue.Queue[Any] = queue.Queue()
+    values = np.arange(100, 104, dtype=np.int32)
+    inputs = [
+        tensor("IN", values),
+        tensor("DELAY", np.full(4, 10, np.uint32)),
+        tensor("WAIT", np.array([10], np.uint32)),
+    ]
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}") as triton:
+        triton.start_stream(callback=lambda result, error: responses.put(error or result))
+        triton.async_stream_infer("repeat_int32", inputs, enable_empty_final_response=True)
+        got = [responses.get(timeout=30) for _ in range(5)]
+    for index, result in enumerate(got[:4]):
+        response = result.get_response()
+        assert response.parameters["triton_final_response"].bool_param is False
+        assert result.as_numpy("OUT").tolist() == [100 + index]
+        assert result.as_numpy("IDX").tolist() == [index]
+    final = got[4].get_response()
+    assert final.parameters["triton_final_response"].bool_param is True
+    assert list(final.outputs) == []
 
 
 def test_cuda_shared_memory_on_a_cpu_only_server(client: grpcclient.InferenceServerClient) -> None:

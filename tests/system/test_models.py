@@ -195,6 +195,7 @@ def test_metadata_describes_each_model(client: ModelClient) -> None:
         "rosenbrock",
         "digits",
         "echo",
+        "repeat_int32",
     ]  # the test's config order (tests/system/harness.py DEMO_MODELS)
     meta = client.metadata("simple")
     assert meta.max_batch_size == 8
