@@ -97,6 +97,28 @@ def read_snapshot(path: Path) -> ApplianceConfig:
     return from_dict(data, str(data.get("source", path)))
 
 
+# The [[models]] keys a load may override (``appliance ctl``'s and KServe's load).
+OVERRIDABLE = ("instances", "max_batch_size", "max_queue_delay_ms")
+
+
+def with_overrides(model: ModelConfig, overrides: Mapping[str, Any]) -> ModelConfig:
+    """Return ``model`` with ``overrides`` (keys of :data:`OVERRIDABLE`) applied and checked.
+
+    Raises:
+        ConfigError: a key is not overridable, or a value is invalid.
+    """
+    unknown = sorted(set(overrides) - set(OVERRIDABLE))
+    if unknown:
+        raise ConfigError(
+            f"model {model.name}: cannot override {', '.join(unknown)} at load; "
+            f"overridable: {', '.join(OVERRIDABLE)}"
+        )
+    data = dataclasses.asdict(model)
+    data["class"] = data.pop("cls")
+    data.update(overrides)
+    return Reader("load override").model(f"override of {model.name}", data)
+
+
 def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> ApplianceConfig:
     """Check a config mapping and build it (see :func:`from_dict`)."""
     # "source" and "auto" are written by the master into its snapshot.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import threading
@@ -146,8 +147,6 @@ class ModelClient:
         self.config = config
         self.status = status
         self.router = Router(status, self._read_layout)
-        self._model_configs = {entry.name: entry for entry in config.models}
-        self._configs_generation = status.layout_generation
         self._restarts = RestartWaits(self.router, self._restart_limits)
         self.inline_threshold = config.shm.inline_threshold_bytes
         self._publish_slot = publish_slot
@@ -189,14 +188,8 @@ class ModelClient:
         return cls(tree, config, status, ring_bytes=ring_bytes)
 
     def _restart_limits(self, model: str) -> tuple[float, int]:
-        """A model's (restart_wait_s, max_queue), from the config as of the last reload."""
-        generation = self.status.layout_generation
-        if generation != self._configs_generation:
-            self._configs_generation = generation
-            with contextlib.suppress(ConfigError):
-                fresh = read_snapshot(self.tree.snapshot_path)
-                self._model_configs = {entry.name: entry for entry in fresh.models}
-        entry = self._model_configs.get(model) or _DEFAULT_MODEL_CONFIG
+        """A model's (restart_wait_s, max_queue), as served (see :meth:`_read_layout`)."""
+        entry = self.config.model(model) or _DEFAULT_MODEL_CONFIG
         return entry.restart_wait_s, entry.max_queue
 
     def _pick(self, model: str, timeout_s: float | None) -> tuple[Target, float]:
@@ -231,6 +224,14 @@ class ModelClient:
         layout: dict[str, list[int]] = orjson.loads((self.tree.dir / "layout.json").read_bytes())[
             "models"
         ]
+        # A new layout follows a reload or a load, which may change a model's
+        # [[models]] entry (an override): the snapshot, written first, has the
+        # served entries. Unloaded models keep theirs (the repository index
+        # lists them).
+        with contextlib.suppress(ConfigError):
+            served = {model.name: model for model in read_snapshot(self.tree.snapshot_path).models}
+            kept = [served.pop(model.name, model) for model in self.config.models]
+            self.config = dataclasses.replace(self.config, models=(*kept, *served.values()))
         return layout
 
     # -- the calls -------------------------------------------------------------
@@ -505,14 +506,20 @@ class ModelClient:
         """
         request(self.tree.control_path, "online" if online else "offline")
 
-    def load_model(self, model: str, timeout_s: float = 300.0) -> None:
+    def load_model(
+        self, model: str, timeout_s: float = 300.0, overrides: Mapping[str, Any] | None = None
+    ) -> None:
         """Have the master (re)load ``model`` from its config; return once it serves.
 
+        ``overrides`` replaces ``[[models]]`` keys (``max_batch_size``,
+        ``instances``, ``max_queue_delay_ms``) for this load only; a later
+        load without them serves the config's own entry again.
+
         Raises:
-            ControlError: the master refused (unknown model, a reload running).
+            ControlError: the master refused (unknown model or key, a reload running).
             ModelNotReady: its new instances failed to load, or took too long.
         """
-        request(self.tree.control_path, "load", model=model)
+        request(self.tree.control_path, "load", model=model, overrides=dict(overrides or {}))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             state = request(self.tree.control_path, "status")

@@ -2,7 +2,8 @@
 
 ``simple`` adds and subtracts two INT32 [-1,16] tensors; ``simple_string``
 does the same on BYTES tensors holding decimal integers; ``simple_identity``
-returns its BYTES input unchanged (embedded NUL bytes included).
+returns its BYTES input unchanged (embedded NUL bytes included);
+``simple_int8`` is ``simple`` on INT8 tensors (the sums wrap, as INT8 does).
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ class Simple(Model):
     def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
         a, b = inputs["INPUT0"], inputs["INPUT1"]
         return {"OUTPUT0": a + b, "OUTPUT1": a - b}
+
+
+class SimpleInt8(Simple):
+    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (INT8, wrapping)."""
+
+    inputs = [spec("INPUT0", "INT8", [-1, 16]), spec("INPUT1", "INT8", [-1, 16])]
+    outputs = [spec("OUTPUT0", "INT8", [-1, 16]), spec("OUTPUT1", "INT8", [-1, 16])]
 
 
 class SimpleString(Model):

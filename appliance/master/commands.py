@@ -23,7 +23,7 @@ def handlers(supervisor: Supervisor) -> dict[str, Handler]:
         "offline": lambda _request: cmd_online(supervisor, False),
         "stop": lambda _request: cmd_stop(supervisor),
         "reload": lambda _request: cmd_reload(supervisor),
-        "load": lambda request: supervisor.load_model(_model(request)),
+        "load": lambda request: supervisor.load_model(_model(request), _overrides(request)),
         "unload": lambda request: supervisor.unload(_model(request)),
     }
 
@@ -123,6 +123,13 @@ def _model(request: dict[str, Any]) -> str:
     if not isinstance(model, str) or not model:
         raise ValueError('this command needs "model": <name>')
     return model
+
+
+def _overrides(request: dict[str, Any]) -> dict[str, Any]:
+    overrides = request.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ValueError('"overrides" must be an object of [[models]] keys')
+    return overrides
 
 
 def cmd_stop(supervisor: Supervisor) -> dict[str, Any]:

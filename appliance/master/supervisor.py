@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from appliance.config import ApplianceConfig, ConfigError, write_snapshot
-from appliance.config_reader import load
+from appliance.config_reader import load, with_overrides
 from appliance.core.status import Counter, Role, SlotState, StatusTable
 from appliance.core.tree import Tree, new_tree_id
 from appliance.ctl import ControlError, request
@@ -91,6 +91,8 @@ class Supervisor:
         # The models in the config file, and those unloaded at run time.
         self.configured = config.models
         self.unloaded: set[str] = set()
+        # model -> the [[models]] keys its last load overrode (until it loads without).
+        self.overrides: dict[str, dict[str, Any]] = {}
         self._notified_ready = False
         self._http_booted = -1  # the HTTP arbiter generation whose workers all booted
         self._request_totals: collections.deque[tuple[float, int]] = collections.deque()
@@ -357,16 +359,27 @@ class Supervisor:
         if model not in self.layout:
             raise RuntimeError(f"failed to unload: model {model!r} is not loaded")
         self.unloaded.add(model)
+        self.overrides.pop(model, None)
         return self._apply()
 
-    def load_model(self, model: str) -> dict[str, Any]:
-        """Serve ``model`` again, from the config file as it is now (a reload)."""
+    def load_model(self, model: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Serve ``model`` again, from the config file as it is now (a reload).
+
+        ``overrides`` replaces some of its ``[[models]]`` keys (see
+        ``config_reader.with_overrides``) until it is loaded again without them.
+        """
         self._check_can_reload()
         configured = load(self.config_path).models
-        if model not in {entry.name for entry in configured}:
+        entry = next((each for each in configured if each.name == model), None)
+        if entry is None:
             raise RuntimeError(
                 f"failed to load: model {model!r} is not in the config {self.config_path}"
             )
+        if overrides:
+            with_overrides(entry, overrides)  # refuse a bad override before anything changes
+            self.overrides[model] = dict(overrides)
+        else:
+            self.overrides.pop(model, None)
         self.unloaded.discard(model)
         self.configured = configured
         return self._apply()
@@ -379,7 +392,11 @@ class Supervisor:
 
     def _apply(self) -> dict[str, Any]:
         """Serve the configured models less the unloaded ones (see reload.py)."""
-        served = tuple(m for m in self.configured if m.name not in self.unloaded)
+        served = tuple(
+            with_overrides(m, self.overrides[m.name]) if m.name in self.overrides else m
+            for m in self.configured
+            if m.name not in self.unloaded
+        )
         merged = dataclasses.replace(self.config, models=served)
         self.reloads += 1
         systemd.notify("RELOADING=1", systemd.monotonic_usec(), "STATUS=reloading")

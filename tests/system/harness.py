@@ -34,6 +34,7 @@ STOP_TIMEOUT_S = 60.0
 
 DEMO_MODELS = {
     "simple": "appliance.demos.simple:Simple",
+    "simple_int8": "appliance.demos.simple:SimpleInt8",
     "simple_string": "appliance.demos.simple:SimpleString",
     "simple_identity": "appliance.demos.simple:SimpleIdentity",
     "identity": "appliance.demos.identity:Identity",
@@ -41,6 +42,7 @@ DEMO_MODELS = {
     "rosenbrock": "appliance.demos.rosenbrock:Rosenbrock",
     "digits": "appliance.demos.digits:Digits",
     "echo": "appliance.demos.echo:Echo",
+    "repeat_int32": "appliance.demos.repeat:RepeatInt32",
 }
 
 

@@ -24,7 +24,15 @@ from appliance.client.api import ModelClient
 from tests.system.harness import Appliance, demo_models, eventually, running
 
 MODELS = [
-    *demo_models("simple", "simple_string", "simple_identity", "identity", "echo"),
+    *demo_models(
+        "simple",
+        "simple_int8",
+        "simple_string",
+        "simple_identity",
+        "identity",
+        "echo",
+        "repeat_int32",
+    ),
     {"name": "slow", "class": "tests.models:Slow"},
     {"name": "params", "class": "tests.models:ParameterEcho"},
 ]
@@ -233,6 +241,24 @@ def test_typed_contents_are_accepted(stub: Any) -> None:
     assert np.frombuffer(response.raw_output_contents[1], "<f8").tolist() == [0.25, -8.0]
 
 
+def test_int8_sum_and_difference_as_the_example_client_does(stub: Any) -> None:
+    request = service_pb2.ModelInferRequest(model_name="simple_int8")
+    first = request.inputs.add(name="INPUT0", datatype="INT8", shape=[1, 16])
+    first.contents.int_contents.extend(range(16))
+    second = request.inputs.add(name="INPUT1", datatype="INT8", shape=[1, 16])
+    second.contents.int_contents.extend([1] * 16)
+    request.outputs.add(name="OUTPUT0")
+    request.outputs.add(name="OUTPUT1")
+    response = stub.ModelInfer(request, timeout=30)
+    assert [o.datatype for o in response.outputs] == ["INT8", "INT8"]
+    assert np.frombuffer(response.raw_output_contents[0], np.int8).tolist() == list(range(1, 17))
+    assert np.frombuffer(response.raw_output_contents[1], np.int8).tolist() == list(range(-1, 15))
+    request.model_version = "wrong_specification"
+    error = raw_error(stub, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "version string 'wrong_specification'" in (error.details() or "")
+
+
 def raw_error(stub: Any, request: Any) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as caught:
         stub.ModelInfer(request, timeout=30)
@@ -403,9 +429,6 @@ def test_repository_index_and_model_control(client: grpcclient.InferenceServerCl
     assert client.is_model_ready("simple")
     error = failure(lambda: client.load_model("wrong_model_name"))
     assert "failed to load" in error.message()
-    error = failure(lambda: client.load_model("simple", config='{"max_batch_size": 16}'))
-    assert "failed to load" in error.message()
-    assert error.status() == "StatusCode.UNIMPLEMENTED"
     client.unload_model("simple")
     assert not client.is_model_ready("simple")
     index = client.get_model_repository_index(as_json=True)["models"]
@@ -413,6 +436,62 @@ def test_repository_index_and_model_control(client: grpcclient.InferenceServerCl
     assert (unloaded["state"], unloaded["reason"]) == ("UNAVAILABLE", "unloaded")
     client.load_model("simple")
     assert client.is_model_ready("simple")
+
+
+def test_load_with_an_override_config(client: grpcclient.InferenceServerClient) -> None:
+    # As Triton's simple_grpc_model_control.py: int64 fields come as strings.
+    malformed = '"parameters": {"config": {{"max_batch_size": "16"}}}'
+    error = failure(lambda: client.load_model("simple", config=malformed))
+    assert "failed to load" in error.message()
+    assert "not valid JSON" in error.message()
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    error = failure(lambda: client.load_model("simple", config='{"backend": "onnx"}'))
+    assert "backend" in error.message()
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert client.get_model_config("simple").config.max_batch_size == 8
+    override = '{"max_batch_size":"16","instance_group":[{"count":"2","kind":"KIND_CPU"}]}'
+    client.load_model("simple", config=override)
+    config = client.get_model_config("simple").config
+    assert (config.max_batch_size, config.instance_group[0].count) == (16, 2)
+    rows = np.tile(SIMPLE_IN0, (16, 1))
+    result = client.infer("simple", [tensor("INPUT0", rows), tensor("INPUT1", rows)])
+    assert np.array_equal(result.as_numpy("OUTPUT0"), rows * 2)
+    client.unload_model("simple")
+    client.load_model("simple")
+    config = client.get_model_config("simple").config
+    assert (config.max_batch_size, config.instance_group[0].count) == (8, 1)
+    error = failure(
+        lambda: client.load_model("simple", config="{}", files={"file:" + "A" * 256: b"a"})
+    )
+    assert error.status() == "StatusCode.INTERNAL"
+    assert "failed to poll from model repository" in error.message()
+    assert client.is_server_live()
+    assert client.is_model_ready("simple")
+
+
+def test_repeat_int32_answers_each_element_then_flags_the_final_response(
+    appliance: Appliance,
+) -> None:
+    # As Triton's simple_grpc_custom_repeat.py, with the empty final response asked for.
+    responses: queue.Queue[Any] = queue.Queue()
+    values = np.arange(100, 104, dtype=np.int32)
+    inputs = [
+        tensor("IN", values),
+        tensor("DELAY", np.full(4, 10, np.uint32)),
+        tensor("WAIT", np.array([10], np.uint32)),
+    ]
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}") as triton:
+        triton.start_stream(callback=lambda result, error: responses.put(error or result))
+        triton.async_stream_infer("repeat_int32", inputs, enable_empty_final_response=True)
+        got = [responses.get(timeout=30) for _ in range(5)]
+    for index, result in enumerate(got[:4]):
+        response = result.get_response()
+        assert response.parameters["triton_final_response"].bool_param is False
+        assert result.as_numpy("OUT").tolist() == [100 + index]
+        assert result.as_numpy("IDX").tolist() == [index]
+    final = got[4].get_response()
+    assert final.parameters["triton_final_response"].bool_param is True
+    assert list(final.outputs) == []
 
 
 def test_cuda_shared_memory_on_a_cpu_only_server(client: grpcclient.InferenceServerClient) -> None:

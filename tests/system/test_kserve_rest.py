@@ -419,6 +419,21 @@ def test_parameters_reach_the_model(client: httpclient.InferenceServerClient) ->
     assert orjson.loads(result.as_numpy("parameters")[0]) == params
 
 
+def test_load_with_an_override_config(client: httpclient.InferenceServerClient) -> None:
+    malformed = '"parameters": {"config": {{"max_batch_size": "16"}}}'
+    error = failure(lambda: client.load_model("simple", config=malformed))
+    assert "failed to load" in error.message()
+    assert "not valid JSON" in error.message()
+    assert error.status() == "400"
+    error = failure(lambda: client.load_model("simple", config='{"input": []}'))
+    assert "input" in error.message()
+    assert error.status() == "400"
+    client.load_model("simple", config='{"max_batch_size":"16"}')
+    assert client.get_model_config("simple")["max_batch_size"] == 16
+    client.load_model("simple")
+    assert client.get_model_config("simple")["max_batch_size"] == 8
+
+
 def test_repository_index_and_model_control(client: httpclient.InferenceServerClient) -> None:
     index = client.get_model_repository_index()
     assert [(m["name"], m["version"], m["state"]) for m in index] == [
@@ -427,9 +442,6 @@ def test_repository_index_and_model_control(client: httpclient.InferenceServerCl
     client.load_model("simple")
     error = failure(lambda: client.load_model("wrong_model_name"))
     assert "failed to load" in error.message()
-    error = failure(lambda: client.load_model("simple", config='{"max_batch_size": 16}'))
-    assert "failed to load" in error.message()
-    assert error.status() == "501"
     client.unload_model("simple")
     assert not client.is_model_ready("simple")
     unloaded = {m["name"]: m for m in client.get_model_repository_index()}["simple"]

@@ -188,6 +188,7 @@ def test_errors_name_what_was_wrong(client: ModelClient) -> None:
 def test_metadata_describes_each_model(client: ModelClient) -> None:
     assert client.models() == [
         "simple",
+        "simple_int8",
         "simple_string",
         "simple_identity",
         "identity",
@@ -195,6 +196,7 @@ def test_metadata_describes_each_model(client: ModelClient) -> None:
         "rosenbrock",
         "digits",
         "echo",
+        "repeat_int32",
     ]  # the test's config order (tests/system/harness.py DEMO_MODELS)
     meta = client.metadata("simple")
     assert meta.max_batch_size == 8

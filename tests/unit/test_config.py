@@ -15,6 +15,7 @@ def test_the_default_config_serves_the_demo_models() -> None:
     names = [model.name for model in config.models]
     for name in (
         "simple",
+        "simple_int8",
         "simple_string",
         "simple_identity",
         "identity",

@@ -5,7 +5,8 @@ those it serves (READY, or UNAVAILABLE with the reason, such as the error a
 broken model file gave), then those configured or found in a model
 repository but not served now (UNAVAILABLE, "unloaded"). Load and unload
 drive the master (``ModelClient.load_model``/``unload_model``): a load reads
-the config file and the repositories again, so a new version dropped into a
+the config file and the repositories again (with the request's override
+config, if any, on top: override.py), so a new version dropped into a
 repository is served once its instances are ready; an unload stops routing
 to the model and retires its workers. Errors say "failed to load" as
 tritonclient's model_control examples expect.
@@ -20,11 +21,13 @@ from typing import Any
 from appliance import repository
 from appliance.client.api import ModelClient
 from appliance.ctl import ControlError
-from appliance.errors import ModelNotFound, ModelNotReady, Unsupported
+from appliance.errors import InternalError, ModelNotFound, ModelNotReady, Unsupported
+from appliance.protocols.kserve import override
 from appliance.protocols.kserve.service import version_of
 
 # Loading imports the model and its runtime (torch alone takes seconds).
 LOAD_TIMEOUT_S = 300.0
+NAME_MAX = 255  # bytes in one path component (Linux)
 UNLOADED = "unloaded"
 
 
@@ -77,16 +80,25 @@ def known_models(client: ModelClient) -> dict[str, str]:
 def load(client: ModelClient, model: str, parameters: Mapping[str, Any]) -> None:
     """(Re)load ``model`` from the config and repositories; return once it serves.
 
+    A ``config`` parameter (Triton's model-config JSON) overrides the keys
+    override.py understands for this load; without one the model's own
+    config applies again.
+
     Raises:
-        Unsupported: a configuration or files were given with the request.
+        BadRequest: the override config is malformed or sets what cannot be applied.
+        InternalError: a file path no directory could hold.
+        Unsupported: files were given with the request.
         ModelNotFound: no such model is configured or in a repository.
         ModelNotReady: it did not become ready; the message says why.
     """
-    if "config" in parameters or any(key.startswith("file:") for key in parameters):
+    files = [key.removeprefix("file:") for key in parameters if key.startswith("file:")]
+    if files:
+        _check_paths(model, files)
         raise Unsupported(
-            f"failed to load '{model}': a model's configuration is its config file entry or "
-            "its config.toml in the model repository; edit that, then load it again"
+            f"failed to load '{model}': models cannot be shipped inline (file: parameters); "
+            "put the model in a model repository, then load it"
         )
+    overrides = override.parse(model, parameters["config"]) if "config" in parameters else {}
     known = known_models(client)
     if model not in known and model not in client.models():
         raise ModelNotFound(
@@ -94,7 +106,7 @@ def load(client: ModelClient, model: str, parameters: Mapping[str, Any]) -> None
             "repository"
         )
     try:
-        client.load_model(model, LOAD_TIMEOUT_S)
+        client.load_model(model, LOAD_TIMEOUT_S, overrides)
     except ControlError as ex:
         raise ModelNotReady(_refused("load", model, ex)) from None
     wanted = known.get(model, "")
@@ -105,6 +117,23 @@ def load(client: ModelClient, model: str, parameters: Mapping[str, Any]) -> None
             f"failed to load '{model}' version {wanted}: its instances did not become ready, "
             f"so version {serving} still serves (`appliance ctl status` and the log say why)"
         )
+
+
+def _check_paths(model: str, paths: list[str]) -> None:
+    """Refuse a file path no repository could hold, as Triton does before writing it.
+
+    Raises:
+        InternalError: Triton's status and wording ("failed to poll from model
+            repository"), which its model_control example checks.
+    """
+    for path in paths:
+        parts = path.split("/")
+        if path.startswith("/") or ".." in parts or any(len(p.encode()) > NAME_MAX for p in parts):
+            raise InternalError(
+                f"failed to load '{model}': failed to poll from model repository: file path "
+                f"{path[:64]!r}{'...' if len(path) > 64 else ''} is absolute, leaves the model "
+                f"directory or has a component longer than {NAME_MAX} bytes"
+            )
 
 
 def unload(client: ModelClient, model: str) -> None:

@@ -74,9 +74,13 @@ def resolve(client: ModelClient, model: str, version: str) -> tuple[str, ModelMe
     """Return the served model answering for ``version`` of ``model``, and its metadata.
 
     Raises:
+        BadRequest: ``version`` is not a number.
         ModelNotFound: no such model, or no such version of it.
         ModelNotReady: the model has not loaded yet.
     """
+    if version and not version.isdecimal():
+        # Triton's own wording: its example clients look for it.
+        raise BadRequest(f"failed to get model version from specified version string '{version}'")
     served = served_name(client, model, version)
     metadata = client.metadata(served)
     if version and version not in metadata.versions:
