@@ -16,8 +16,12 @@ processes, each a closed loop with one request in flight, for a fixed time):
 3. Batching: digits at 64 clients, dynamic batching on (max_batch_size 64,
    2 ms) and off (max_batch_size 0), over KServe gRPC, MIP and the internal
    client.
-4. Scaling: 1, 2 and 4 model instances, and 1, 2 and 4 frontend processes
-   per protocol, at 16 clients (the machine has 2 cores).
+4. Scaling (bench/plan.py ``scaling_plan``): on a host with 8 CPUs or more,
+   1, 2, 4, 8 frontend processes per protocol x 1, 2, 4 model instances at
+   16, 64 and 128 clients, the server pinned to half the CPUs and the load
+   generator to the other half (``os.sched_setaffinity``); on a smaller host
+   1, 2 and 4 instances, and 1, 2 and 4 frontends, at 16 clients, sharing
+   CPUs. The note beside the table says which ran.
 5. Results: bench/results/peers.json, bench/results/peers.png (latency
    against throughput; matplotlib in bench/.peers/plot), and the table in
    README.md's Performance section (full runs only).
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import math
 import os
 import subprocess
@@ -59,14 +64,14 @@ from bench.plan import (  # noqa: E402
     PEERS,
     QUICK_1MIB,
     QUICK_SWEEP,
-    SCALING,
     SCALING_CELLS,
-    SCALING_CLIENTS,
     SIZES,
     SYSTEMS,
+    ScalingPlan,
     System,
     appliance_models,
     appliance_sections,
+    scaling_plan,
     spec_for,
 )
 from tests.system.harness import running  # noqa: E402
@@ -107,14 +112,15 @@ def main() -> int:
         "grid_repeat_s": 0.0,
     }
     began = time.monotonic()
-    clients = ClientPool(
-        BATCHING_CLIENTS, callers.make_call, preload=callers.PRELOAD, method="forkserver"
-    )
+    scaling = scaling_plan(sorted(os.sched_getaffinity(0)))
+    record["scaling_note"] = scaling.note
+    size = BATCHING_CLIENTS if args.no_scaling else max(BATCHING_CLIENTS, *scaling.clients)
+    clients = ClientPool(size, callers.make_call, preload=callers.PRELOAD, method="forkserver")
     with clients as pool:
         print(f"{pool.size} client processes up ({time.monotonic() - began:.0f} s)")
         main_phase(pool, args, record)
         if not args.no_scaling:
-            scaling_phase(pool, args, record)
+            scaling_phase(pool, args, record, scaling)
     record["elapsed_s"] = time.monotonic() - began
     finish(args, record)
     return 0
@@ -287,18 +293,27 @@ def batch_figures(before: dict[str, int], after: dict[str, int]) -> dict[str, fl
     }
 
 
-def scaling_phase(pool: ClientPool, args: argparse.Namespace, record: dict[str, Any]) -> None:
-    """Throughput at 16 clients with more model instances, then more frontend processes."""
-    for instances, frontends in SCALING:
+def scaling_phase(
+    pool: ClientPool, args: argparse.Namespace, record: dict[str, Any], plan: ScalingPlan
+) -> None:
+    """Throughput with more model instances and more frontend processes (``plan``)."""
+    log(f"scaling: {plan.note}")
+    if plan.client_cpus:
+        for process in pool.processes:
+            if process.pid:
+                os.sched_setaffinity(process.pid, plan.client_cpus)
+    server_cpus = set(plan.server_cpus) if plan.server_cpus else None
+    for instances, frontends in plan.grid:
         models = appliance_models(instances, umbridge=False)
-        with running(models, **appliance_sections(frontends)) as appliance:
+        sections = appliance_sections(frontends)
+        with running(models, cpus=server_cpus, **sections) as appliance:
             where = {"appliance": appliance_endpoints(appliance)}
             tree = ProcessTree(appliance.process.pid)
             try:
                 for repeat in range(args.repeats):
-                    for name, payload in SCALING_CELLS:
+                    for (name, payload), clients in itertools.product(SCALING_CELLS, plan.clients):
                         spec = spec_for(SYSTEMS[name], payload, where)
-                        row = pool.measure(spec, SCALING_CLIENTS, args.seconds, tree)
+                        row = pool.measure(spec, clients, args.seconds, tree)
                         row = tagged(row, SYSTEMS[name], payload, repeat)
                         record["scaling"].append(
                             row | {"instances": instances, "frontends": frontends}
@@ -314,12 +329,14 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
     paced_rows = report.grouped_medians(record["paced"], ("system",))
     batching_rows = report.grouped_medians(record["batching"], ("system", "payload"))
     scaling_rows = report.grouped_medians(
-        record["scaling"], ("instances", "frontends", "system", "payload")
+        record["scaling"], ("instances", "frontends", "concurrency", "system", "payload")
     )
     ratios = report.peer_ratios(summary)
     targets = report.targets(summary, paced_rows, batching_rows)
     report.print_grid(summary)
-    readme_table.print_extras(ratios, paced_rows, batching_rows, scaling_rows)
+    readme_table.print_extras(
+        ratios, paced_rows, batching_rows, scaling_rows, record.get("scaling_note", "")
+    )
     report.print_targets(targets)
     name = "peers-quick" if args.quick else "peers"
     results = RESULTS / f"{name}.json"

@@ -9,6 +9,7 @@ compared with (``versus``), so every peer row gets an appliance/peer ratio.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,49 @@ SCALING_CELLS = (
     ("kserve-grpc", "digits-unbatched"),
 )
 SCALING_CLIENTS = 16
+# With at least this many CPUs the scaling part runs its full grid, the
+# server on one half of the CPUs and the load generator on the other.
+SCALING_SPLIT_CPUS = 8
+SCALING_FULL = tuple((i, f) for f in (1, 2, 4, 8) for i in (1, 2, 4))
+SCALING_FULL_CLIENTS = (16, 64, 128)
+
+
+@dataclass(frozen=True)
+class ScalingPlan:
+    """The scaling grid this host can run, where each side runs, and why."""
+
+    grid: tuple[tuple[int, int], ...]  # (model instances, frontend processes)
+    clients: tuple[int, ...]
+    server_cpus: frozenset[int] | None  # None: not pinned
+    client_cpus: frozenset[int] | None
+    note: str
+
+
+def scaling_plan(cpus: Sequence[int]) -> ScalingPlan:
+    """The full grid with server and load generator on separate CPUs, or a smaller one."""
+    ordered = sorted(cpus)
+    if len(ordered) >= SCALING_SPLIT_CPUS:
+        half = len(ordered) // 2
+        server, load = ordered[:half], ordered[half:]
+        return ScalingPlan(
+            SCALING_FULL,
+            SCALING_FULL_CLIENTS,
+            frozenset(server),
+            frozenset(load),
+            f"{len(ordered)} CPUs: the server pinned to {len(server)} "
+            f"(CPUs {server[0]}-{server[-1]}), the load generator to the other {len(load)}",
+        )
+    return ScalingPlan(
+        SCALING,
+        (SCALING_CLIENTS,),
+        None,
+        None,
+        f"{len(ordered)} CPUs, fewer than {SCALING_SPLIT_CPUS}: a smaller grid at "
+        f"{SCALING_CLIENTS} clients, the load generator sharing the server's CPUs, so past "
+        "two busy processes the numbers show the cost of growth, not a speed-up",
+    )
+
+
 BATCHING_CLIENTS = 64
 BATCHING_PROTOCOLS = ("kserve-grpc", "mip", "direct")
 # Natural batching, the default: a batch is what queued while the last one ran.

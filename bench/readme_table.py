@@ -127,15 +127,24 @@ def batching_table(rows: list[dict[str, Any]]) -> list[str]:
 def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
     cells = sorted({(r["system"], r["payload"]) for r in rows})
     head = " | ".join(f"{s} {p} req/s (server µs/req)" for s, p in cells)
-    lines = [f"| model instances | frontends | {head} |", "|---|---|" + "---|" * len(cells)]
-    for instances, frontends in sorted({(r["instances"], r["frontends"]) for r in rows}):
+    lines = [
+        f"| model instances | frontends | clients | {head} |",
+        "|---|---|---|" + "---|" * len(cells),
+    ]
+    groups = sorted({(r["instances"], r["frontends"], r.get("concurrency", 16)) for r in rows})
+    for instances, frontends, clients in groups:
         values = []
         for system, payload in cells:
             row = find(
-                rows, instances=instances, frontends=frontends, system=system, payload=payload
+                rows,
+                instances=instances,
+                frontends=frontends,
+                concurrency=clients,
+                system=system,
+                payload=payload,
             )
             values.append(f"{fmt(row and row['rps'])} ({fmt(row and row['server_cpu_us'])})")
-        lines.append(f"| {instances} | {frontends} | " + " | ".join(values) + " |")
+        lines.append(f"| {instances} | {frontends} | {clients} | " + " | ".join(values) + " |")
     return lines
 
 
@@ -196,9 +205,7 @@ def render(
         "",
         *batching_table(batching),
         "",
-        "Scaling at 16 clients. **This machine has 2 cores**: past two busy processes, more "
-        "instances or frontends only share them, so the numbers show the cost of growth, "
-        "not a speed-up:",
+        f"Scaling. **This machine: {record.get('scaling_note', '2 CPUs')}**:",
         "",
         *scaling_table(scaling),
         "",
@@ -237,6 +244,7 @@ def print_extras(
     paced: list[dict[str, Any]],
     batching: list[dict[str, Any]],
     scaling: list[dict[str, Any]],
+    note: str = "2 CPUs",
 ) -> None:
     print("\nappliance / peer, same client and wire (rps: >1 better; p50, p99, cpu: <1 better)")
     for r in ratios:
@@ -252,4 +260,4 @@ def print_extras(
             f"  p50 {r['p50_ms']:7.3f}  p99 {r['p99_ms']:7.3f} ms"
         )
     print("\n" + "\n".join(batching_table(batching)))
-    print("\nscaling (2 vCPUs)\n" + "\n".join(scaling_table(scaling)))
+    print(f"\nscaling ({note})\n" + "\n".join(scaling_table(scaling)))
