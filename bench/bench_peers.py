@@ -306,7 +306,7 @@ def scaling_phase(
     for instances, frontends in plan.grid:
         models = appliance_models(instances, umbridge=False)
         sections = appliance_sections(frontends)
-        with running(models, cpus=server_cpus, **sections) as appliance:
+        with running(models, affinity=server_cpus, **sections) as appliance:
             where = {"appliance": appliance_endpoints(appliance)}
             tree = ProcessTree(appliance.process.pid)
             try:
