@@ -214,6 +214,7 @@ def start(
     wait: bool = True,
     env: dict[str, str] | None = None,
     affinity: set[int] | None = None,
+    ready_timeout_s: float = START_TIMEOUT_S,
 ) -> Appliance:
     """Start an appliance; ``affinity``: the CPUs its tree may use (as ``taskset``)."""
     run_dir = Path(config["server"]["run_dir"])
@@ -234,7 +235,7 @@ def start(
     appliance = Appliance(run_dir, process, log_path)
     if wait:
         try:
-            appliance.wait_ready()
+            appliance.wait_ready(ready_timeout_s)
         except BaseException:
             appliance.stop(signal.SIGKILL)
             raise
@@ -261,13 +262,16 @@ def running(
 
 @contextlib.contextmanager
 def serving(
-    config: dict[str, Any], env: dict[str, str] | None = None, affinity: set[int] | None = None
+    config: dict[str, Any],
+    env: dict[str, str] | None = None,
+    affinity: set[int] | None = None,
+    ready_timeout_s: float = START_TIMEOUT_S,
 ) -> Iterator[Appliance]:
     """Run an appliance with ``config`` (from :func:`make_config`) for a ``with`` block;
     afterwards it is stopped, checked clean, and its run directory removed."""
     run_dir = Path(config["server"]["run_dir"])
     try:
-        appliance = start(config, env=env, affinity=affinity)
+        appliance = start(config, env=env, affinity=affinity, ready_timeout_s=ready_timeout_s)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise

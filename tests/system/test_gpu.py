@@ -33,7 +33,7 @@ from tests.system.harness import (
     eventually,
     make_config,
     new_run_dir,
-    start,
+    serving,
 )
 
 EXAMPLES = ROOT / "appliance" / "demos" / "repository"
@@ -65,16 +65,8 @@ def appliance(repository: Path) -> Iterator[Appliance]:
     models.append({**demo_models("digits")[0], "name": "digits_cuda", "device": "cuda"})
     config = make_config(run_dir, models)
     config["repositories"] = [{"path": str(repository)}]
-    started = start(config, wait=False)
-    try:
-        started.wait_ready(START_TIMEOUT_S)
+    with serving(config, ready_timeout_s=START_TIMEOUT_S) as started:
         yield started
-    finally:
-        try:
-            started.stop()
-            started.assert_clean()
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,17 @@ EXTRA: list[dict[str, Any]] = [
         "options": {"delay_s": 0.05},
     },
 ]
-LISTED = ["simple", "forward", "rosenbrock", "digits", "scaled", "typed", "faulty", "probe"]
+LISTED = [
+    "simple",
+    "simple_int8",
+    "forward",
+    "rosenbrock",
+    "digits",
+    "scaled",
+    "typed",
+    "faulty",
+    "probe",
+]
 SHMEM = [pytest.param(False, id="http"), pytest.param(True, id="shmem")]
 
 
