@@ -1,121 +1,47 @@
-"""The commands of ``appliance ctl``, one function each (``cmd_<name>``)."""
+"""The commands of ``appliance ctl``: what each needs of the master, and the binding.
+
+The handlers see the master through :class:`Controls` alone, so they cannot
+reach into its children, slots or timers.
+"""
 
 from __future__ import annotations
 
-import os
-import time
-from typing import TYPE_CHECKING, Any
-
-from appliance import sizing
-from appliance.config import ApplianceConfig
-from appliance.core.status import Role
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from appliance.master.control import Handler
-    from appliance.master.supervisor import Supervisor
 
 
-def handlers(supervisor: Supervisor) -> dict[str, Handler]:
-    """Bind every command to ``supervisor``."""
+class Controls(Protocol):
+    """What the control socket may ask of the master."""
+
+    def report(self) -> dict[str, Any]:
+        """Every process with its state, restarts, RSS and CPU; online, ready."""
+        ...
+
+    def set_online(self, online: bool) -> None: ...
+
+    def begin_drain(self, reason: str) -> None: ...
+
+    def reload(self) -> dict[str, Any]: ...
+
+    def load_model(self, model: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]: ...
+
+    def unload(self, model: str) -> dict[str, Any]: ...
+
+
+def handlers(master: Controls) -> dict[str, Handler]:
+    """Bind every command to ``master``."""
     return {
-        "status": lambda _request: cmd_status(supervisor),
-        "online": lambda _request: cmd_online(supervisor, True),
-        "offline": lambda _request: cmd_online(supervisor, False),
-        "stop": lambda _request: cmd_stop(supervisor),
-        "reload": lambda _request: cmd_reload(supervisor),
-        "load": lambda request: supervisor.load_model(_model(request), _overrides(request)),
-        "unload": lambda request: supervisor.unload(_model(request)),
+        "status": lambda _request: master.report(),
+        "online": lambda _request: _set_online(master, True),
+        "offline": lambda _request: _set_online(master, False),
+        "stop": lambda _request: _stop(master),
+        # Read the config again; changed models are swapped in once ready.
+        "reload": lambda _request: master.reload(),
+        "load": lambda request: master.load_model(_model(request), _overrides(request)),
+        "unload": lambda request: master.unload(_model(request)),
     }
-
-
-def cmd_status(supervisor: Supervisor) -> dict[str, Any]:
-    """Every process with its state, restarts, RSS and CPU; online, ready."""
-    status = supervisor.status
-    supervisor.sample_stats()
-    figures = supervisor.stats.figures
-    processes: list[dict[str, Any]] = [
-        {
-            "pid": os.getpid(),
-            "role": "master",
-            "model": "",
-            "state": "draining" if supervisor.drain.active else "running",
-            "restarts": 0,
-        }
-    ]
-    for child in supervisor.children:
-        info = status.read(child.spec.slot)
-        processes.append(
-            {
-                "pid": child.pid,
-                "role": child.spec.title,
-                "model": child.spec.model,
-                "state": info.state.name.lower() if child.running else "stopped",
-                "restarts": child.restarts,
-                "generation": child.generation,
-                "last_exit": child.last_exit,
-                "note": info.note,
-            }
-        )
-        if child.spec.model:
-            processes[-1]["device"] = info.device or None
-            processes[-1]["device_memory_bytes"] = info.device_memory if info.device else None
-        if child.spec.status_role is Role.HTTP:
-            for pid in supervisor.http_worker_pids():
-                processes.append(
-                    {
-                        "pid": pid,
-                        "role": "http worker",
-                        "model": "",
-                        "state": "ready",
-                        "restarts": 0,
-                    }
-                )
-    for process in processes:
-        figure = figures.get(process["pid"] or -1)
-        process["rss_bytes"] = figure.rss_bytes if figure else None
-        process["cpu_percent"] = figure.cpu_percent if figure else None
-    return {
-        "tree": supervisor.tree.id,
-        "pid": os.getpid(),
-        "uptime_s": round(time.time() - supervisor.started_at, 1),
-        "requests_per_s": round(supervisor.requests_per_s(), 1),
-        "in_flight": supervisor.in_flight(),
-        "online": status.online,
-        "ready": supervisor.ready,
-        "draining": supervisor.drain.active,
-        "reloading": supervisor.reloading.summary() if supervisor.reloading else None,
-        "models": list(supervisor.layout),
-        "unloaded": sorted(supervisor.unloaded),
-        "ports": supervisor.ports,
-        "processes": processes,
-        "sizing": sizing_of(supervisor.config),
-    }
-
-
-def sizing_of(config: ApplianceConfig) -> dict[str, Any]:
-    """How many processes of each kind the config asks for, and which were "auto"."""
-    counts = {
-        "http.workers": config.http.workers,
-        "grpc.workers": config.grpc.workers,
-        "mip.workers": config.mip.workers,
-        **{f"models.{model.name}.instances": model.instances for model in config.models},
-    }
-    return {
-        "cpus": config.server.cpus,
-        "counts": counts,
-        "auto": list(config.auto),
-        "rule": sizing.rule_text(),
-    }
-
-
-def cmd_online(supervisor: Supervisor, online: bool) -> dict[str, Any]:
-    supervisor.set_online(online)
-    return {"online": online}
-
-
-def cmd_reload(supervisor: Supervisor) -> dict[str, Any]:
-    """Read the config again; changed models are swapped in once ready."""
-    return supervisor.reload()
 
 
 def _model(request: dict[str, Any]) -> str:
@@ -132,7 +58,12 @@ def _overrides(request: dict[str, Any]) -> dict[str, Any]:
     return overrides
 
 
-def cmd_stop(supervisor: Supervisor) -> dict[str, Any]:
+def _set_online(master: Controls, online: bool) -> dict[str, Any]:
+    master.set_online(online)
+    return {"online": online}
+
+
+def _stop(master: Controls) -> dict[str, Any]:
     """Drain and stop, as SIGTERM does."""
-    supervisor.drain.begin("ctl stop")
+    master.begin_drain("ctl stop")
     return {"draining": True}

@@ -20,9 +20,73 @@ from __future__ import annotations
 
 import socket
 
+from appliance.config import ApplianceConfig
+
+# gunicorn's own default: connections the kernel queues while every HTTP
+# worker is busy or being replaced.
+HTTP_BACKLOG = 2048
+
 
 class PortError(Exception):
     """A configured port cannot be used."""
+
+
+class Ports:
+    """Every frontend port of one tree, held by the master for its lifetime.
+
+    ``by_name`` maps "http", "grpc" and "mip" (the first MIP listener) to the
+    actual port; ``mip_listeners`` lists (port, model) for every MIP listener.
+
+    Raises:
+        PortError: a configured port is in use or cannot be bound.
+    """
+
+    def __init__(self, config: ApplianceConfig) -> None:
+        host = config.server.host
+        self._held: list[socket.socket] = []
+        try:
+            self.http_listener: socket.socket | None = self._hold(
+                *listen(host, config.http.port, "http.port", HTTP_BACKLOG)
+            )
+            self.by_name = {"http": self.http_listener.getsockname()[1]}
+            self.by_name["grpc"] = self._port(reserve(host, config.grpc.port, "grpc.port"))
+            self.mip_listeners = [
+                (
+                    self._port(reserve(host, listener.port, f"mip.listeners[{index}].port")),
+                    config.mip_model(listener),
+                )
+                for index, listener in enumerate(config.mip.listeners)
+            ]
+        except PortError:
+            self.close()
+            raise
+        self.by_name["mip"] = self.mip_listeners[0][0]
+
+    def _hold(self, sock: socket.socket, _port: int) -> socket.socket:
+        self._held.append(sock)
+        return sock
+
+    def _port(self, reserved: tuple[socket.socket, int]) -> int:
+        self._held.append(reserved[0])
+        return reserved[1]
+
+    def close_http_listener(self) -> None:
+        """Stop queueing HTTP connections once the HTTP frontend is stopping.
+
+        Its processes close their copies as they stop; the master's copy
+        would otherwise keep accepting connections nobody will serve.
+        """
+        listener = self.http_listener
+        if listener is not None:
+            self.http_listener = None
+            self._held.remove(listener)
+            listener.close()
+
+    def close(self) -> None:
+        for sock in self._held:
+            sock.close()
+        self._held.clear()
+        self.http_listener = None
 
 
 def reserve(host: str, port: int, key: str) -> tuple[socket.socket, int]:

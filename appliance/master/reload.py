@@ -19,29 +19,57 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from appliance.config import ApplianceConfig, ModelConfig, write_snapshot
-from appliance.core.status import SlotState
+from appliance.core.status import SlotState, StatusTable
 from appliance.master.children import Child
 from appliance.master.plan import model_specs
-
-if TYPE_CHECKING:
-    from appliance.master.supervisor import Supervisor
 
 log = logging.getLogger("appliance.master")
 
 READY_TIMEOUT_S = 300.0
 
 
-class Reload:
-    """One reload in progress."""
+class Slots(Protocol):
+    """What a reload needs of the master: the layout and the children in it."""
 
-    def __init__(self, supervisor: Supervisor, new: ApplianceConfig, generation: int) -> None:
-        self.supervisor = supervisor
+    @property
+    def status(self) -> StatusTable: ...
+
+    layout: dict[str, list[int]]
+
+    def model_children(self, model: str) -> list[Child]: ...
+
+    def write_layout(self) -> None: ...
+
+    def allocate_slot(self) -> int: ...
+
+    def adopt(self, child: Child) -> None: ...
+
+    def retire(self, children: list[Child]) -> None: ...
+
+
+class Reload:
+    """One reload in progress, from the ``old`` config to the ``new``.
+
+    Its config snapshot goes into ``tree_dir`` (``config-<generation>.json``).
+    """
+
+    def __init__(
+        self,
+        slots: Slots,
+        old_config: ApplianceConfig,
+        new: ApplianceConfig,
+        generation: int,
+        tree_dir: Path,
+    ) -> None:
+        self.slots = slots
         self.new = new
         self.generation = generation
-        old = {model.name: model for model in supervisor.config.models}
+        self.tree_dir = tree_dir
+        old = {model.name: model for model in old_config.models}
         fresh = {model.name: model for model in new.models}
         self.added = [name for name in fresh if name not in old]
         self.removed = [name for name in old if name not in fresh]
@@ -65,8 +93,8 @@ class Reload:
 
     def start(self) -> None:
         """Start new instances and retire removed models."""
-        sup = self.supervisor
-        snapshot = sup.tree.dir / f"config-{self.generation}.json"
+        sup = self.slots
+        snapshot = self.tree_dir / f"config-{self.generation}.json"
         write_snapshot(self.new, snapshot)
         for name in self.removed:
             old = sup.model_children(name)
@@ -85,8 +113,8 @@ class Reload:
             len(self.unchanged),
         )
 
-    def _start_model(self, model: ModelConfig, snapshot: Any) -> list[Child]:
-        sup = self.supervisor
+    def _start_model(self, model: ModelConfig, snapshot: Path) -> list[Child]:
+        sup = self.slots
         slots = [sup.allocate_slot() for _ in range(model.instances)]
         children = [Child(spec) for spec in model_specs(model, slots, snapshot, self.generation)]
         for child in children:
@@ -95,7 +123,7 @@ class Reload:
 
     def advance(self) -> None:
         """Swap in every model whose new instances are all ready."""
-        sup = self.supervisor
+        sup = self.slots
         overdue = time.monotonic() - self.started > READY_TIMEOUT_S
         for name, children in list(self.pending.items()):
             states = [sup.status.hot(child.spec.slot)[0] for child in children]

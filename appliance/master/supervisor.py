@@ -19,7 +19,6 @@ import os
 import selectors
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,12 +31,12 @@ from appliance.config_reader import load, with_overrides
 from appliance.core.status import Counter, Role, SlotState, StatusTable
 from appliance.core.tree import Tree, new_tree_id
 from appliance.ctl import ControlError, request
-from appliance.master import commands, sweep, systemd, watchdog
+from appliance.master import commands, report, sweep, systemd, watchdog
 from appliance.master.children import Child
 from appliance.master.control import ControlServer
 from appliance.master.drain import Drain, Step
 from appliance.master.plan import Plan, make_plan
-from appliance.master.ports import PortError, listen, reserve
+from appliance.master.ports import PortError, Ports
 from appliance.master.reload import Reload
 from appliance.master.stats import ProcessStats
 from appliance.process import pid_alive
@@ -49,9 +48,6 @@ HOUSEKEEPING_S = 2.0
 # routed just before the mark still reach it and are served.
 RETIRE_DELAY_S = 0.5
 RATE_WINDOW_S = 10.0
-# gunicorn's own default: connections the kernel queues while every HTTP
-# worker is busy or being replaced.
-HTTP_BACKLOG = 2048
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _FRONTEND_ROLES = (Role.HTTP, Role.GRPC, Role.MIP)
 
@@ -71,14 +67,12 @@ class Supervisor:
         self.children: list[Child] = []
         self.plan = Plan()
         self.ports: dict[str, int] = {}
-        self.mip_listeners: list[tuple[int, str]] = []
+        self._held: Ports | None = None
         self.stats = ProcessStats()
         self.started_at = time.time()
         self.ready = False
         self.settled = False
         self.drain = Drain(config.server, self.go_offline, self.in_flight)
-        self._placeholders: list[Any] = []
-        self._http_listener: socket.socket | None = None
         self._lock_fd: int | None = None
         self._control: ControlServer | None = None
         self._status: StatusTable | None = None
@@ -148,8 +142,8 @@ class Supervisor:
                     systemd.notify("READY=1", "STATUS=reload done")
         else:
             self._drain_wake = now + self.drain.advance(self.frontends(), self.models())
-            if self.drain.step >= Step.STOP_FRONTENDS:
-                self._close_http_listener()
+            if self.drain.step >= Step.STOP_FRONTENDS and self._held is not None:
+                self._held.close_http_listener()
         if now >= self._housekeeping_at:
             self._housekeeping_at = now + HOUSEKEEPING_S
             self._housekeeping()
@@ -179,14 +173,18 @@ class Supervisor:
         self._sweep_stale_dirs()
         tree.dir.mkdir(mode=0o700)
         tree.metrics_dir.mkdir()
-        self._reserve_ports()
-        assert self._http_listener is not None
+        try:
+            held = self._held = Ports(self.config)
+        except PortError as ex:
+            raise StartError(str(ex)) from None
+        self.ports = held.by_name
+        assert held.http_listener is not None
         self.plan = make_plan(
             self.config,
             self.ports,
-            self.mip_listeners,
+            held.mip_listeners,
             tree.snapshot_path,
-            self._http_listener.fileno(),
+            held.http_listener.fileno(),
         )
         self._status = StatusTable.create(tree.status_name, self.plan.n_slots, os.getpid())
         self.status.online = self.config.server.start_online
@@ -204,7 +202,7 @@ class Supervisor:
             self.config.server.host,
             self.ports["http"],
             self.ports["grpc"],
-            ", ".join(f"{port} -> {model}" for port, model in self.mip_listeners),
+            ", ".join(f"{port} -> {model}" for port, model in held.mip_listeners),
             "online" if self.status.online else "offline",
         )
         for child in self.children:
@@ -227,44 +225,6 @@ class Supervisor:
             if entry.is_dir() and not (Path("/dev/shm") / f"appliance-{entry.name}-lock").exists():
                 shutil.rmtree(entry, ignore_errors=True)
 
-    def _reserve_ports(self) -> None:
-        config = self.config
-        wanted = [("http", config.http.port, "http.port"), ("grpc", config.grpc.port, "grpc.port")]
-        wanted += [
-            (f"mip{index}", listener.port, f"mip.listeners[{index}].port")
-            for index, listener in enumerate(config.mip.listeners)
-        ]
-        for name, port, key in wanted:
-            try:
-                if name == "http":
-                    placeholder, actual = listen(config.server.host, port, key, HTTP_BACKLOG)
-                    self._http_listener = placeholder
-                else:
-                    placeholder, actual = reserve(config.server.host, port, key)
-            except PortError as ex:
-                raise StartError(str(ex)) from None
-            self._placeholders.append(placeholder)
-            self.ports[name] = actual
-        self.ports["mip"] = self.ports["mip0"]
-        self.mip_listeners = [
-            (self.ports[f"mip{index}"], config.mip_model(listener))
-            for index, listener in enumerate(config.mip.listeners)
-        ]
-        for index in range(len(config.mip.listeners)):
-            del self.ports[f"mip{index}"]
-
-    def _close_http_listener(self) -> None:
-        """Stop queueing HTTP connections once the HTTP frontend is stopping.
-
-        Its processes close their copies as they stop; the master's copy
-        would otherwise keep accepting connections nobody will serve.
-        """
-        listener = self._http_listener
-        if listener is not None:
-            self._http_listener = None
-            self._placeholders.remove(listener)
-            listener.close()
-
     def _install_signals(self) -> None:
         read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wakeup = (read_fd, write_fd)
@@ -285,10 +245,14 @@ class Supervisor:
                 handler()
 
     def handle_term(self) -> None:
-        self.drain.begin("SIGTERM")
+        self.begin_drain("SIGTERM")
 
     def handle_int(self) -> None:
-        self.drain.begin("SIGINT")
+        self.begin_drain("SIGINT")
+
+    def begin_drain(self, reason: str) -> None:
+        """Go offline, finish what is in flight, stop (see drain.py)."""
+        self.drain.begin(reason)
 
     def handle_hup(self) -> None:
         try:
@@ -307,8 +271,8 @@ class Supervisor:
             self._control.close()
         if self._status is not None:
             self._status.close()
-        for placeholder in self._placeholders:
-            placeholder.close()
+        if self._held is not None:
+            self._held.close()
         if self._wakeup is not None:
             signal.set_wakeup_fd(-1)
             for fd in self._wakeup:
@@ -400,7 +364,7 @@ class Supervisor:
         merged = dataclasses.replace(self.config, models=served)
         self.reloads += 1
         systemd.notify("RELOADING=1", systemd.monotonic_usec(), "STATUS=reloading")
-        reload = Reload(self, merged, self.reloads)
+        reload = Reload(self, self.config, merged, self.reloads, self.tree.dir)
         reload.start()
         self.config = merged
         write_snapshot(merged, self.tree.snapshot_path)
@@ -478,6 +442,32 @@ class Supervisor:
         log.info("now %s", "online" if online else "offline")
         self._write_state()
 
+    def report(self) -> dict[str, Any]:
+        """What ``appliance ctl status`` shows (see report.py)."""
+        self.sample_stats()
+        return {
+            "tree": self.tree.id,
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "requests_per_s": round(self.requests_per_s(), 1),
+            "in_flight": self.in_flight(),
+            "online": self.status.online,
+            "ready": self.ready,
+            "draining": self.drain.active,
+            "reloading": self.reloading.summary() if self.reloading else None,
+            "models": list(self.layout),
+            "unloaded": sorted(self.unloaded),
+            "ports": self.ports,
+            "processes": report.process_rows(
+                self.children,
+                self.status,
+                self.http_worker_pids(),
+                self.stats.figures,
+                self.drain.active,
+            ),
+            "sizing": report.sizing_of(self.config),
+        }
+
     def in_flight(self) -> int:
         """Requests queued in model workers or in flight in frontends."""
         total = 0
@@ -544,7 +534,10 @@ class Supervisor:
             "pid": os.getpid(),
             "host": self.config.server.host,
             "ports": self.ports,
-            "mip_listeners": [{"port": port, "model": model} for port, model in self.mip_listeners],
+            "mip_listeners": [
+                {"port": port, "model": model}
+                for port, model in (self._held.mip_listeners if self._held else [])
+            ],
             "control_socket": str(self.tree.control_path),
             "ready": self.ready,
             "settled": self.settled,

@@ -129,12 +129,14 @@ def test_killing_any_frontend_keeps_its_port_open_and_fails_only_its_calls(
             assert restarted, f"{transport}: {role} not restarted: {served.processes()}"
             back = time.monotonic()
             assert eventually(lambda back=back: traffic.all_succeeded_since(loops, back), WAIT_S)
-            window = counts(traffic.calls_between(loops, since, time.monotonic()))
+            calls = traffic.calls_between(loops, since, time.monotonic())
+            window = counts(calls)
+            errors = sorted({f"{c.protocol}: {c.error}" for c in calls if c.error})
             report.append(f"kill -9 {role} (pid {victim}): {window}")
             ours = {kind.protocol for kind in kinds}
             for protocol, entry in window.items():
                 bound = THREADS if protocol in ours else 0
-                assert entry["failed"] <= bound, (transport, protocol, window)
+                assert entry["failed"] <= bound, (transport, protocol, window, errors)
     finally:
         prober.stop()
         hung = traffic.stop_loops(loops)
