@@ -14,24 +14,29 @@ processes, each a closed loop with one request in flight, for a fixed time):
    ASGI worker with falcon's ASGI app, the appliance's HTTP stack; gthread and
    sync for reference). Ratios appliance/peer per row.
 3. Batching: digits at 64 clients, dynamic batching on (max_batch_size 64,
-   2 ms) and off (max_batch_size 0), over KServe gRPC, MIP and the internal
+   natural batching) and off (max_batch_size 0), over KServe gRPC, MIP and the internal
    client.
 4. Scaling (bench/plan.py ``scaling_plan``): on a host with 8 CPUs or more,
    1, 2, 4, 8 frontend processes per protocol x 1, 2, 4 model instances at
    16, 64 and 128 clients, the server pinned to half the CPUs and the load
    generator to the other half (``os.sched_setaffinity``); on a smaller host
    1, 2 and 4 instances, and 1, 2 and 4 frontends, at 16 clients, sharing
-   CPUs. The note beside the table says which ran.
-5. Results: bench/results/peers.json, bench/results/peers.png (latency
-   against throughput; matplotlib in bench/.peers/plot), and the table in
-   README.md's Performance section (full runs only).
+   CPUs. The note beside the table says which ran. Beside the grid, on the
+   same CPUs: the ASGI and grpc.aio floors with each frontend count of the
+   grid as their workers, and MLServer with parallel_workers 0, 1 and 4.
+5. Results: bench/results/peers.json (peers-quick.json with --quick,
+   peers-scaling.json with --scaling-only; ``-<N>core`` added on a host with
+   8 CPUs or more), bench/results/peers.png (latency against throughput;
+   matplotlib in bench/.peers/plot), and the table in README.md's
+   Performance section (full runs only).
 6. The issue's targets, printed as met / MISSED with the values.
 
 Server CPU per request (psutil, the server's whole process tree) is in every
 row: the Python load generator shares the 2 vCPUs, so throughput understates
 what the server alone could do. Usage::
 
-    python bench/bench_peers.py [--quick] [--seconds S] [--repeats R] [--no-scaling]
+    python bench/bench_peers.py [--quick] [--seconds S] [--repeats R]
+                                [--no-scaling | --scaling-only]
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ from bench.plan import (  # noqa: E402
     QUICK_1MIB,
     QUICK_SWEEP,
     SCALING_CELLS,
+    SCALING_FLOORS,
+    SCALING_MLSERVER_WORKERS,
+    SCALING_SPLIT_CPUS,
     SIZES,
     SYSTEMS,
     ScalingPlan,
@@ -90,6 +98,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, help="repeats of everything (3; quick 1)")
     parser.add_argument("--no-scaling", action="store_true", help="skip the scaling part")
     parser.add_argument("--no-peers", action="store_true", help="the appliance alone")
+    parser.add_argument(
+        "--scaling-only", action="store_true", help="only the scaling part and its peers"
+    )
     parser.add_argument(
         "--budget-min",
         type=float,
@@ -118,7 +129,8 @@ def main() -> int:
     clients = ClientPool(size, callers.make_call, preload=callers.PRELOAD, method="forkserver")
     with clients as pool:
         print(f"{pool.size} client processes up ({time.monotonic() - began:.0f} s)")
-        main_phase(pool, args, record)
+        if not args.scaling_only:
+            main_phase(pool, args, record)
         if not args.no_scaling:
             scaling_phase(pool, args, record, scaling)
     record["elapsed_s"] = time.monotonic() - began
@@ -322,6 +334,64 @@ def scaling_phase(
             finally:
                 pool.release()
         log(f"scaling: {instances} instance(s), {frontends} frontend(s) done")
+    scaling_peers(pool, args, record, plan)
+
+
+def scaling_peers(
+    pool: ClientPool, args: argparse.Namespace, record: dict[str, Any], plan: ScalingPlan
+) -> None:
+    """The floors with each frontend count of the grid as their workers, and MLServer
+    with each of SCALING_MLSERVER_WORKERS, on the server's CPUs at the grid's clients."""
+    # (system names, their server, frontends, instances) per peer started.
+    runs: list[tuple[tuple[str, ...], Callable[[], Any], int, int]] = []
+    for frontends in sorted({f for _instances, f in plan.grid}):
+        for name in SCALING_FLOORS:
+            runs.append(((name,), lambda n=name, f=frontends: floor_server(n, f), frontends, 1))
+    for workers in SCALING_MLSERVER_WORKERS:
+        names = (f"mlserver-pw{workers} grpc", f"mlserver-pw{workers} rest-json")
+        runs.append((names, lambda w=workers: servers.mlserver(w), 1, workers))
+    for names, factory, frontends, instances in runs:
+        try:
+            with contextlib.ExitStack() as stack:
+                with pinned(plan.server_cpus):
+                    server = stack.enter_context(factory())
+                where = {SYSTEMS[names[0]].server: server.urls}
+                for repeat in range(args.repeats):
+                    for name, clients in itertools.product(names, plan.clients):
+                        spec = spec_for(SYSTEMS[name], "16B", where)
+                        row = pool.measure(spec, clients, args.seconds, server.tree)
+                        row = tagged(row, SYSTEMS[name], "16B", repeat)
+                        record["scaling"].append(
+                            row | {"instances": instances, "frontends": frontends}
+                        )
+                    pool.release()
+        except servers.PeerUnavailable as error:
+            log(f"scaling: {names[0]} unavailable: {error}")
+            continue
+        finally:
+            pool.release()
+        log(f"scaling: {', '.join(names)} ({frontends} worker(s), {instances} instance(s)) done")
+
+
+def floor_server(name: str, workers: int) -> Any:
+    """A floor of SCALING_FLOORS with ``workers`` processes of one thread."""
+    if name == "floor-grpc-aio":
+        return servers.grpc_floor("aio", workers, 1)
+    return servers.floor("asgi", workers, 1)
+
+
+@contextlib.contextmanager
+def pinned(cpus: frozenset[int] | None) -> Iterator[None]:
+    """Start what the block starts on ``cpus`` (children inherit this process's affinity)."""
+    if cpus is None:
+        yield
+        return
+    everything = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, everything)
 
 
 def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
@@ -333,12 +403,16 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
     )
     ratios = report.peer_ratios(summary)
     targets = report.targets(summary, paced_rows, batching_rows)
+    targets += report.scaling_targets(scaling_rows)
     report.print_grid(summary)
     readme_table.print_extras(
         ratios, paced_rows, batching_rows, scaling_rows, record.get("scaling_note", "")
     )
     report.print_targets(targets)
-    name = "peers-quick" if args.quick else "peers"
+    name = "peers-scaling" if args.scaling_only else "peers-quick" if args.quick else "peers"
+    cpus = len(os.sched_getaffinity(0))
+    if cpus >= SCALING_SPLIT_CPUS:  # a many-core host's results sit beside this machine's
+        name += f"-{cpus}core"
     results = RESULTS / f"{name}.json"
     write_results(
         results,
@@ -351,6 +425,8 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
         targets=targets,
     )
     print(f"\nwrote {results.relative_to(ROOT)}")
+    if args.scaling_only:
+        return
     plot(results, RESULTS / f"{name}.png")
     if not args.quick:
         text = readme_table.render(record, summary, ratios, batching_rows, scaling_rows, targets)

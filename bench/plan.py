@@ -94,6 +94,16 @@ PEERS = (
         versus="kserve-rest-json",
     ),
     System("mlserver-pw0 grpc", "mlserver-pw0", "kserve-grpc", "grpc", versus="kserve-grpc"),
+    System("mlserver-pw4 grpc", "mlserver-pw4", "kserve-grpc", "grpc", versus="kserve-grpc"),
+    System(
+        "mlserver-pw4 rest-json",
+        "mlserver-pw4",
+        "kserve-rest",
+        "rest",
+        REST_JSON,
+        JSON_CAPS,
+        versus="kserve-rest-json",
+    ),
     System(
         "mlserver-pw0 rest-json",
         "mlserver-pw0",
@@ -152,10 +162,15 @@ NO_PEER = {
 SCALING = ((1, 1), (2, 1), (4, 1), (1, 2), (1, 4))
 SCALING_CELLS = (
     ("kserve-rest", "16B"),
+    ("kserve-rest-json", "16B"),
     ("kserve-grpc", "16B"),
     ("kserve-grpc", "digits-unbatched"),
 )
 SCALING_CLIENTS = 16
+# The peers beside the scaling grid: each floor with every frontend count of
+# the grid as its worker count, and MLServer with these parallel_workers.
+SCALING_FLOORS = ("floor-asgi", "floor-grpc-aio")
+SCALING_MLSERVER_WORKERS = (0, 1, 4)
 # With at least this many CPUs the scaling part runs its full grid, the
 # server on one half of the CPUs and the load generator on the other.
 SCALING_SPLIT_CPUS = 8

@@ -15,7 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.plan import BATCH_DELAY_MS, BATCHING_MODELS, CALL_COST_MS, NO_PEER, PEERS, SYSTEMS
+from bench.plan import (
+    APPLIANCE,
+    BATCH_DELAY_MS,
+    BATCHING_MODELS,
+    CALL_COST_MS,
+    NO_PEER,
+    PEERS,
+    SYSTEMS,
+)
 from bench.report import Summary, cell, find, ratio
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -125,6 +133,9 @@ def batching_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The appliance's rows of the scaling part, one line per (instances, frontends, clients)."""
+    ours = {system.name for system in APPLIANCE}
+    rows = [r for r in rows if r["system"] in ours]
     cells = sorted({(r["system"], r["payload"]) for r in rows})
     head = " | ".join(f"{s} {p} req/s (server µs/req)" for s, p in cells)
     lines = [
@@ -145,6 +156,27 @@ def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
             )
             values.append(f"{fmt(row and row['rps'])} ({fmt(row and row['server_cpu_us'])})")
         lines.append(f"| {instances} | {frontends} | {clients} | " + " | ".join(values) + " |")
+    return lines
+
+
+def scaling_peers_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The peers beside the scaling grid: floors per worker count, MLServer per parallel_workers."""
+    ours = {system.name for system in APPLIANCE}
+    rows = sorted(
+        (r for r in rows if r["system"] not in ours),
+        key=lambda r: (r["system"], r["frontends"], r["instances"], r.get("concurrency", 16)),
+    )
+    lines = [
+        "| peer, 16 B | worker processes | MLServer parallel_workers | clients "
+        "| req/s (server µs/req) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        pw = r["instances"] if r["system"].startswith("mlserver") else "-"
+        lines.append(
+            f"| {r['system']} | {r['frontends']} | {pw} | {r.get('concurrency', 16)} "
+            f"| {fmt(r['rps'])} ({fmt(r['server_cpu_us'])}) |"
+        )
     return lines
 
 
@@ -190,7 +222,7 @@ def render(
         "",
         *ratio_table(summary),
         "",
-        "Targets (issues 10 and 18):",
+        "Targets (issues 10, 18 and 20):",
         "",
         *target_lines(targets),
         "",
@@ -208,6 +240,10 @@ def render(
         f"Scaling. **This machine: {record.get('scaling_note', '2 CPUs')}**:",
         "",
         *scaling_table(scaling),
+        "",
+        "The peers in the same run, on the same CPUs:",
+        "",
+        *scaling_peers_table(scaling),
         "",
         *_peer_notes(record),
         "",
@@ -261,3 +297,4 @@ def print_extras(
         )
     print("\n" + "\n".join(batching_table(batching)))
     print(f"\nscaling ({note})\n" + "\n".join(scaling_table(scaling)))
+    print("\n" + "\n".join(scaling_peers_table(scaling)))

@@ -353,3 +353,102 @@ def print_targets(results: list[dict[str, Any]]) -> None:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[item["met"]]
         print(f"  {item['target']}: {item['value']:.2f} ({item['limit']}) {verdict}")
         print(f"      {item['detail']}")
+
+
+# Issue 20's targets are for a 16-core host at this many clients.
+SCALING_TARGET_CLIENTS = 64
+
+
+def scaling_targets(scaling: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The many-core targets, from the scaling part's medians (bench_peers ``scaling``).
+
+    The appliance counts with the best configuration of the grid (named in the
+    detail), the floors with the same worker count. Below
+    SCALING_TARGET_CLIENTS (a small host's grid) the ratios are shown and no
+    verdict is given.
+    """
+    if not scaling:
+        return []
+    clients = max(int(r.get("concurrency", 16)) for r in scaling)
+    small = clients < SCALING_TARGET_CLIENTS
+
+    def rows(system: str, payload: str = "16B", **match: Any) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in scaling
+            if r["system"] == system
+            and r["payload"] == payload
+            and r.get("concurrency", 16) == clients
+            and r["requests"]
+            and all(r.get(k) == v for k, v in match.items())
+        ]
+
+    def best(system: str) -> dict[str, Any] | None:
+        return max(rows(system), key=lambda r: r["rps"], default=None)
+
+    def where(row: dict[str, Any] | None) -> str:
+        if row is None:
+            return "not measured"
+        return f"{_rps(row['rps'])} req/s ({row['frontends']} frontends, {row['instances']} inst.)"
+
+    out = []
+    for ours_name, peer, limit in (
+        ("kserve-rest-json", "mlserver-pw0 rest-json", 3.0),
+        ("kserve-rest-json", "mlserver-pw4 rest-json", 1.5),
+        ("kserve-grpc", "mlserver-pw0 grpc", 3.0),
+    ):
+        a, b = best(ours_name), best(peer)
+        out.append(
+            target(
+                f"{clients} clients, 16 B, {ours_name} throughput vs {peer}",
+                ratio(a and a["rps"], b and b["rps"]),
+                limit,
+                False,
+                f"{where(a)} vs {_rps(b and b['rps'])} req/s",
+            )
+        )
+    pairs = []
+    for floor in rows("floor-asgi"):
+        ours = rows("kserve-rest", instances=1, frontends=floor["frontends"])
+        if ours:
+            pairs.append((floor["frontends"], ratio(ours[0]["rps"], floor["rps"])))
+    worst = min((r for _f, r in pairs), default=math.nan)
+    out.append(
+        target(
+            f"{clients} clients, 16 B, kserve-rest throughput vs floor-asgi, same workers (worst)",
+            worst,
+            0.5,
+            False,
+            ", ".join(f"{f} workers {r:.2f}x" for f, r in pairs) or "not measured",
+        )
+    )
+    digits = rows("kserve-grpc", "digits-unbatched")
+    both = {r["frontends"] for r in digits if r["instances"] == 1} & {
+        r["frontends"] for r in digits if r["instances"] == 4
+    }
+    most = max(both, default=1)
+    one, four = (
+        next(
+            (
+                r["rps"]
+                for r in rows("kserve-grpc", "digits-unbatched", instances=n, frontends=most)
+            ),
+            None,
+        )
+        for n in (1, 4)
+    )
+    out.append(
+        target(
+            f"{clients} clients, digits over kserve-grpc, 4 instances vs 1 ({most} frontends)",
+            ratio(four, one),
+            3.0,
+            False,
+            f"{_rps(four)} vs {_rps(one)} req/s",
+        )
+    )
+    for item in out:
+        item["target"] += " (issue 20)"
+        if small:
+            item["met"] = None
+            item["detail"] += f"; no verdict: the target is for {SCALING_TARGET_CLIENTS} clients"
+    return out
