@@ -22,9 +22,11 @@ from appliance.core.ring import Ring
 from appliance.core.segment import Segment
 from appliance.core.status import SlotState, StatusTable
 from appliance.core.tree import Tree
+from appliance.errors import ModelFailed
 from appliance.exitcodes import ExitCode
 from appliance.process import become_child
 from appliance.worker.loader import LoadError, load_model
+from appliance.worker.sequences import settings_for
 from appliance.worker.server import WorkerServer
 
 log = logging.getLogger("appliance.worker")
@@ -65,6 +67,12 @@ def run(
         log.error("%s", ex)
         status.set_note(slot, str(ex))
         return ExitCode.MODEL_LOAD_ERROR
+    try:
+        sequences = settings_for(model_config, loaded.model, loaded.max_batch_size)
+    except ModelFailed as ex:
+        log.error("%s", ex)
+        status.set_note(slot, str(ex))
+        return ExitCode.MODEL_LOAD_ERROR
     loaded.metadata.write(tree.metadata_path(model))
     status.set_note(slot, "")
 
@@ -91,6 +99,7 @@ def run(
         model_config.max_queue_delay_ms / 1000.0,
         model_config.passthrough,
         model_config.max_queue,
+        sequences,
     )
 
     def handle_term(_signum: int, _frame: types.FrameType | None) -> None:
