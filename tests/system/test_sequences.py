@@ -64,7 +64,9 @@ EXAMPLES = (
 
 @pytest.fixture(scope="module")
 def appliance() -> Iterator[Appliance]:
-    with running(MODELS) as started:
+    # Two processes per transport and two instances of simple_sequence: steps
+    # that arrive through either process find their sequence's instance.
+    with running(MODELS, http={"workers": 2}, grpc={"workers": 2}) as started:
         yield started
 
 
@@ -250,6 +252,29 @@ def test_interleaved_sequences_keep_their_own_state(
             model, [value_input(grpcclient, 0)], sequence_id=sequence_id, sequence_end=True
         )
         assert int(last.as_numpy("OUTPUT")[0][0]) == 1 + 5 * n + int(sequence_id)
+
+
+def test_steps_through_any_frontend_process_reach_their_sequence(appliance: Appliance) -> None:
+    """Each step on a new connection (either HTTP process) finds its sequence's instance."""
+    url = f"http://127.0.0.1:{appliance.ports['http']}/v2/models/simple_sequence/infer"
+
+    def infer(sequence_id: int, value: int, **flags: bool) -> int:
+        body = {
+            "inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [value]}],
+            "parameters": {"sequence_id": sequence_id, **flags},
+        }
+        with requests.Session() as session:  # a new connection each time
+            reply = session.post(url, json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        return int(reply.json()["outputs"][0]["data"][0])
+
+    ids = range(7000, 7016)
+    for sequence_id in ids:
+        assert infer(sequence_id, 5, sequence_start=True) == 6
+    for sequence_id in ids:
+        assert infer(sequence_id, 5) == 5
+    for sequence_id in ids:
+        assert infer(sequence_id, 5, sequence_end=True) == 5
 
 
 def test_umbridge_and_grps_carry_a_sequence_in_their_parameters(appliance: Appliance) -> None:
