@@ -61,7 +61,7 @@ class Pending:
     # Set on a step of a stateful sequence (see sequences.py).
     step: Step | None = None
     # The request's sequence parameters, kept apart from the model's.
-    sequence: dict[str, Any] = field(default_factory=dict)
+    sequence: dict[str, Any] | None = None
 
     @property
     def request_id(self) -> int:
@@ -96,17 +96,17 @@ def check_request(metadata: ModelMetadata, message: Message, tensors: dict[str, 
                 f"max_batch_size of {metadata.max_batch_size} (only predictions are split "
                 "into batches); send at most that many rows"
             )
+    sequence = None
     if parameters and not SEQUENCE_PARAMETERS.isdisjoint(parameters):
         # Steps of different sequences share batches (sequences.py keeps them apart).
+        sequence = {k: v for k, v in parameters.items() if k in SEQUENCE_PARAMETERS}
         parameters = {k: v for k, v in parameters.items() if k not in SEQUENCE_PARAMETERS}
-        sequence = {k: body["params"][k] for k in SEQUENCE_PARAMETERS if k in body["params"]}
-    else:
-        sequence = {}
     key = _batch_key(arrays, parameters) if rows and method == PREDICT else None
     for name, tensor in extras.items():
         arrays[name] = _array(name, tensor)
     pending = Pending(message, arrays, method, parameters, outputs, rows, key)
-    pending.sequence = sequence
+    if sequence is not None:
+        pending.sequence = sequence
     return pending
 
 

@@ -145,7 +145,7 @@ class Sequences:
             Overloaded: a start finds every sequence place of the instance taken.
         """
         name = self.settings.model
-        params = pending.sequence
+        params = pending.sequence or {}
         sequence = params.get(SEQUENCE_ID)
         if isinstance(sequence, bool) or not isinstance(sequence, int | str) or sequence in (0, ""):
             raise BadRequest(
