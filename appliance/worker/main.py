@@ -7,6 +7,7 @@ the process started, never inherited.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import types
@@ -25,7 +26,7 @@ from appliance.core.tree import Tree
 from appliance.errors import ModelFailed
 from appliance.exitcodes import ExitCode
 from appliance.process import become_child
-from appliance.worker.loader import LoadError, load_model
+from appliance.worker.loader import Loaded, LoadError, load_model
 from appliance.worker.sequences import settings_for
 from appliance.worker.server import WorkerServer
 
@@ -73,6 +74,11 @@ def run(
         log.error("%s", ex)
         status.set_note(slot, str(ex))
         return ExitCode.MODEL_LOAD_ERROR
+    if sequences is not None:
+        # Frontends describe the model from this file (KServe's model config).
+        loaded = Loaded(
+            loaded.model, dataclasses.replace(loaded.metadata, sequence=sequences.describe())
+        )
     loaded.metadata.write(tree.metadata_path(model))
     status.set_note(slot, "")
 

@@ -79,6 +79,43 @@ class SequenceSettings:
     max_batch_size: int
     states: Sequence[State] = ()
     controls: Mapping[str, str] = field(default_factory=dict)
+    max_queue_delay_ms: float = 0.0
+
+    def describe(self) -> dict[str, Any]:
+        """These settings as Triton's ModelSequenceBatching (for its model-config JSON).
+
+        SPEC: Triton's model_config.proto. The correlation id control reads
+        TYPE_INT64; a string id arrives as BYTES.
+        """
+        delay = {"max_queue_delay_microseconds": int(self.max_queue_delay_ms * 1000)}
+        strategy = (
+            {"direct": delay}
+            if self.strategy == "direct"
+            else {"oldest": {"max_candidate_sequences": self.max_candidates, **delay}}
+        )
+        controls = []
+        for name, kind in self.controls.items():
+            control: dict[str, Any] = {"kind": f"CONTROL_SEQUENCE_{kind.upper()}"}
+            if kind == CORRID:
+                control["data_type"] = "TYPE_INT64"
+            else:
+                control["int32_false_true"] = [0, 1]
+            controls.append({"name": name, "control": [control]})
+        states = [
+            {
+                "input_name": item.input,
+                "output_name": item.output,
+                "data_type": f"TYPE_{'STRING' if item.dtype is DType.BYTES else item.dtype.value}",
+                "dims": list(item.shape),
+            }
+            for item in self.states
+        ]
+        return {
+            "max_sequence_idle_microseconds": int(self.idle_s * 1e6),
+            **strategy,
+            "control_input": controls,
+            "state": states,
+        }
 
 
 def settings_for(config: ModelConfig, model: Model, max_batch_size: int) -> SequenceSettings | None:
@@ -107,6 +144,7 @@ def settings_for(config: ModelConfig, model: Model, max_batch_size: int) -> Sequ
         max_batch_size,
         tuple(model.sequence_state),
         controls,
+        config.max_queue_delay_ms,
     )
 
 

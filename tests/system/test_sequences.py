@@ -306,6 +306,32 @@ def test_umbridge_and_grps_carry_a_sequence_in_their_parameters(appliance: Appli
     assert grps(1, "sequence_id=6002&sequence_end=true") == 11 + 6002
 
 
+def test_model_config_describes_sequence_batching_as_triton_does(
+    grpc_client: grpcclient.InferenceServerClient,
+    http_client: httpclient.InferenceServerClient,
+) -> None:
+    rest = http_client.get_model_config("simple_string_dyna_sequence")["sequence_batching"]
+    grpc = grpc_client.get_model_config("simple_string_dyna_sequence", as_json=True)["config"][
+        "sequence_batching"
+    ]
+    for described in (rest, grpc):
+        assert int(described["max_sequence_idle_microseconds"]) == 60_000_000
+        assert "direct" in described
+        controls = {item["name"]: item["control"][0] for item in described["control_input"]}
+        # Protobuf's JSON leaves out an enum at its zero value, CONTROL_SEQUENCE_START.
+        start = {"kind": "CONTROL_SEQUENCE_START", **controls["START"]}
+        assert start == {"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}
+        assert controls["CORRID"]["kind"] == "CONTROL_SEQUENCE_CORRID"
+        assert controls["READY"]["kind"] == "CONTROL_SEQUENCE_READY"
+        [state] = described["state"]
+        assert (state["input_name"], state["output_name"]) == ("SUM_IN", "SUM_OUT")
+        assert [int(dim) for dim in state["dims"]] == [1]
+    oldest = http_client.get_model_config("few_sequences")["sequence_batching"]
+    assert oldest["oldest"]["max_candidate_sequences"] == 2
+    assert "dynamic_batching" not in http_client.get_model_config("few_sequences")
+    assert "sequence_batching" not in http_client.get_model_config("simple")
+
+
 # -- errors ---------------------------------------------------------------------
 
 
