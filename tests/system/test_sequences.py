@@ -362,6 +362,25 @@ def test_a_step_of_an_unknown_sequence_is_refused_over_grpc_and_http(
     assert "no live sequence 'nobody'" in error.message()
 
 
+def test_a_step_of_an_unknown_sequence_is_refused_in_a_stream_which_goes_on(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    answers: queue.Queue[Any] = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: answers.put(error or result))
+    try:
+        inputs = [value_input(grpcclient, 4)]
+        grpc_client.async_stream_infer("simple_sequence", inputs, sequence_id=66666)
+        grpc_client.async_stream_infer(
+            "simple_sequence", inputs, sequence_id=66666, sequence_start=True, sequence_end=True
+        )
+        refused, answered = answers.get(timeout=30), answers.get(timeout=30)
+    finally:
+        grpc_client.stop_stream()
+    assert isinstance(refused, InferenceServerException)
+    assert "no live sequence 66666" in refused.message()
+    assert int(answered.as_numpy("OUTPUT")[0][0]) == 5
+
+
 def test_a_second_start_of_a_live_sequence_is_refused(
     grpc_client: grpcclient.InferenceServerClient,
 ) -> None:
