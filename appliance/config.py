@@ -153,6 +153,11 @@ class ModelConfig:
     max_busy_s: float | None = None
     # How long a request waits for an instance that is (re)starting.
     restart_wait_s: float = 5.0
+    # Stateful sequences (worker/sequences.py); None: as the model class declares.
+    sequence_batching: bool | None = None
+    max_sequence_idle_s: float = 60.0
+    sequence_strategy: str = "direct"
+    max_candidate_sequences: int = 1024
 
 
 @dataclass(frozen=True, slots=True)

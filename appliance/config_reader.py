@@ -39,6 +39,7 @@ from appliance.config import (
     TlsConfig,
     read_tokens,
 )
+from appliance.core.sequences import STRATEGIES
 from appliance.repository import RepositoryError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
@@ -429,6 +430,10 @@ class Reader:
             "max_busy_s",
             "restart_wait_s",
             "device",
+            "sequence_batching",
+            "max_sequence_idle_s",
+            "sequence_strategy",
+            "max_candidate_sequences",
         }
         self.no_extra(data, known, where)
         for required in ("name", "class"):
@@ -477,4 +482,37 @@ class Reader:
             max_busy_s=max_busy_s,
             restart_wait_s=restart_wait_s,
             device=device,
+            **self.sequence_keys(where, data),
         )
+
+    def sequence_keys(self, where: str, data: Mapping[str, Any]) -> dict[str, Any]:
+        """Read a model's sequence batching keys (see appliance/core/sequences.py)."""
+        idle = self.value(
+            f"{where}.max_sequence_idle_s", data.get("max_sequence_idle_s", 60.0), "float"
+        )
+        if idle <= 0:
+            self.fail(f"{where}.max_sequence_idle_s", f"expected seconds > 0, got {idle}")
+        strategy = self.value(
+            f"{where}.sequence_strategy", data.get("sequence_strategy", "direct"), "str"
+        )
+        if strategy not in STRATEGIES:
+            self.fail(
+                f"{where}.sequence_strategy",
+                f"expected one of {', '.join(STRATEGIES)}, got {strategy!r}",
+            )
+        candidates = self.value(
+            f"{where}.max_candidate_sequences", data.get("max_candidate_sequences", 1024), "int"
+        )
+        if candidates < 1:
+            self.fail(
+                f"{where}.max_candidate_sequences", f"expected an integer >= 1, got {candidates}"
+            )
+        enabled = data.get("sequence_batching")
+        return {
+            "sequence_batching": None
+            if enabled is None
+            else self.value(f"{where}.sequence_batching", enabled, "bool"),
+            "max_sequence_idle_s": idle,
+            "sequence_strategy": strategy,
+            "max_candidate_sequences": candidates,
+        }

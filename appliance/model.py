@@ -36,9 +36,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from appliance.core.sequences import State, state
 from appliance.core.tensor import TensorSpec, spec
 
-__all__ = ["Arrays", "Model", "Outputs", "TensorSpec", "spec"]
+__all__ = ["Arrays", "Model", "Outputs", "State", "TensorSpec", "spec", "state"]
 
 Arrays = dict[str, npt.NDArray[Any]]
 Outputs = Mapping[str, npt.ArrayLike]
@@ -59,6 +60,17 @@ class Model:
         device: where this instance runs, set before :meth:`load` from the
             config's ``device`` ("cpu", or "cuda:N" once ``cuda`` is spread
             over the GPUs); a model that uses torch moves itself there.
+        sequence_batching: serve stateful sequences (the config's
+            ``sequence_batching`` may turn it on or off): every request
+            carries a ``sequence_id``, all steps of a sequence run on one
+            instance, and a batch holds at most one step per sequence.
+        sequence_state: implicit state (see :class:`State`): per sequence,
+            an input the worker fills with the state and an output the
+            model returns the new state in.
+        sequence_controls: input name -> "start", "end", "ready" or
+            "corrid": inputs the worker fills per step (1/0 flags as INT32,
+            the sequence id as INT64, or BYTES for string ids), one row per
+            step of a batch. Neither these nor the state appear in metadata.
 
     Request tensors are read-only views into shared memory, valid only during
     the call: copy what you keep. BYTES tensors arrive as object arrays of
@@ -72,6 +84,9 @@ class Model:
     version: str = "1"
     description: str = ""
     device: str = "cpu"
+    sequence_batching: bool = False
+    sequence_state: Sequence[State] = ()
+    sequence_controls: Mapping[str, str] = {}
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         """Keep the config's ``options`` table; do heavy work in :meth:`load`."""

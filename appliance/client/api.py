@@ -192,32 +192,39 @@ class ModelClient:
         entry = self.config.model(model) or _DEFAULT_MODEL_CONFIG
         return entry.restart_wait_s, entry.max_queue
 
-    def _pick(self, model: str, timeout_s: float | None) -> tuple[Target, float]:
-        """Choose an instance, waiting out a restart (restarts.py); return it, the deadline."""
+    def _pick(
+        self, model: str, timeout_s: float | None, parameters: Mapping[str, Any] | None = None
+    ) -> tuple[Target, float]:
+        """Choose an instance, waiting out a restart (restarts.py); return it, the deadline.
+
+        ``parameters`` may name a sequence, whose instance it must be (routing.py).
+        """
         deadline = time.monotonic() + timeout_s if timeout_s else 0.0
         try:
-            return self.router.pick(model), deadline
+            return self.router.pick(model, parameters), deadline
         except ModelNotReady:
             pass
         with contextlib.closing(self._restarts.waits(model, deadline)) as waits:
             for delay in waits:
                 time.sleep(delay)
                 with contextlib.suppress(ModelNotReady):
-                    return self.router.pick(model), deadline
+                    return self.router.pick(model, parameters), deadline
         raise AssertionError("waits() ends by raising")
 
-    async def _pick_async(self, model: str, timeout_s: float | None) -> tuple[Target, float]:
+    async def _pick_async(
+        self, model: str, timeout_s: float | None, parameters: Mapping[str, Any] | None = None
+    ) -> tuple[Target, float]:
         """:meth:`_pick` for code running in an event loop."""
         deadline = time.monotonic() + timeout_s if timeout_s else 0.0
         try:
-            return self.router.pick(model), deadline
+            return self.router.pick(model, parameters), deadline
         except ModelNotReady:
             pass
         with contextlib.closing(self._restarts.waits(model, deadline)) as waits:
             for delay in waits:
                 await asyncio.sleep(delay)
                 with contextlib.suppress(ModelNotReady):
-                    return self.router.pick(model), deadline
+                    return self.router.pick(model, parameters), deadline
         raise AssertionError("waits() ends by raising")
 
     def _read_layout(self) -> dict[str, list[int]]:
@@ -282,7 +289,7 @@ class ModelClient:
         parameters: Mapping[str, Any] | None,
         timeout_s: float | None,
     ) -> Iterator[InferResult]:
-        picked = self._pick(model, timeout_s)
+        picked = self._pick(model, timeout_s, parameters)
         channel = self._channel()
         call = _StreamCall(
             channel,
@@ -371,7 +378,7 @@ class ModelClient:
         generator early (``aclose``) cancels the stream in the worker.
         """
         with _recorded(model):
-            picked = await self._pick_async(model, timeout_s)
+            picked = await self._pick_async(model, timeout_s, parameters)
             channel = self._async_channel()
             call = _StreamCall(
                 channel,
@@ -421,7 +428,7 @@ class ModelClient:
     ) -> InferResult:
         started = time.perf_counter()
         try:
-            picked = await self._pick_async(model, timeout_s)
+            picked = await self._pick_async(model, timeout_s, parameters)
             channel = self._async_channel()
             target, request_id, blocks, deadline = self._send(
                 channel, picked, model, method, inputs, outputs, parameters, args
@@ -606,7 +613,7 @@ class ModelClient:
         timeout_s: float | None,
         args: dict[str, Any] | None,
     ) -> InferResult:
-        picked = self._pick(model, timeout_s)
+        picked = self._pick(model, timeout_s, parameters)
         channel = self._channel()
         target, request_id, blocks, deadline = self._send(
             channel, picked, model, method, inputs, outputs, parameters, args

@@ -1,24 +1,38 @@
-"""Pick the least-loaded ready instance of a model.
+"""Pick the least-loaded ready instance of a model, or a sequence's own instance.
 
 The load of an instance is the queue depth its worker publishes in the
 status table plus the requests this process has sent it and not yet seen
 answered; the second term keeps a burst from one process from piling onto
 an instance whose published depth has not caught up yet.
+
+A request that carries a ``sequence_id`` (see appliance/core/sequences.py)
+goes where the sequence lives instead: the instance its id hashes to among
+the model's ready instances, so every frontend process agrees without
+talking to the others. Each process also remembers the instance it sent a
+sequence to, which keeps a sequence where it started when the ready set
+changes, and tells a step whose instance has since stopped that its state
+is gone.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from appliance.core.sequences import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START, sequence_of
 from appliance.core.status import SlotState, StatusTable
-from appliance.errors import ModelNotFound, ModelNotReady
+from appliance.errors import ModelNotFound, ModelNotReady, WorkerLost
 
 _READY = int(SlotState.READY)
 _STARTING = int(SlotState.STARTING)
 _DEAD = int(SlotState.DEAD)
+# Sequences this process remembers the instance of; the oldest are forgotten first.
+MAX_REMEMBERED_SEQUENCES = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +61,7 @@ class Router:
         self._generation = -1
         self._slots: dict[str, tuple[int, ...]] = {}
         self._sent: dict[int, int] = {}
+        self._sequences: OrderedDict[tuple[str, int | str], Target] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -58,16 +73,22 @@ class Router:
             self._slots, self._generation = fresh, generation
         return self._slots
 
-    def pick(self, model: str) -> Target:
-        """Return the least-loaded ready instance of ``model``.
+    def pick(self, model: str, parameters: Mapping[str, Any] | None = None) -> Target:
+        """Return the least-loaded ready instance of ``model``, or its sequence's.
 
         Raises:
             ModelNotFound: no such model is configured.
             ModelNotReady: no instance of it is ready now.
+            WorkerLost: the instance of the request's sequence has stopped.
         """
         slots = self.slots.get(model)
         if slots is None:
             raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+        if parameters and SEQUENCE_ID in parameters:
+            sequence = sequence_of(parameters)
+            # A bad id goes anywhere: the worker refuses it with the reason.
+            if sequence is not None:
+                return self._pick_sequence(model, slots, sequence, parameters)
         best: Target | None = None
         best_load = 0
         hot = self.status.hot
@@ -82,6 +103,49 @@ class Router:
         if best is None:
             raise ModelNotReady(self.why_not_ready(model))
         return best
+
+    def _pick_sequence(
+        self,
+        model: str,
+        slots: Sequence[int],
+        sequence: int | str,
+        parameters: Mapping[str, Any],
+    ) -> Target:
+        key = (model, sequence)
+        start = parameters.get(SEQUENCE_START) is True
+        with self._lock:
+            known = self._sequences.get(key)
+        if known is not None and not start:
+            if not self.is_current(known):
+                raise WorkerLost(
+                    f"sequence {sequence!r} of model {model} lived on its instance pid "
+                    f"{known.pid}, which has stopped; the sequence's state is gone: start it "
+                    "again with sequence_start=true"
+                )
+            target = known
+        else:
+            target = self._hashed(model, slots, sequence)
+        with self._lock:
+            if parameters.get(SEQUENCE_END) is True:
+                self._sequences.pop(key, None)
+            else:
+                self._sequences[key] = target
+                self._sequences.move_to_end(key)
+                if len(self._sequences) > MAX_REMEMBERED_SEQUENCES:
+                    self._sequences.popitem(last=False)
+        return target
+
+    def _hashed(self, model: str, slots: Sequence[int], sequence: int | str) -> Target:
+        """The first ready instance at or after the one ``sequence`` hashes to."""
+        # A stable hash (not hash()): every process must pick the same instance.
+        first = zlib.crc32(repr(sequence).encode())
+        hot = self.status.hot
+        for offset in range(len(slots)):
+            slot = slots[(first + offset) % len(slots)]
+            state, _role, _instance, pid, generation, _depth = hot(slot)
+            if state == _READY:
+                return Target(slot, generation, pid)
+        raise ModelNotReady(self.why_not_ready(model))
 
     def begin(self, slot: int) -> None:
         with self._lock:

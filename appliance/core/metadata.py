@@ -34,6 +34,9 @@ class ModelMetadata:
     max_batch_size: int
     supports: dict[str, bool] = field(default_factory=dict)
     description: str = ""
+    # A sequence model's control inputs and implicit state, in Triton's
+    # model-config form (see worker/sequences.py); None for other models.
+    sequence: dict[str, Any] | None = None
 
     def input(self, name: str) -> TensorSpec | None:
         return _find(self.inputs, name)
@@ -51,6 +54,7 @@ class ModelMetadata:
             "max_batch_size": self.max_batch_size,
             "supports": dict(self.supports),
             "description": self.description,
+            "sequence": self.sequence,
         }
 
     @classmethod
@@ -64,6 +68,7 @@ class ModelMetadata:
             max_batch_size=int(data.get("max_batch_size", 0)),
             supports={str(k): bool(v) for k, v in data.get("supports", {}).items()},
             description=str(data.get("description", "")),
+            sequence=data.get("sequence"),
         )
 
     def write(self, path: Path) -> None:

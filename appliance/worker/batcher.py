@@ -26,11 +26,13 @@ import orjson
 from appliance.core.descriptor import Message
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.metadata import ModelMetadata
+from appliance.core.sequences import SEQUENCE_PARAMETERS
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import BadRequest, ModelFailed
 
 if TYPE_CHECKING:
     from appliance.worker.pieces import Whole
+    from appliance.worker.sequences import Step
 
 Array = npt.NDArray[Any]
 PREDICT = "predict"
@@ -56,6 +58,10 @@ class Pending:
     # Set on a piece of a request over max_batch_size (see pieces.py).
     whole: Whole | None = None
     index: int = 0
+    # Set on a step of a stateful sequence (see sequences.py).
+    step: Step | None = None
+    # The request's sequence parameters, kept apart from the model's.
+    sequence: dict[str, Any] | None = None
 
     @property
     def request_id(self) -> int:
@@ -90,10 +96,18 @@ def check_request(metadata: ModelMetadata, message: Message, tensors: dict[str, 
                 f"max_batch_size of {metadata.max_batch_size} (only predictions are split "
                 "into batches); send at most that many rows"
             )
+    sequence = None
+    if parameters and not SEQUENCE_PARAMETERS.isdisjoint(parameters):
+        # Steps of different sequences share batches (sequences.py keeps them apart).
+        sequence = {k: v for k, v in parameters.items() if k in SEQUENCE_PARAMETERS}
+        parameters = {k: v for k, v in parameters.items() if k not in SEQUENCE_PARAMETERS}
     key = _batch_key(arrays, parameters) if rows and method == PREDICT else None
     for name, tensor in extras.items():
         arrays[name] = _array(name, tensor)
-    return Pending(message, arrays, method, parameters, outputs, rows, key)
+    pending = Pending(message, arrays, method, parameters, outputs, rows, key)
+    if sequence is not None:
+        pending.sequence = sequence
+    return pending
 
 
 def _check_output_names(metadata: ModelMetadata, names: list[str]) -> None:

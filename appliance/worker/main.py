@@ -7,6 +7,7 @@ the process started, never inherited.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import types
@@ -22,9 +23,11 @@ from appliance.core.ring import Ring
 from appliance.core.segment import Segment
 from appliance.core.status import SlotState, StatusTable
 from appliance.core.tree import Tree
+from appliance.errors import ModelFailed
 from appliance.exitcodes import ExitCode
 from appliance.process import become_child
-from appliance.worker.loader import LoadError, load_model
+from appliance.worker.loader import Loaded, LoadError, load_model
+from appliance.worker.sequences import settings_for
 from appliance.worker.server import WorkerServer
 
 log = logging.getLogger("appliance.worker")
@@ -65,6 +68,17 @@ def run(
         log.error("%s", ex)
         status.set_note(slot, str(ex))
         return ExitCode.MODEL_LOAD_ERROR
+    try:
+        sequences = settings_for(model_config, loaded.model, loaded.max_batch_size)
+    except ModelFailed as ex:
+        log.error("%s", ex)
+        status.set_note(slot, str(ex))
+        return ExitCode.MODEL_LOAD_ERROR
+    if sequences is not None:
+        # Frontends describe the model from this file (KServe's model config).
+        loaded = Loaded(
+            loaded.model, dataclasses.replace(loaded.metadata, sequence=sequences.describe())
+        )
     loaded.metadata.write(tree.metadata_path(model))
     status.set_note(slot, "")
 
@@ -91,6 +105,7 @@ def run(
         model_config.max_queue_delay_ms / 1000.0,
         model_config.passthrough,
         model_config.max_queue,
+        sequences,
     )
 
     def handle_term(_signum: int, _frame: types.FrameType | None) -> None:

@@ -56,6 +56,7 @@ from appliance.process import pid_alive
 from appliance.worker import methods
 from appliance.worker.batcher import (
     DERIVATIVES,
+    PREDICT,
     STREAM,
     Batcher,
     Pending,
@@ -66,6 +67,12 @@ from appliance.worker.batcher import (
 from appliance.worker.loader import Loaded
 from appliance.worker.passthrough import borrowed_entries, input_spans
 from appliance.worker.pieces import Whole, answered, cut
+from appliance.worker.sequences import (
+    SequenceBatcher,
+    Sequences,
+    SequenceSettings,
+    refuse_sequence,
+)
 
 log = logging.getLogger("appliance.worker")
 
@@ -112,6 +119,7 @@ class WorkerServer:
         max_queue_delay_s: float,
         passthrough: bool = True,
         max_queue: int = 1024,
+        sequences: SequenceSettings | None = None,
     ) -> None:
         self.model = loaded.model
         self.metadata = loaded.metadata
@@ -124,7 +132,14 @@ class WorkerServer:
         self.inline_threshold = inline_threshold
         self.passthrough = passthrough
         self.max_queue = max_queue
-        self.batcher = Batcher(loaded.max_batch_size, max_queue_delay_s)
+        self.sequences = Sequences(sequences) if sequences else None
+        self.batcher = (
+            SequenceBatcher(
+                loaded.max_batch_size, max_queue_delay_s, sequences.strategy == "direct"
+            )
+            if sequences
+            else Batcher(loaded.max_batch_size, max_queue_delay_s)
+        )
         self.streams: list[Stream] = []
         self.reader = SegmentReader(_attach_read_only)
         self.leases: dict[Block, int] = {}
@@ -199,6 +214,9 @@ class WorkerServer:
             self._housekeeping_at = now + HOUSEKEEPING_S
             self._drop_dead_clients()
             self._publish_device_memory()
+            if self.sequences is not None:
+                for sequence in self.sequences.expire(now):
+                    log.info("dropped sequence %r: idle past max_sequence_idle_s", sequence)
 
     def _publish_device_memory(self) -> None:
         device = self.model.device
@@ -251,6 +269,7 @@ class WorkerServer:
         try:
             tensors = read_tensors(message.body.get("tensors", []), message.payloads, self.reader)
             pending = check_request(self.metadata, message, tensors)
+            self._admit(pending)
             if self.passthrough:
                 pending.spans = input_spans(message.body.get("tensors", []), self.reader)
         except ApplianceError as ex:
@@ -269,6 +288,18 @@ class WorkerServer:
             return
         for piece in pieces:
             self.batcher.add(piece)
+
+    def _admit(self, pending: Pending) -> None:
+        """Attach a step to its sequence, or refuse sequence parameters (sequences.py)."""
+        if self.sequences is None:
+            refuse_sequence(self.metadata.name, pending)
+            return
+        if pending.method != PREDICT:
+            raise BadRequest(
+                f"model {self.metadata.name} serves stateful sequences by prediction only, "
+                f"not by {pending.method}"
+            )
+        self.sequences.admit(pending, time.monotonic())
 
     def _overloaded(self) -> Overloaded:
         name = self.metadata.name
@@ -370,7 +401,13 @@ class WorkerServer:
         self.status.beat(self.slot, busy_since=started)
         begin = time.perf_counter_ns()
         try:
-            produced = self.model.predict(batch_inputs(batch), batch[0].parameters)
+            inputs = batch_inputs(batch)
+            sequences = self.sequences
+            if sequences is not None:
+                inputs = sequences.inputs(batch, inputs)
+            produced = self.model.predict(inputs, batch[0].parameters)
+            if sequences is not None:
+                produced = sequences.keep(batch, produced)
             results = split_outputs(self.metadata, produced, batch)
         except Exception as ex:
             error = self._as_error(ex)

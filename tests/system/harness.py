@@ -43,6 +43,9 @@ DEMO_MODELS = {
     "digits": "appliance.demos.digits:Digits",
     "echo": "appliance.demos.echo:Echo",
     "repeat_int32": "appliance.demos.repeat:RepeatInt32",
+    "simple_sequence": "appliance.demos.sequence:SimpleSequence",
+    "simple_dyna_sequence": "appliance.demos.sequence:SimpleDynaSequence",
+    "simple_string_dyna_sequence": "appliance.demos.sequence:SimpleStringDynaSequence",
 }
 
 

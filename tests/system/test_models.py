@@ -197,6 +197,9 @@ def test_metadata_describes_each_model(client: ModelClient) -> None:
         "digits",
         "echo",
         "repeat_int32",
+        "simple_sequence",
+        "simple_dyna_sequence",
+        "simple_string_dyna_sequence",
     ]  # the test's config order (tests/system/harness.py DEMO_MODELS)
     meta = client.metadata("simple")
     assert meta.max_batch_size == 8

@@ -22,6 +22,10 @@ def test_the_default_config_serves_the_demo_models() -> None:
         "forward",
         "digits",
         "echo",
+        "repeat_int32",
+        "simple_sequence",
+        "simple_dyna_sequence",
+        "simple_string_dyna_sequence",
     ):
         assert name in names
     assert (config.http.port, config.grpc.port) == (8000, 8001)

@@ -142,7 +142,10 @@ def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any
         ],
         "model_transaction_policy": {"decoupled": metadata.supports.get("predict_stream", False)},
     }
-    if batched:
+    if metadata.sequence is not None:
+        # SPEC: Triton's scheduling_choice is one of dynamic or sequence batching.
+        config["sequence_batching"] = metadata.sequence
+    elif batched:
         delay_ms = configured.max_queue_delay_ms if configured else 0.0
         config["dynamic_batching"] = {"max_queue_delay_microseconds": int(delay_ms * 1000)}
     return config

@@ -1,0 +1,365 @@
+"""Stateful sequences in a model worker: admission, implicit state, batches of steps.
+
+Every step of a sequence reaches the same instance (the client's router
+sees to that, see client/routing.py), so one instance holds a sequence's
+whole life here: created by its start step, dropped when its end step is
+accepted or after ``max_sequence_idle_s`` without a step.
+
+Before a batch runs, the worker adds the model's control inputs (start,
+end, ready, correlation id) and its state inputs, one row per step; after,
+it keeps each sequence's new state from the model's state outputs and
+removes those from what the client gets.
+
+Strategies (Triton's): "direct" gives each live sequence one of the
+instance's ``max(1, max_batch_size)`` slots for its whole life and orders a
+batch's rows by slot; "oldest" lets up to ``max_candidate_sequences``
+sequences live at once and forms each batch from the oldest waiting steps.
+Either way a batch holds at most one step per sequence, so a step always
+sees the state its predecessor left.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from appliance.config import ModelConfig
+from appliance.core.dtypes import DType, to_numpy
+from appliance.core.sequences import (
+    CONTROLS,
+    CORRID,
+    END,
+    READY,
+    SEQUENCE_END,
+    SEQUENCE_ID,
+    SEQUENCE_START,
+    START,
+    SequenceId,
+    State,
+)
+from appliance.errors import BadRequest, ModelFailed, Overloaded
+from appliance.model import Model
+from appliance.worker.batcher import Batcher, Pending
+
+Array = npt.NDArray[Any]
+
+
+@dataclass(slots=True, eq=False)
+class Live:
+    """A live sequence on this instance: its id, slot, state and last step time."""
+
+    id: SequenceId
+    slot: int
+    state: dict[str, Array]
+    last: float
+
+
+@dataclass(slots=True)
+class Step:
+    """What a pending request is within its sequence."""
+
+    live: Live
+    start: bool
+    end: bool
+
+
+@dataclass(slots=True)
+class SequenceSettings:
+    """A sequence model's settings, from its class and its [[models]] entry."""
+
+    model: str
+    strategy: str
+    idle_s: float
+    max_candidates: int
+    max_batch_size: int
+    states: Sequence[State] = ()
+    controls: Mapping[str, str] = field(default_factory=dict)
+    max_queue_delay_ms: float = 0.0
+
+    def describe(self) -> dict[str, Any]:
+        """These settings as Triton's ModelSequenceBatching (for its model-config JSON).
+
+        SPEC: Triton's model_config.proto. The correlation id control reads
+        TYPE_INT64; a string id arrives as BYTES.
+        """
+        delay = {"max_queue_delay_microseconds": int(self.max_queue_delay_ms * 1000)}
+        strategy = (
+            {"direct": delay}
+            if self.strategy == "direct"
+            else {"oldest": {"max_candidate_sequences": self.max_candidates, **delay}}
+        )
+        controls = []
+        for name, kind in self.controls.items():
+            control: dict[str, Any] = {"kind": f"CONTROL_SEQUENCE_{kind.upper()}"}
+            if kind == CORRID:
+                control["data_type"] = "TYPE_INT64"
+            else:
+                control["int32_false_true"] = [0, 1]
+            controls.append({"name": name, "control": [control]})
+        states = [
+            {
+                "input_name": item.input,
+                "output_name": item.output,
+                "data_type": f"TYPE_{'STRING' if item.dtype is DType.BYTES else item.dtype.value}",
+                "dims": list(item.shape),
+            }
+            for item in self.states
+        ]
+        return {
+            "max_sequence_idle_microseconds": int(self.idle_s * 1e6),
+            **strategy,
+            "control_input": controls,
+            "state": states,
+        }
+
+
+def settings_for(config: ModelConfig, model: Model, max_batch_size: int) -> SequenceSettings | None:
+    """The sequence settings of a model, or None when sequence batching is off.
+
+    Raises:
+        ModelFailed: a control names an unknown kind.
+    """
+    enabled = (
+        model.sequence_batching if config.sequence_batching is None else config.sequence_batching
+    )
+    if not enabled:
+        return None
+    controls = dict(model.sequence_controls)
+    for name, kind in controls.items():
+        if kind not in CONTROLS:
+            raise ModelFailed(
+                f"model {config.name}: sequence control {name!r} has kind {kind!r}; "
+                f"expected one of {', '.join(CONTROLS)}"
+            )
+    return SequenceSettings(
+        config.name,
+        config.sequence_strategy,
+        config.max_sequence_idle_s,
+        config.max_candidate_sequences,
+        max_batch_size,
+        tuple(model.sequence_state),
+        controls,
+        config.max_queue_delay_ms,
+    )
+
+
+def refuse_sequence(model: str, pending: Pending) -> None:
+    """Refuse sequence parameters sent to a model that is not sequence-batched.
+
+    Raises:
+        BadRequest: the request carries any of them.
+    """
+    if pending.sequence:
+        names = ", ".join(sorted(pending.sequence))
+        raise BadRequest(
+            f"model {model} does not serve stateful sequences (sequence_batching is off), but "
+            f"the request carries {names}: send it without them, or turn on "
+            f"models[{model}].sequence_batching"
+        )
+
+
+class Sequences:
+    """The live sequences of one instance."""
+
+    def __init__(self, settings: SequenceSettings) -> None:
+        self.settings = settings
+        self.live: dict[SequenceId, Live] = {}
+        self.slots = max(1, settings.max_batch_size) if settings.strategy == "direct" else 0
+        self._free = list(range(self.slots))
+
+    # -- admission ------------------------------------------------------------
+
+    def admit(self, pending: Pending, now: float) -> None:
+        """Attach ``pending`` to its sequence, starting or ending it.
+
+        Raises:
+            BadRequest: no or bad sequence id, an unknown id without a start,
+                a second start of a live id, or a step of more than one row.
+            Overloaded: a start finds every sequence place of the instance taken.
+        """
+        name = self.settings.model
+        params = pending.sequence or {}
+        sequence = params.get(SEQUENCE_ID)
+        if isinstance(sequence, bool) or not isinstance(sequence, int | str) or sequence in (0, ""):
+            raise BadRequest(
+                f"model {name} serves stateful sequences: every request needs a sequence_id "
+                f"parameter (a non-zero integer or a non-empty string), got {sequence!r}"
+            )
+        start = _flag(name, params, SEQUENCE_START)
+        end = _flag(name, params, SEQUENCE_END)
+        if self.settings.max_batch_size > 0 and pending.rows != 1:
+            raise BadRequest(
+                f"model {name}: a step of sequence {sequence!r} must hold 1 row (batch size 1), "
+                f"got {pending.rows}"
+            )
+        live = self.live.get(sequence)
+        if start:
+            if live is not None:
+                raise BadRequest(
+                    f"model {name}: sequence {sequence!r} is already live (started, not yet "
+                    "ended); end it with sequence_end first, or start another sequence_id"
+                )
+            live = self._create(sequence, now)
+        elif live is None:
+            raise BadRequest(
+                f"model {name} has no live sequence {sequence!r} on this instance: start it with "
+                f"sequence_start=true (a sequence is dropped after its sequence_end step, after "
+                f"{self.settings.idle_s:g} s without a step (models[{name}].max_sequence_idle_s), "
+                "or when its instance restarts)"
+            )
+        live.last = now
+        if end:
+            self._drop(live)
+        pending.step = Step(live, start, end)
+
+    def _create(self, sequence: SequenceId, now: float) -> Live:
+        settings = self.settings
+        if self.slots:
+            if not self._free:
+                raise Overloaded(
+                    f"model {settings.model}: too many live sequences: all {self.slots} sequence "
+                    f"slots of its instance are held (strategy direct: max(1, max_batch_size) per "
+                    "instance); end sequences, add instances, or use sequence_strategy oldest"
+                )
+            slot = self._free.pop(0)
+        else:
+            if len(self.live) >= settings.max_candidates:
+                raise Overloaded(
+                    f"model {settings.model}: too many live sequences: its instance holds "
+                    f"{len(self.live)}, the limit (models[{settings.model}]."
+                    f"max_candidate_sequences) is {settings.max_candidates}; end sequences, "
+                    "add instances, or raise the limit"
+                )
+            slot = -1
+        states = {
+            item.input: np.full(item.shape, item.initial, dtype=_numpy(item.dtype))
+            for item in settings.states
+        }
+        live = Live(sequence, slot, states, now)
+        self.live[sequence] = live
+        return live
+
+    def _drop(self, live: Live) -> None:
+        if self.live.get(live.id) is live:
+            del self.live[live.id]
+            if live.slot >= 0:
+                self._free.append(live.slot)
+                self._free.sort()
+
+    def expire(self, now: float) -> list[SequenceId]:
+        """Drop the sequences idle longer than ``max_sequence_idle_s``; return their ids."""
+        limit = now - self.settings.idle_s
+        idle = [live for live in self.live.values() if live.last < limit]
+        for live in idle:
+            self._drop(live)
+        return [live.id for live in idle]
+
+    # -- running steps --------------------------------------------------------
+
+    def inputs(self, batch: list[Pending], inputs: dict[str, Array]) -> dict[str, Array]:
+        """The batch's inputs with its control and state inputs added."""
+        steps = [_step(pending) for pending in batch]
+        batched = self.settings.max_batch_size > 0
+        full = dict(inputs)
+        for name, kind in self.settings.controls.items():
+            full[name] = _control(kind, steps, batched)
+        for item in self.settings.states:
+            values = [step.live.state[item.input] for step in steps]
+            full[item.input] = np.stack(values) if batched else values[0]
+        return full
+
+    def keep(self, batch: list[Pending], produced: Mapping[str, Any]) -> dict[str, Any]:
+        """Keep each sequence's new state; return the outputs without the state ones.
+
+        Raises:
+            ModelFailed: a state output is missing or has the wrong shape.
+        """
+        outputs = dict(produced)
+        batched = self.settings.max_batch_size > 0
+        name = self.settings.model
+        for item in self.settings.states:
+            if item.output not in outputs:
+                raise ModelFailed(f"model {name} did not return its state output {item.output}")
+            value = np.asarray(outputs.pop(item.output), dtype=_numpy(item.dtype))
+            want = (len(batch), *item.shape) if batched else item.shape
+            if value.shape != want:
+                raise ModelFailed(
+                    f"model {name} state output {item.output} has shape {list(value.shape)}, "
+                    f"expected {list(want)}"
+                )
+            for index, pending in enumerate(batch):
+                _step(pending).live.state[item.input] = (
+                    value[index].copy() if batched else value.copy()
+                )
+        return outputs
+
+
+class SequenceBatcher(Batcher):
+    """A batcher that puts at most one step of each sequence in a batch."""
+
+    def __init__(self, max_batch_size: int, max_queue_delay_s: float, direct: bool) -> None:
+        super().__init__(max_batch_size, max_queue_delay_s)
+        self.direct = direct
+
+    def take(self, now: float) -> list[Pending]:
+        wait = self.wait_s(now)
+        if wait is None or wait > 0:
+            return []
+        head = self.queue.popleft()
+        if head.key is None:
+            return [head]
+        batch = [head]
+        # A sequence's later steps wait behind its first one left in the queue.
+        seen = {id(_step(head).live)}
+        keep = deque[Pending]()
+        while self.queue:
+            item = self.queue.popleft()
+            live = id(_step(item).live)
+            if item.key == head.key and live not in seen and len(batch) < self.max_batch_size:
+                batch.append(item)
+            else:
+                keep.append(item)
+            seen.add(live)
+        self.queue = keep
+        if self.direct:
+            batch.sort(key=lambda pending: _step(pending).live.slot)
+        return batch
+
+
+def _step(pending: Pending) -> Step:
+    step = pending.step
+    assert step is not None, "a sequence model's requests are admitted before they queue"
+    return step
+
+
+def _flag(model: str, params: Mapping[str, Any], key: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise BadRequest(f"model {model}: parameter {key} must be true or false, got {value!r}")
+    return value
+
+
+def _control(kind: str, steps: list[Step], batched: bool) -> Array:
+    if kind == CORRID:
+        ids = [step.live.id for step in steps]
+        if all(isinstance(value, int) for value in ids):
+            array: Array = np.array(ids, dtype=np.int64)
+        else:
+            array = np.array([str(value).encode() for value in ids], dtype=object)
+    else:
+        flags = {
+            START: [step.start for step in steps],
+            END: [step.end for step in steps],
+            READY: [True for _ in steps],
+        }[kind]
+        array = np.array(flags, dtype=np.int32)
+    return array.reshape(-1, 1) if batched else array.reshape(1)
+
+
+def _numpy(dtype: DType) -> Any:
+    return object if dtype is DType.BYTES else to_numpy(dtype)

@@ -1,0 +1,123 @@
+"""Sequence admission, batches of steps and implicit state, without processes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from appliance.core.descriptor import Kind, Message
+from appliance.core.metadata import ModelMetadata
+from appliance.core.sequences import state
+from appliance.core.tensor import Tensor, spec
+from appliance.errors import BadRequest, Overloaded
+from appliance.worker.batcher import Pending, batch_inputs, check_request
+from appliance.worker.sequences import (
+    SequenceBatcher,
+    Sequences,
+    SequenceSettings,
+    refuse_sequence,
+)
+
+META = ModelMetadata(
+    "m", ("1",), "python", (spec("x", "INT32", [-1, 1]),), (spec("y", "INT32", [-1, 1]),), 4
+)
+CONTROLS = {"S": "start", "E": "end", "R": "ready", "C": "corrid"}
+
+
+def settings(strategy: str = "oldest", candidates: int = 8, batch: int = 4) -> SequenceSettings:
+    return SequenceSettings(
+        "m", strategy, 60.0, candidates, batch, (state("IN", "OUT", "INT32", [1]),), CONTROLS
+    )
+
+
+def step(value: int, number: int = 1, **params: Any) -> Pending:
+    body = {"method": "predict", "params": params}
+    message = Message(Kind.INFER, number, 1, body)
+    x = np.full((1, 1), value, dtype=np.int32)
+    return check_request(META, message, {"x": Tensor.from_array(x)})
+
+
+def test_sequence_parameters_are_kept_apart_from_the_model_parameters() -> None:
+    pending = step(1, sequence_id=7, sequence_start=True, scale=2)
+    assert pending.parameters == {"scale": 2}
+    assert pending.sequence == {"sequence_id": 7, "sequence_start": True}
+    # Steps of different sequences may share a batch.
+    assert step(1, sequence_id=8).key == step(1, sequence_id=9).key
+    with pytest.raises(BadRequest, match="does not serve stateful sequences"):
+        refuse_sequence("m", pending)
+    refuse_sequence("m", step(1, scale=2))
+
+
+def test_admission_refuses_unknown_second_starts_and_missing_ids() -> None:
+    sequences = Sequences(settings())
+    with pytest.raises(BadRequest, match="no live sequence 7"):
+        sequences.admit(step(1, sequence_id=7), 0.0)
+    sequences.admit(step(1, sequence_id=7, sequence_start=True), 0.0)
+    with pytest.raises(BadRequest, match="sequence 7 is already live"):
+        sequences.admit(step(1, sequence_id=7, sequence_start=True), 0.0)
+    for bad in (0, "", None, True, 1.5):
+        with pytest.raises(BadRequest, match="needs a sequence_id"):
+            sequences.admit(step(1, sequence_id=bad), 0.0)
+    sequences.admit(step(1, sequence_id=7, sequence_end=True), 0.0)
+    with pytest.raises(BadRequest, match="no live sequence 7"):
+        sequences.admit(step(1, sequence_id=7), 0.0)
+
+
+def test_live_sequences_are_limited_per_strategy() -> None:
+    oldest = Sequences(settings(candidates=2))
+    for sequence_id in (1, 2):
+        oldest.admit(step(1, sequence_id=sequence_id, sequence_start=True), 0.0)
+    with pytest.raises(Overloaded, match="max_candidate_sequences\\) is 2"):
+        oldest.admit(step(1, sequence_id=3, sequence_start=True), 0.0)
+    direct = Sequences(settings("direct", batch=2))
+    for sequence_id in (1, 2):
+        direct.admit(step(1, sequence_id=sequence_id, sequence_start=True), 0.0)
+    with pytest.raises(Overloaded, match="all 2 sequence slots"):
+        direct.admit(step(1, sequence_id=3, sequence_start=True), 0.0)
+    direct.admit(step(1, sequence_id=1, sequence_end=True), 0.0)
+    direct.admit(step(1, sequence_id=3, sequence_start=True), 0.0)
+
+
+def test_idle_sequences_expire() -> None:
+    sequences = Sequences(settings())
+    sequences.admit(step(1, sequence_id="a", sequence_start=True), 0.0)
+    sequences.admit(step(1, sequence_id="b", sequence_start=True), 0.0)
+    sequences.admit(step(1, sequence_id="b"), 50.0)
+    assert sequences.expire(61.0) == ["a"]
+    assert list(sequences.live) == ["b"]
+
+
+@pytest.mark.parametrize("strategy", ["oldest", "direct"])
+def test_a_batch_holds_one_step_per_sequence_and_state_carries_over(strategy: str) -> None:
+    sequences = Sequences(settings(strategy))
+    batcher = SequenceBatcher(4, 0.0, strategy == "direct")
+    queued = [
+        step(10, 1, sequence_id=1, sequence_start=True),
+        step(20, 2, sequence_id="2", sequence_start=True),
+        step(11, 3, sequence_id=1),
+        step(21, 4, sequence_id="2", sequence_end=True),
+        step(12, 5, sequence_id=1, sequence_end=True),
+    ]
+    for pending in queued:
+        sequences.admit(pending, 0.0)
+        batcher.add(pending)
+    outputs = []
+    while batch := batcher.take(time.monotonic()):
+        assert len({id(p.step.live) for p in batch if p.step}) == len(batch)
+        inputs = sequences.inputs(batch, batch_inputs(batch))
+        running = inputs["IN"] + inputs["x"]
+        kept = sequences.keep(batch, {"y": running + inputs["E"] * 0, "OUT": running})
+        assert "OUT" not in kept
+        outputs.append((inputs, [p.request_id for p in batch], kept["y"][:, 0].tolist()))
+    first_inputs, first_ids, first_sums = outputs[0]
+    assert first_ids == [1, 2]
+    assert first_sums == [10, 20]
+    assert first_inputs["S"].tolist() == [[1], [1]]
+    assert first_inputs["C"].tolist() == [[b"1"], [b"2"]]  # a string id makes them all BYTES
+    assert [ids for _i, ids, _s in outputs[1:]] == [[3, 4], [5]]
+    assert [sums for _i, _ids, sums in outputs[1:]] == [[21, 41], [33]]
+    assert outputs[1][0]["E"].tolist() == [[0], [1]]
+    assert sequences.live == {}
