@@ -25,13 +25,12 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import zmq
 
-from appliance.client.channel import ReplySockets, worker_lost
-from appliance.client.routing import Router, Target
+from appliance.client.channel import ReplySockets, Wiring, worker_lost
+from appliance.client.routing import Target
 from appliance.core.descriptor import Message
 from appliance.errors import ApplianceError, DeadlineExceeded
 
@@ -64,16 +63,8 @@ class _Box(deque[Item]):
 class AsyncChannel(ReplySockets[_Box]):
     """The sockets of one event loop (arguments: those of :class:`ReplySockets`)."""
 
-    def __init__(
-        self,
-        context: zmq.Context[Any],
-        number: int,
-        reply_endpoint: str,
-        endpoint: Callable[[int, int], str],
-        router: Router,
-        on_stray: Callable[[Message], None],
-    ) -> None:
-        super().__init__(context, number, reply_endpoint, endpoint, router, on_stray)
+    def __init__(self, wiring: Wiring, number: int) -> None:
+        super().__init__(wiring, number)
         self._loop = asyncio.get_running_loop()
         self._waiting: dict[int, tuple[Target, float]] = {}
         self._watchdog: asyncio.Task[None] | None = None

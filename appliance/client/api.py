@@ -23,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -39,9 +41,16 @@ import zmq
 
 from appliance.client import control
 from appliance.client.aio import AsyncChannel
-from appliance.client.channel import Channel
-from appliance.client.drive import Parts, Steps, run, run_async, run_stream, run_stream_async
-from appliance.client.inflight import InferResult, InFlight, Outbox, TensorLike, request_body
+from appliance.client.channel import Channel, Wiring
+from appliance.client.drive import Steps, in_loop, in_thread, stream_in_loop, stream_in_thread
+from appliance.client.inflight import (
+    Call,
+    InferResult,
+    InFlight,
+    Outbox,
+    TensorLike,
+    request_body,
+)
 from appliance.client.restarts import RestartWaits
 from appliance.client.routing import Router, Target
 from appliance.config import ApplianceConfig, ConfigError, ModelConfig
@@ -103,9 +112,16 @@ class ModelClient:
             (shm.inline_threshold_bytes, shm.max_tensor_bytes, shm.spill_limit_bytes),
             self._channel,
         )
+        self._pid = os.getpid()
+        self._wiring = Wiring(
+            self._context,
+            functools.partial(tree.reply_endpoint, self._pid),
+            tree.model_endpoint,
+            self.router,
+            self._flight.stray,
+        )
         self._metadata: dict[str, tuple[float, float, ModelMetadata, int]] = {}
         self._spin_budget_s = config.server.spin_wait_us / 1e6
-        self._pid = os.getpid()
         self._closed = False
 
     @classmethod
@@ -140,16 +156,17 @@ class ModelClient:
             self.config = dataclasses.replace(self.config, models=(*kept, *served.values()))
         return layout
 
-    # -- the calls: thin faces over one core each (see drive.py) -------------
+    # -- the calls: one core each, with sync and async faces (drive.py) -------
 
-    def infer(
+    def _infer(
         self,
+        channel: Outbox,
         model: str,
         inputs: Mapping[str, TensorLike],
         outputs: Sequence[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
-    ) -> InferResult:
+    ) -> Steps[InferResult]:
         """Run ``model`` on named inputs; return its (requested) outputs.
 
         Args:
@@ -162,59 +179,35 @@ class ModelClient:
         Raises:
             ApplianceError: any subclass, with a message for the user.
         """
-        channel = self._channel()
         body = request_body(model, "predict", outputs, parameters, None)
-        return run(channel, self._unary(channel, body, inputs, timeout_s))
+        return self._unary(channel, body, inputs, timeout_s)
 
-    async def infer_async(
+    infer = in_thread(_infer)
+    infer_async = in_loop(_infer)
+
+    def _stream(
         self,
+        channel: Outbox,
         model: str,
         inputs: Mapping[str, TensorLike],
         outputs: Sequence[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
-    ) -> InferResult:
-        """:meth:`infer` for code running in an event loop (no thread hop)."""
-        channel = self._async_channel()
-        body = request_body(model, "predict", outputs, parameters, None)
-        return await run_async(channel, self._unary(channel, body, inputs, timeout_s))
-
-    def stream(
-        self,
-        model: str,
-        inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-    ) -> Iterator[InferResult]:
+    ) -> _Stream:
         """Yield the model's streamed parts as they come.
 
         Each part is released when the next one is requested; closing the
-        generator early cancels the stream in the worker.
+        generator early (``close``, ``aclose``) cancels the stream in the worker.
         """
-        channel = self._channel()  # the thread that iterates, not the one that asks
         body = request_body(model, "stream", outputs, parameters, None)
-        yield from run_stream(channel, self._streamed(channel, body, inputs, timeout_s))
+        return _Stream(self, channel, body, inputs, timeout_s)
 
-    def stream_async(
+    stream = stream_in_thread(_stream)
+    stream_async = stream_in_loop(_stream)
+
+    def _derivative(
         self,
-        model: str,
-        inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-    ) -> AsyncGenerator[InferResult, None]:
-        """:meth:`stream` for code running in an event loop (no thread hop).
-
-        Each part is released when the next one is requested; closing the
-        generator early (``aclose``) cancels the stream in the worker.
-        """
-        channel = self._async_channel()
-        body = request_body(model, "stream", outputs, parameters, None)
-        return run_stream_async(channel, self._streamed(channel, body, inputs, timeout_s))
-
-    def derivative(
-        self,
+        channel: Outbox,
         model: str,
         method: str,
         inputs: Mapping[str, TensorLike],
@@ -226,7 +219,7 @@ class ModelClient:
         vec: npt.ArrayLike | None = None,
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
-    ) -> npt.NDArray[np.float64]:
+    ) -> Steps[npt.NDArray[np.float64]]:
         """Run ``gradient``, ``apply_jacobian`` or ``apply_hessian``.
 
         For ``apply_hessian``, ``in_wrt`` is the first input and ``in_wrt2``
@@ -234,28 +227,11 @@ class ModelClient:
         """
         wrt = (out_wrt, in_wrt, in_wrt2)
         body, tensors = _derivative_request(model, method, inputs, parameters, wrt, sens, vec)
-        channel = self._channel()
-        return run(channel, self._derived(channel, body, tensors, timeout_s))
+        with (yield from self._unary(channel, body, tensors, timeout_s)) as result:
+            return np.array(result.array("output"), dtype=np.float64)
 
-    async def derivative_async(
-        self,
-        model: str,
-        method: str,
-        inputs: Mapping[str, TensorLike],
-        *,
-        out_wrt: str,
-        in_wrt: str | None = None,
-        in_wrt2: str | None = None,
-        sens: npt.ArrayLike | None = None,
-        vec: npt.ArrayLike | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-    ) -> npt.NDArray[np.float64]:
-        """:meth:`derivative` for code running in an event loop (no thread hop)."""
-        wrt = (out_wrt, in_wrt, in_wrt2)
-        body, tensors = _derivative_request(model, method, inputs, parameters, wrt, sens, vec)
-        channel = self._async_channel()
-        return await run_async(channel, self._derived(channel, body, tensors, timeout_s))
+    derivative = in_thread(_derivative)
+    derivative_async = in_loop(_derivative)
 
     def _unary(
         self,
@@ -270,9 +246,7 @@ class ModelClient:
         # every call's path.
         started = time.perf_counter()
         try:
-            deadline = time.monotonic() + timeout_s if timeout_s else 0.0
-            target = yield from self._pick(model, deadline)
-            call = self._flight.send(channel, target, deadline, body, inputs)
+            call = yield from self._start(channel, body, inputs, timeout_s)
             try:
                 reply = yield call
             except BaseException:
@@ -286,40 +260,19 @@ class ModelClient:
         record_call(model, ErrorCode.OK, started)
         return result
 
-    def _derived(
+    def _start(
         self,
         channel: Outbox,
         body: dict[str, Any],
         inputs: Mapping[str, TensorLike],
         timeout_s: float | None,
-    ) -> Steps[npt.NDArray[np.float64]]:
-        with (yield from self._unary(channel, body, inputs, timeout_s)) as result:
-            return np.array(result.array("output"), dtype=np.float64)
+    ) -> Steps[Call]:
+        """Pick the instance and send it the request."""
+        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
+        target = yield from self._pick(body["model"], deadline)
+        return self._flight.send(channel, target, deadline, body, inputs)
 
-    def _streamed(
-        self,
-        channel: Outbox,
-        body: dict[str, Any],
-        inputs: Mapping[str, TensorLike],
-        timeout_s: float | None,
-    ) -> Parts:
-        """A request answered by parts: the core of stream."""
-        with _recorded(body["model"]):
-            deadline = time.monotonic() + timeout_s if timeout_s else 0.0
-            target = yield from self._pick(body["model"], deadline)
-            call = self._flight.send(channel, target, deadline, body, inputs)
-            try:
-                while True:
-                    reply = yield call
-                    assert reply is not None
-                    part = self._flight.part(call, reply)
-                    if part is None:
-                        return
-                    yield part
-            finally:
-                self._flight.end_stream(call)
-
-    def _pick(self, model: str, deadline: float) -> Generator[float, Any, Target]:
+    def _pick(self, model: str, deadline: float) -> Steps[Target]:
         """Choose the instance a call goes to: the one place that picks.
 
         While none is ready but one is (re)starting, yield how long to pause
@@ -417,16 +370,7 @@ class ModelClient:
         """The calling thread's channel (made on first use)."""
         channel: Channel | None = getattr(self._local, "channel", None)
         if channel is None:
-            number = self._next_channel()
-            channel = Channel(
-                self._context,
-                number,
-                self.tree.reply_endpoint(self._pid, number),
-                self.tree.model_endpoint,
-                self.router,
-                self._flight.stray,
-                self._spin_s,
-            )
+            channel = Channel(self._wiring, self._next_channel(), self._spin_s)
             self._local.channel = channel
             with self._lock:
                 self._channels.append(channel)
@@ -438,15 +382,7 @@ class ModelClient:
         loop = asyncio.get_running_loop()
         channel = self._async_channels.get(loop)
         if channel is None:
-            number = self._next_channel()
-            channel = AsyncChannel(
-                self._context,
-                number,
-                self.tree.reply_endpoint(self._pid, number),
-                self.tree.model_endpoint,
-                self.router,
-                self._flight.stray,
-            )
+            channel = AsyncChannel(self._wiring, self._next_channel())
             self._async_channels[loop] = channel
         return channel
 
@@ -470,6 +406,7 @@ class ModelClient:
         if self._closed:
             return
         self._closed = True
+        self._flight.close()  # first: a result released from now on gives nothing back
         with self._lock:
             channels, self._channels = self._channels, []
         for channel in channels:
@@ -477,22 +414,52 @@ class ModelClient:
         for async_channel in list(self._async_channels.values()):
             async_channel.close()
         self._context.destroy(linger=0)
-        self._flight.close()
 
 
-@contextlib.contextmanager
-def _recorded(model: str) -> Iterator[None]:
-    """Count a model call (see appliance.metrics) whichever way it ends."""
-    started = time.perf_counter()
-    try:
-        yield
-    except ApplianceError as ex:
-        record_call(model, ex.code, started)
-        raise
-    except GeneratorExit:
-        record_call(model, ErrorCode.OK, started)
-        raise
-    record_call(model, ErrorCode.OK, started)
+class _Stream:
+    """A stream in flight, as the stream faces (drive.py) take it, part by part."""
+
+    def __init__(
+        self,
+        client: ModelClient,
+        channel: Outbox,
+        body: dict[str, Any],
+        inputs: Mapping[str, TensorLike],
+        timeout_s: float | None,
+    ) -> None:
+        self._client = client
+        self._flight = client._flight
+        self._request = (channel, body, inputs, timeout_s)
+        self._call: Call | None = None
+        self._started = 0.0
+
+    def open(self) -> Steps[None]:
+        self._call = yield from self._client._start(*self._request)
+
+    def next(self) -> Steps[InferResult | None]:
+        assert self._call is not None
+        reply = yield self._call
+        assert reply is not None
+        return self._flight.part(self._call, reply)
+
+    def __enter__(self) -> _Stream:
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """End the stream; count it (see appliance.metrics) whichever way it ended."""
+        if self._call is not None:
+            self._flight.end_stream(self._call)
+        model = self._request[1]["model"]
+        if error is None or isinstance(error, GeneratorExit):
+            record_call(model, ErrorCode.OK, self._started)
+        elif isinstance(error, ApplianceError):
+            record_call(model, error.code, self._started)
 
 
 def _derivative_request(

@@ -32,6 +32,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 import zmq
@@ -94,39 +95,46 @@ class PushSockets:
         self._sockets.clear()
 
 
-class ReplySockets(Generic[BoxT]):
-    """What both channel kinds share: the PUSH sockets, the bound PULL, the boxes.
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """What every channel of a client is built from.
 
     Args:
         context: the process's ZeroMQ context.
-        number: this channel's number in its process (sent with requests).
-        reply_endpoint: where this channel receives replies.
+        reply_endpoint: maps a channel's number to where it receives replies.
         endpoint: maps (slot, generation) to a worker's endpoint.
         router: for instance liveness checks.
-        on_stray: called with a message no pending request of this channel
+        on_stray: called with a message no pending request of the channel
             waits for (a late reply after a deadline, a part left untaken);
             it must give back the message's ring blocks.
     """
 
-    def __init__(
-        self,
-        context: zmq.Context[Any],
-        number: int,
-        reply_endpoint: str,
-        endpoint: Callable[[int, int], str],
-        router: Router,
-        on_stray: Callable[[Message], None],
-    ) -> None:
+    context: zmq.Context[Any]
+    reply_endpoint: Callable[[int], str]
+    endpoint: Callable[[int, int], str]
+    router: Router
+    on_stray: Callable[[Message], None]
+
+
+class ReplySockets(Generic[BoxT]):
+    """What both channel kinds share: the PUSH sockets, the bound PULL, the boxes.
+
+    Args:
+        wiring: the client's sockets and callbacks.
+        number: this channel's number in its process (sent with requests).
+    """
+
+    def __init__(self, wiring: Wiring, number: int) -> None:
         self.number = number
-        self._router = router
-        self._on_stray = on_stray
-        self._pushes = PushSockets(context, endpoint)
+        self._router = wiring.router
+        self._on_stray = wiring.on_stray
+        self._pushes = PushSockets(wiring.context, wiring.endpoint)
         # A request's box holds the messages its waiter has not taken yet:
         # one reply for a unary call, parts for a stream.
         self._inbox: dict[int, BoxT] = {}
-        self._replies: zmq.Socket[bytes] = context.socket(zmq.PULL)
+        self._replies: zmq.Socket[bytes] = wiring.context.socket(zmq.PULL)
         self._replies.setsockopt(zmq.LINGER, 0)
-        self._replies.bind(reply_endpoint)
+        self._replies.bind(wiring.reply_endpoint(number))
         self._closed = False
 
     def send(self, target: Target, message: Message, flags: int = 0) -> None:
@@ -165,21 +173,16 @@ class ReplySockets(Generic[BoxT]):
 class Channel(ReplySockets[deque[Message]]):
     """The sockets of one thread.
 
-    Args: those of :class:`ReplySockets`, and
+    Args:
+        wiring: the client's sockets and callbacks.
+        number: this channel's number in its process (sent with requests).
         spin_s: how long to poll before blocking, asked per wait.
     """
 
     def __init__(
-        self,
-        context: zmq.Context[Any],
-        number: int,
-        reply_endpoint: str,
-        endpoint: Callable[[int, int], str],
-        router: Router,
-        on_stray: Callable[[Message], None],
-        spin_s: Callable[[], float] = lambda: 0.0,
+        self, wiring: Wiring, number: int, spin_s: Callable[[], float] = lambda: 0.0
     ) -> None:
-        super().__init__(context, number, reply_endpoint, endpoint, router, on_stray)
+        super().__init__(wiring, number)
         self._spin_s = spin_s
         # Moving average of how long replies take: a spin pays only while they
         # usually come within it (see the module's PERF note).
