@@ -42,7 +42,7 @@ import zmq
 from appliance.client import control
 from appliance.client.aio import AsyncChannel
 from appliance.client.channel import Channel, Wiring
-from appliance.client.drive import Steps, in_loop, in_thread, stream_in_loop, stream_in_thread
+from appliance.client.drive import Run, Steps, in_loop, in_thread, stream_in_loop, stream_in_thread
 from appliance.client.inflight import (
     Call,
     InferResult,
@@ -166,7 +166,7 @@ class ModelClient:
         outputs: Sequence[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
-    ) -> Steps[InferResult]:
+    ) -> Run[InferResult]:
         """Run ``model`` on named inputs; return its (requested) outputs.
 
         Args:
@@ -180,7 +180,7 @@ class ModelClient:
             ApplianceError: any subclass, with a message for the user.
         """
         body = request_body(model, "predict", outputs, parameters, None)
-        return self._unary(channel, body, inputs, timeout_s)
+        yield (yield from self._unary(channel, body, inputs, timeout_s))
 
     infer = in_thread(_infer)
     infer_async = in_loop(_infer)
@@ -219,7 +219,7 @@ class ModelClient:
         vec: npt.ArrayLike | None = None,
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
-    ) -> Steps[npt.NDArray[np.float64]]:
+    ) -> Run[npt.NDArray[np.float64]]:
         """Run ``gradient``, ``apply_jacobian`` or ``apply_hessian``.
 
         For ``apply_hessian``, ``in_wrt`` is the first input and ``in_wrt2``
@@ -228,7 +228,7 @@ class ModelClient:
         wrt = (out_wrt, in_wrt, in_wrt2)
         body, tensors = _derivative_request(model, method, inputs, parameters, wrt, sens, vec)
         with (yield from self._unary(channel, body, tensors, timeout_s)) as result:
-            return np.array(result.array("output"), dtype=np.float64)
+            yield np.array(result.array("output"), dtype=np.float64)
 
     derivative = in_thread(_derivative)
     derivative_async = in_loop(_derivative)
@@ -247,13 +247,8 @@ class ModelClient:
         started = time.perf_counter()
         try:
             call = yield from self._start(channel, body, inputs, timeout_s)
-            try:
-                reply = yield call
-            except BaseException:
-                self._flight.finish(call, False)
-                raise
-            assert reply is not None
-            result = self._flight.settle(call, reply)
+            yield call
+            result = self._flight.settle(call)
         except ApplianceError as ex:
             record_call(model, ex.code, started)
             raise
@@ -433,14 +428,14 @@ class _Stream:
         self._call: Call | None = None
         self._started = 0.0
 
-    def open(self) -> Steps[None]:
+    def open(self) -> Run[None]:
         self._call = yield from self._client._start(*self._request)
+        yield None
 
-    def next(self) -> Steps[InferResult | None]:
+    def next(self) -> Run[InferResult | None]:
         assert self._call is not None
-        reply = yield self._call
-        assert reply is not None
-        return self._flight.part(self._call, reply)
+        yield self._call
+        yield self._flight.part(self._call)
 
     def __enter__(self) -> _Stream:
         self._started = time.perf_counter()

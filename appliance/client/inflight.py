@@ -101,8 +101,20 @@ class Call:
     id: int
     blocks: list[Block]
     deadline: float
+    # What the last wait brought (see drive.py): a reply, or the wait's error.
+    reply: Message | None = None
+    error: BaseException | None = None
     previous: InferResult | None = None
     finished: bool = False
+
+    def take(self) -> Message:
+        """The reply the last wait brought, or raise the wait's error."""
+        reply, error = self.reply, self.error
+        self.reply = self.error = None
+        if error is not None:
+            raise error
+        assert reply is not None
+        return reply
 
 
 class InFlight:
@@ -173,8 +185,13 @@ class InFlight:
         channel.send(target, message)
         return Call(channel, target, request_id, blocks, deadline)
 
-    def settle(self, call: Call, reply: Message) -> InferResult:
+    def settle(self, call: Call) -> InferResult:
         """Turn a unary call's reply into a result (or its error); end the call."""
+        try:
+            reply = call.take()
+        except BaseException:
+            self.finish(call, False)
+            raise
         kept: list[Block] = []
         try:
             _raise_for(reply)
@@ -185,8 +202,12 @@ class InFlight:
                 call.blocks = [block for block in call.blocks if block not in kept]
             self.finish(call, True)
 
-    def part(self, call: Call, reply: Message) -> InferResult | None:
-        """The stream part ``reply`` carries; None at the stream's end (or raise its error)."""
+    def part(self, call: Call) -> InferResult | None:
+        """The stream part the last wait brought; None at the stream's end (or raise its error).
+
+        The caller ends the stream (:meth:`end_stream`) whichever way this ends.
+        """
+        reply = call.take()
         if call.previous is not None:
             call.previous.release()
             call.previous = None
