@@ -180,7 +180,7 @@ class ModelClient:
             ApplianceError: any subclass, with a message for the user.
         """
         body = request_body(model, "predict", outputs, parameters, None)
-        yield (yield from self._unary(channel, body, inputs, timeout_s))
+        return self._unary(channel, body, inputs, timeout_s)
 
     infer = in_thread(_infer)
     infer_async = in_loop(_infer)
@@ -227,8 +227,12 @@ class ModelClient:
         """
         wrt = (out_wrt, in_wrt, in_wrt2)
         body, tensors = _derivative_request(model, method, inputs, parameters, wrt, sens, vec)
-        with (yield from self._unary(channel, body, tensors, timeout_s)) as result:
-            yield np.array(result.array("output"), dtype=np.float64)
+        for step in self._unary(channel, body, tensors, timeout_s):
+            if isinstance(step, InferResult):
+                with step:
+                    yield np.array(step.array("output"), dtype=np.float64)
+            else:
+                yield step
 
     derivative = in_thread(_derivative)
     derivative_async = in_loop(_derivative)
@@ -239,49 +243,40 @@ class ModelClient:
         body: dict[str, Any],
         inputs: Mapping[str, TensorLike],
         timeout_s: float | None,
-    ) -> Steps[InferResult]:
+    ) -> Run[InferResult]:
         """One request, one reply: the core of infer and derivative."""
         model = body["model"]
         # PERF: try/except rather than the _recorded context manager: this is
         # every call's path.
         started = time.perf_counter()
         try:
-            call = yield from self._start(channel, body, inputs, timeout_s)
+            target, deadline = yield from self._pick(model, timeout_s)
+            call = self._flight.send(channel, target, deadline, body, inputs)
             yield call
             result = self._flight.settle(call)
         except ApplianceError as ex:
             record_call(model, ex.code, started)
             raise
         record_call(model, ErrorCode.OK, started)
-        return result
+        yield result
 
-    def _start(
-        self,
-        channel: Outbox,
-        body: dict[str, Any],
-        inputs: Mapping[str, TensorLike],
-        timeout_s: float | None,
-    ) -> Steps[Call]:
-        """Pick the instance and send it the request."""
-        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
-        target = yield from self._pick(body["model"], deadline)
-        return self._flight.send(channel, target, deadline, body, inputs)
-
-    def _pick(self, model: str, deadline: float) -> Steps[Target]:
+    def _pick(self, model: str, timeout_s: float | None) -> Steps[tuple[Target, float]]:
         """Choose the instance a call goes to: the one place that picks.
 
-        While none is ready but one is (re)starting, yield how long to pause
-        before trying again (restarts.py).
+        Returns it and the call's deadline. While no instance is ready but
+        one is (re)starting, yields how long to pause before trying again
+        (restarts.py).
         """
+        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
         try:
-            return self.router.pick(model)
+            return self.router.pick(model), deadline
         except ModelNotReady:
             pass
         with contextlib.closing(self._restarts.waits(model, deadline)) as waits:
             for delay in waits:
                 yield delay
                 with contextlib.suppress(ModelNotReady):
-                    return self.router.pick(model)
+                    return self.router.pick(model), deadline
         raise AssertionError("waits() ends by raising")
 
     # -- what is served --------------------------------------------------------
@@ -429,7 +424,9 @@ class _Stream:
         self._started = 0.0
 
     def open(self) -> Run[None]:
-        self._call = yield from self._client._start(*self._request)
+        channel, body, inputs, timeout_s = self._request
+        target, deadline = yield from self._client._pick(body["model"], timeout_s)
+        self._call = self._flight.send(channel, target, deadline, body, inputs)
         yield None
 
     def next(self) -> Run[InferResult | None]:

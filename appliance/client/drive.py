@@ -84,8 +84,9 @@ def run(channel: Channel, steps: Run[T]) -> T:
                 time.sleep(step)
             else:
                 result = step
-    finally:
+    except BaseException:
         steps.close()  # at once, when a pause failed: a waiting count goes down
+        raise
     return result
 
 
@@ -102,8 +103,9 @@ async def run_async(channel: AsyncChannel, steps: Run[T]) -> T:
                 await asyncio.sleep(step)
             else:
                 result = step
-    finally:
+    except BaseException:
         steps.close()
+        raise
     return result
 
 

@@ -187,11 +187,10 @@ class InFlight:
 
     def settle(self, call: Call) -> InferResult:
         """Turn a unary call's reply into a result (or its error); end the call."""
-        try:
-            reply = call.take()
-        except BaseException:
+        reply = call.reply
+        if reply is None:  # the wait failed
             self.finish(call, False)
-            raise
+            reply = call.take()  # raises the wait's error
         kept: list[Block] = []
         try:
             _raise_for(reply)
