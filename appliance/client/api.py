@@ -7,6 +7,11 @@ descriptor to the least-loaded instance, and hands back the outputs as
 read-only views into the worker's response ring, valid until the
 :class:`InferResult` is released. It is safe to use from many threads.
 
+This module holds the entry points; inflight.py keeps the requests in
+flight and the ring space they hold, drive.py waits for replies (in a
+thread or an event loop), control.py asks the master to load, unload or go
+offline, and routing.py picks the instance.
+
 Example:
     >>> client = ModelClient.connect(Path("/tmp/appliance-0"))
     >>> with client.infer("simple", {"INPUT0": a, "INPUT1": b}) as result:
@@ -18,14 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -33,94 +39,35 @@ import numpy.typing as npt
 import orjson
 import zmq
 
+from appliance.client import control
 from appliance.client.aio import AsyncChannel
-from appliance.client.channel import Channel
+from appliance.client.channel import Channel, Wiring
+from appliance.client.drive import Run, Steps, in_loop, in_thread, stream_in_loop, stream_in_thread
+from appliance.client.inflight import (
+    Call,
+    InferResult,
+    InFlight,
+    Outbox,
+    TensorLike,
+    request_body,
+)
 from appliance.client.restarts import RestartWaits
 from appliance.client.routing import Router, Target
 from appliance.config import ApplianceConfig, ConfigError, ModelConfig
 from appliance.config_reader import read_snapshot
-from appliance.core.descriptor import (
-    Kind,
-    Message,
-    SegmentReader,
-    block_list,
-    place_tensors,
-    read_tensors,
-    ring_blocks,
-)
 from appliance.core.metadata import ModelMetadata
-from appliance.core.ring import Block, Ring
-from appliance.core.segment import Segment
 from appliance.core.status import Counter, StatusTable
-from appliance.core.tensor import Tensor
-from appliance.core.tree import Tree, owner_pid
-from appliance.ctl import request
-from appliance.errors import (
-    ApplianceError,
-    BadRequest,
-    ErrorCode,
-    ModelNotFound,
-    ModelNotReady,
-    error_from_code,
-)
+from appliance.core.tree import Tree
+from appliance.errors import ApplianceError, ErrorCode, ModelNotFound, ModelNotReady
 from appliance.metrics import record_call
 from appliance.process import pid_alive
 
-TensorLike = Tensor | npt.NDArray[Any]
 _DEFAULT_MODEL_CONFIG = ModelConfig("", "")
 METADATA_RECHECK_S = 1.0
 # Several clients may live in one process (tests do); each owns a ring, and
 # every channel of the process needs its own reply endpoint.
 _RING_NUMBERS = itertools.count()
 _CHANNEL_NUMBERS = itertools.count(1)
-
-
-class InferResult:
-    """Outputs of one request, as views into the worker's response ring.
-
-    Release it (or use it as a context manager) once the outputs have been
-    encoded or copied: the worker reuses the space afterwards.
-    """
-
-    __slots__ = ("__weakref__", "_release", "outputs")
-
-    def __init__(self, outputs: dict[str, Tensor], release: Any) -> None:
-        self.outputs = outputs
-        self._release = release
-
-    def __getitem__(self, name: str) -> Tensor:
-        return self.outputs[name]
-
-    def array(self, name: str) -> npt.NDArray[Any]:
-        return self.outputs[name].array()
-
-    def release(self) -> None:
-        release, self._release = self._release, None
-        if release is not None:
-            release()
-
-    def __enter__(self) -> InferResult:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.release()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.release()
-
-
-@dataclass(slots=True)
-class _StreamCall:
-    """A stream in flight: where it went, what it holds, and how far it got."""
-
-    channel: Channel | AsyncChannel
-    target: Target
-    id: int
-    blocks: list[Block]
-    deadline: float
-    previous: InferResult | None = None
-    finished: bool = False
 
 
 class ModelClient:
@@ -148,8 +95,6 @@ class ModelClient:
         self.status = status
         self.router = Router(status, self._read_layout)
         self._restarts = RestartWaits(self.router, self._restart_limits)
-        self.inline_threshold = config.shm.inline_threshold_bytes
-        self._publish_slot = publish_slot
         self._context: zmq.Context[Any] = zmq.Context()
         self._local = threading.local()
         self._channels: list[Channel] = []
@@ -157,21 +102,26 @@ class ModelClient:
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
-        name = tree.ring_name(what=f"req{next(_RING_NUMBERS)}")
-        self._ring = Ring(
-            Segment.create(name, ring_bytes or config.shm.request_ring_bytes),
-            name,
-            config.shm.max_tensor_bytes,
-            config.shm.spill_limit_bytes,
-            limit_hint="shm.request_ring_bytes",
+        shm = config.shm
+        self._flight = InFlight(
+            self.router,
+            status,
+            publish_slot,
+            tree.ring_name(what=f"req{next(_RING_NUMBERS)}"),
+            ring_bytes or shm.request_ring_bytes,
+            (shm.inline_threshold_bytes, shm.max_tensor_bytes, shm.spill_limit_bytes),
+            self._channel,
         )
-        self._reader = SegmentReader(Segment.attach)
-        self._ids = itertools.count(1)
-        self._abandoned: dict[int, tuple[Target, list[Block]]] = {}
-        self._metadata: dict[str, tuple[float, float, ModelMetadata, int]] = {}
-        self._inflight = 0
-        self._spin_budget_s = config.server.spin_wait_us / 1e6
         self._pid = os.getpid()
+        self._wiring = Wiring(
+            self._context,
+            functools.partial(tree.reply_endpoint, self._pid),
+            tree.model_endpoint,
+            self.router,
+            self._flight.stray,
+        )
+        self._metadata: dict[str, tuple[float, float, ModelMetadata, int]] = {}
+        self._spin_budget_s = config.server.spin_wait_us / 1e6
         self._closed = False
 
     @classmethod
@@ -192,41 +142,6 @@ class ModelClient:
         entry = self.config.model(model) or _DEFAULT_MODEL_CONFIG
         return entry.restart_wait_s, entry.max_queue
 
-    def _pick(
-        self, model: str, timeout_s: float | None, parameters: Mapping[str, Any] | None = None
-    ) -> tuple[Target, float]:
-        """Choose an instance, waiting out a restart (restarts.py); return it, the deadline.
-
-        ``parameters`` may name a sequence, whose instance it must be (routing.py).
-        """
-        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
-        try:
-            return self.router.pick(model, parameters), deadline
-        except ModelNotReady:
-            pass
-        with contextlib.closing(self._restarts.waits(model, deadline)) as waits:
-            for delay in waits:
-                time.sleep(delay)
-                with contextlib.suppress(ModelNotReady):
-                    return self.router.pick(model, parameters), deadline
-        raise AssertionError("waits() ends by raising")
-
-    async def _pick_async(
-        self, model: str, timeout_s: float | None, parameters: Mapping[str, Any] | None = None
-    ) -> tuple[Target, float]:
-        """:meth:`_pick` for code running in an event loop."""
-        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
-        try:
-            return self.router.pick(model, parameters), deadline
-        except ModelNotReady:
-            pass
-        with contextlib.closing(self._restarts.waits(model, deadline)) as waits:
-            for delay in waits:
-                await asyncio.sleep(delay)
-                with contextlib.suppress(ModelNotReady):
-                    return self.router.pick(model, parameters), deadline
-        raise AssertionError("waits() ends by raising")
-
     def _read_layout(self) -> dict[str, list[int]]:
         layout: dict[str, list[int]] = orjson.loads((self.tree.dir / "layout.json").read_bytes())[
             "models"
@@ -241,16 +156,17 @@ class ModelClient:
             self.config = dataclasses.replace(self.config, models=(*kept, *served.values()))
         return layout
 
-    # -- the calls -------------------------------------------------------------
+    # -- the calls: one core each, with sync and async faces (drive.py) -------
 
-    def infer(
+    def _infer(
         self,
+        channel: Outbox,
         model: str,
         inputs: Mapping[str, TensorLike],
         outputs: Sequence[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
-    ) -> InferResult:
+    ) -> Run[InferResult]:
         """Run ``model`` on named inputs; return its (requested) outputs.
 
         Args:
@@ -263,71 +179,35 @@ class ModelClient:
         Raises:
             ApplianceError: any subclass, with a message for the user.
         """
-        return self._roundtrip(model, "predict", inputs, outputs, parameters, timeout_s, None)
+        body = request_body(model, "predict", outputs, parameters, None)
+        return self._unary(channel, body, inputs, timeout_s)
 
-    def stream(
+    infer = in_thread(_infer)
+    infer_async = in_loop(_infer)
+
+    def _stream(
         self,
+        channel: Outbox,
         model: str,
         inputs: Mapping[str, TensorLike],
         outputs: Sequence[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
-    ) -> Iterator[InferResult]:
+    ) -> _Stream:
         """Yield the model's streamed parts as they come.
 
         Each part is released when the next one is requested; closing the
-        generator early cancels the stream in the worker.
+        generator early (``close``, ``aclose``) cancels the stream in the worker.
         """
-        with _recorded(model):
-            yield from self._stream(model, inputs, outputs, parameters, timeout_s)
+        body = request_body(model, "stream", outputs, parameters, None)
+        return _Stream(self, channel, body, inputs, timeout_s)
 
-    def _stream(
+    stream = stream_in_thread(_stream)
+    stream_async = stream_in_loop(_stream)
+
+    def _derivative(
         self,
-        model: str,
-        inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None,
-        parameters: Mapping[str, Any] | None,
-        timeout_s: float | None,
-    ) -> Iterator[InferResult]:
-        picked = self._pick(model, timeout_s, parameters)
-        channel = self._channel()
-        call = _StreamCall(
-            channel,
-            *self._send(channel, picked, model, "stream", inputs, outputs, parameters, None),
-        )
-        try:
-            while True:
-                part = self._stream_part(call, channel.wait(call.target, call.id, call.deadline))
-                if part is None:
-                    return
-                yield part
-        finally:
-            self._stream_end(call)
-
-    def _stream_part(self, call: _StreamCall, reply: Message) -> InferResult | None:
-        """The part ``reply`` carries; None at the stream's end (or raise its error)."""
-        if call.previous is not None:
-            call.previous.release()
-            call.previous = None
-        if reply.kind is Kind.END:
-            call.finished = True
-            _raise_for(reply)
-            return None
-        # Parts may borrow request blocks; those stay until the stream ends.
-        call.previous = self._result(call.target, reply, call.blocks)[0]
-        return call.previous
-
-    def _stream_end(self, call: _StreamCall) -> None:
-        """Release the last part; cancel the stream in the worker if it did not end."""
-        if call.previous is not None:
-            call.previous.release()
-        if not call.finished and self.router.is_current(call.target):
-            with contextlib.suppress(zmq.ZMQError):
-                call.channel.send(call.target, Message(Kind.CANCEL, call.id, self._pid))
-        self._finish(call.channel, call.target, call.id, call.blocks, call.finished)
-
-    def derivative(
-        self,
+        channel: Outbox,
         model: str,
         method: str,
         inputs: Mapping[str, TensorLike],
@@ -339,127 +219,69 @@ class ModelClient:
         vec: npt.ArrayLike | None = None,
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
-    ) -> npt.NDArray[np.float64]:
+    ) -> Run[npt.NDArray[np.float64]]:
         """Run ``gradient``, ``apply_jacobian`` or ``apply_hessian``.
 
         For ``apply_hessian``, ``in_wrt`` is the first input and ``in_wrt2``
         the second. Returns a private float64 copy of the model's result.
         """
-        tensors, args = _derivative_request(method, inputs, out_wrt, in_wrt, in_wrt2, sens, vec)
-        with self._roundtrip(model, method, tensors, None, parameters, timeout_s, args) as result:
-            return np.array(result.array("output"), dtype=np.float64)
+        wrt = (out_wrt, in_wrt, in_wrt2)
+        body, tensors = _derivative_request(model, method, inputs, parameters, wrt, sens, vec)
+        for step in self._unary(channel, body, tensors, timeout_s):
+            if isinstance(step, InferResult):
+                with step:
+                    yield np.array(step.array("output"), dtype=np.float64)
+            else:
+                yield step
 
-    # -- the same calls for asyncio frontends ---------------------------------
+    derivative = in_thread(_derivative)
+    derivative_async = in_loop(_derivative)
 
-    async def infer_async(
+    def _unary(
         self,
-        model: str,
+        channel: Outbox,
+        body: dict[str, Any],
         inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-    ) -> InferResult:
-        """:meth:`infer` for code running in an event loop (no thread hop)."""
-        return await self._roundtrip_async(
-            model, "predict", inputs, outputs, parameters, timeout_s, None
-        )
-
-    async def stream_async(
-        self,
-        model: str,
-        inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-    ) -> AsyncGenerator[InferResult, None]:
-        """:meth:`stream` for code running in an event loop (no thread hop).
-
-        Each part is released when the next one is requested; closing the
-        generator early (``aclose``) cancels the stream in the worker.
-        """
-        with _recorded(model):
-            picked = await self._pick_async(model, timeout_s, parameters)
-            channel = self._async_channel()
-            call = _StreamCall(
-                channel,
-                *self._send(channel, picked, model, "stream", inputs, outputs, parameters, None),
-            )
-            try:
-                while True:
-                    reply = await channel.wait(call.target, call.id, call.deadline)
-                    part = self._stream_part(call, reply)
-                    if part is None:
-                        return
-                    yield part
-            finally:
-                self._stream_end(call)
-
-    async def derivative_async(
-        self,
-        model: str,
-        method: str,
-        inputs: Mapping[str, TensorLike],
-        *,
-        out_wrt: str,
-        in_wrt: str | None = None,
-        in_wrt2: str | None = None,
-        sens: npt.ArrayLike | None = None,
-        vec: npt.ArrayLike | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-    ) -> npt.NDArray[np.float64]:
-        """:meth:`derivative` for code running in an event loop (no thread hop)."""
-        tensors, args = _derivative_request(method, inputs, out_wrt, in_wrt, in_wrt2, sens, vec)
-        result = await self._roundtrip_async(
-            model, method, tensors, None, parameters, timeout_s, args
-        )
-        with result:
-            return np.array(result.array("output"), dtype=np.float64)
-
-    async def _roundtrip_async(
-        self,
-        model: str,
-        method: str,
-        inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None,
-        parameters: Mapping[str, Any] | None,
         timeout_s: float | None,
-        args: dict[str, Any] | None,
-    ) -> InferResult:
+    ) -> Run[InferResult]:
+        """One request, one reply: the core of infer and derivative."""
+        model = body["model"]
+        # PERF: try/except rather than the _recorded context manager: this is
+        # every call's path.
         started = time.perf_counter()
         try:
-            picked = await self._pick_async(model, timeout_s, parameters)
-            channel = self._async_channel()
-            target, request_id, blocks, deadline = self._send(
-                channel, picked, model, method, inputs, outputs, parameters, args
-            )
-            try:
-                reply = await channel.wait(target, request_id, deadline)
-            except BaseException:
-                self._finish(channel, target, request_id, blocks, False)
-                raise
-            result = self._settle(channel, target, request_id, blocks, reply)
+            target, deadline = yield from self._pick(model, timeout_s, body.get("params"))
+            call = self._flight.send(channel, target, deadline, body, inputs)
+            yield call
+            result = self._flight.settle(call)
         except ApplianceError as ex:
             record_call(model, ex.code, started)
             raise
         record_call(model, ErrorCode.OK, started)
-        return result
+        yield result
 
-    def _async_channel(self) -> AsyncChannel:
-        loop = asyncio.get_running_loop()
-        channel = self._async_channels.get(loop)
-        if channel is None:
-            number = self._next_channel()
-            channel = AsyncChannel(
-                self._context,
-                number,
-                self.tree.reply_endpoint(self._pid, number),
-                self.tree.model_endpoint,
-                self.router,
-                self._stray,
-            )
-            self._async_channels[loop] = channel
-        return channel
+    def _pick(
+        self, model: str, timeout_s: float | None, parameters: Mapping[str, Any] | None
+    ) -> Steps[tuple[Target, float]]:
+        """Choose the instance a call goes to: the one place that picks.
+
+        ``parameters`` may name a sequence, whose instance it must be (routing.py).
+
+        Returns it and the call's deadline. While no instance is ready but
+        one is (re)starting, yields how long to pause before trying again
+        (restarts.py).
+        """
+        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
+        try:
+            return self.router.pick(model, parameters), deadline
+        except ModelNotReady:
+            pass
+        with contextlib.closing(self._restarts.waits(model, deadline)) as waits:
+            for delay in waits:
+                yield delay
+                with contextlib.suppress(ModelNotReady):
+                    return self.router.pick(model, parameters), deadline
+        raise AssertionError("waits() ends by raising")
 
     # -- what is served --------------------------------------------------------
 
@@ -505,48 +327,6 @@ class ModelClient:
         """Online, and every configured model has a ready instance."""
         return self.status.online and all(self.router.ready(model) for model in self.router.slots)
 
-    def set_online(self, online: bool) -> None:
-        """Ask the master to turn the host's readiness on or off, for all protocols.
-
-        Raises:
-            ControlError: the master cannot be reached.
-        """
-        request(self.tree.control_path, "online" if online else "offline")
-
-    def load_model(
-        self, model: str, timeout_s: float = 300.0, overrides: Mapping[str, Any] | None = None
-    ) -> None:
-        """Have the master (re)load ``model`` from its config; return once it serves.
-
-        ``overrides`` replaces ``[[models]]`` keys (``max_batch_size``,
-        ``instances``, ``max_queue_delay_ms``) for this load only; a later
-        load without them serves the config's own entry again.
-
-        Raises:
-            ControlError: the master refused (unknown model or key, a reload running).
-            ModelNotReady: its new instances failed to load, or took too long.
-        """
-        request(self.tree.control_path, "load", model=model, overrides=dict(overrides or {}))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            state = request(self.tree.control_path, "status")
-            if state["reloading"] is None:
-                if model in self.router.slots and self.router.ready(model):
-                    return
-                raise ModelNotReady(
-                    f"failed to load model {model}: {self.router.why_not_ready(model)}"
-                )
-            time.sleep(0.05)
-        raise ModelNotReady(f"failed to load model {model}: not ready after {timeout_s:.0f} s")
-
-    def unload_model(self, model: str) -> None:
-        """Have the master stop serving ``model``; its workers finish what they hold.
-
-        Raises:
-            ControlError: the model is not loaded, or a reload is running.
-        """
-        request(self.tree.control_path, "unload", model=model)
-
     def counters(self, model: str) -> dict[Counter, int]:
         """Sum a model's counters over its instances."""
         totals = dict.fromkeys(Counter, 0)
@@ -559,183 +339,46 @@ class ModelClient:
                     totals[counter] += values[counter]
         return totals
 
+    # -- the control plane (control.py) ---------------------------------------
+
+    def set_online(self, online: bool) -> None:
+        """Turn the host's readiness on or off for all protocols (see control.py)."""
+        control.set_online(self.tree, online)
+
+    def load_model(
+        self, model: str, timeout_s: float = 300.0, overrides: Mapping[str, Any] | None = None
+    ) -> None:
+        """(Re)load ``model``, with ``overrides`` of its config; return once it serves.
+
+        See :func:`appliance.client.control.load_model` (and its errors).
+        """
+        control.load_model(self.tree, self.router, model, timeout_s, overrides)
+
+    def unload_model(self, model: str) -> None:
+        """Stop serving ``model`` (see control.py)."""
+        control.unload_model(self.tree, model)
+
     # -- plumbing --------------------------------------------------------------
 
     def _channel(self) -> Channel:
+        """The calling thread's channel (made on first use)."""
         channel: Channel | None = getattr(self._local, "channel", None)
         if channel is None:
-            number = self._next_channel()
-            channel = Channel(
-                self._context,
-                number,
-                self.tree.reply_endpoint(self._pid, number),
-                self.tree.model_endpoint,
-                self.router,
-                self._stray,
-                self._spin_s,
-            )
+            channel = Channel(self._wiring, self._next_channel(), self._spin_s)
             self._local.channel = channel
             with self._lock:
                 self._channels.append(channel)
             weakref.finalize(threading.current_thread(), channel.close)
         return channel
 
-    def _roundtrip(
-        self,
-        model: str,
-        method: str,
-        inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None,
-        parameters: Mapping[str, Any] | None,
-        timeout_s: float | None,
-        args: dict[str, Any] | None,
-    ) -> InferResult:
-        # PERF: try/except rather than the _recorded context manager: this is
-        # every synchronous call's path.
-        started = time.perf_counter()
-        try:
-            result = self._roundtrip_unrecorded(
-                model, method, inputs, outputs, parameters, timeout_s, args
-            )
-        except ApplianceError as ex:
-            record_call(model, ex.code, started)
-            raise
-        record_call(model, ErrorCode.OK, started)
-        return result
-
-    def _roundtrip_unrecorded(
-        self,
-        model: str,
-        method: str,
-        inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None,
-        parameters: Mapping[str, Any] | None,
-        timeout_s: float | None,
-        args: dict[str, Any] | None,
-    ) -> InferResult:
-        picked = self._pick(model, timeout_s, parameters)
-        channel = self._channel()
-        target, request_id, blocks, deadline = self._send(
-            channel, picked, model, method, inputs, outputs, parameters, args
-        )
-        try:
-            reply = channel.wait(target, request_id, deadline)
-        except BaseException:
-            self._finish(channel, target, request_id, blocks, False)
-            raise
-        return self._settle(channel, target, request_id, blocks, reply)
-
-    def _settle(
-        self,
-        channel: Channel | AsyncChannel,
-        target: Target,
-        request_id: int,
-        blocks: list[Block],
-        reply: Message,
-    ) -> InferResult:
-        """Turn a reply into a result (or its error); give back what it does not borrow."""
-        kept: list[Block] = []
-        try:
-            _raise_for(reply)
-            result, kept = self._result(target, reply, blocks, keep=True)
-            return result
-        finally:
-            released = [block for block in blocks if block not in kept] if kept else blocks
-            self._finish(channel, target, request_id, released, True)
-
-    def _send(
-        self,
-        channel: Channel | AsyncChannel,
-        picked: tuple[Target, float],
-        model: str,
-        method: str,
-        inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None,
-        parameters: Mapping[str, Any] | None,
-        args: dict[str, Any] | None,
-    ) -> tuple[Target, int, list[Block], float]:
-        """Send a request to the instance and by the deadline ``picked`` (see _pick)."""
-        target, deadline = picked
-        tensors = {name: _tensor(name, value) for name, value in inputs.items()}
-        payloads: list[Any] = []
-        blocks: list[Block] = []
-        try:
-            entries = place_tensors(tensors, self, self.inline_threshold, payloads, blocks)
-        except BaseException:
-            self._release_local(blocks)
-            raise
-        body: dict[str, Any] = {"model": model, "method": method, "tensors": entries}
-        if parameters:
-            body["params"] = dict(parameters)
-        if outputs is not None:
-            body["outputs"] = list(outputs)
-        if args is not None:
-            body["args"] = args
-        request_id = next(self._ids)
-        message = Message(Kind.INFER, request_id, self._pid, body, payloads, deadline=deadline)
-        channel.expect(request_id)
-        self._adjust_inflight(+1)
-        self.router.begin(target.slot)
-        channel.send(target, message)
-        return target, request_id, blocks, deadline
-
-    def _finish(
-        self,
-        channel: Channel | AsyncChannel,
-        target: Target,
-        request_id: int,
-        blocks: list[Block],
-        answered: bool,
-    ) -> None:
-        self.router.end(target.slot)
-        self._adjust_inflight(-1)
-        if answered or not self.router.is_current(target):
-            self._release_local(blocks)
-        elif blocks:
-            # SAFETY: the worker may still read these blocks; keep them until
-            # its late reply arrives (see _stray) or it dies.
-            with self._lock:
-                self._abandoned[request_id] = (target, blocks)
-        # Last: a final message the caller left untaken is a late reply now.
-        channel.forget(request_id)
-
-    def _result(
-        self, target: Target, reply: Message, sent: list[Block], keep: bool = False
-    ) -> tuple[InferResult, list[Block]]:
-        """Wrap a reply's outputs; return it and the request blocks it borrows.
-
-        Outputs in the worker's ring are given back to it on release. Outputs
-        that lie in this client's own request blocks (a model that passed an
-        input through, see worker/passthrough.py) keep those blocks alive
-        until release when ``keep`` is set.
-        """
-        entries = reply.body.get("tensors", [])
-        with self._lock:
-            outputs = read_tensors(entries, reply.payloads, self._reader)
-        mine = {block.segment for block in sent}
-        remote: list[Block] = []
-        kept: list[Block] = []
-        for block in ring_blocks(entries):
-            if block.segment not in mine:
-                remote.append(block)
-            elif keep:
-                kept += [b for b in sent if _contains(b, block) and b not in kept]
-        if not remote and not kept:
-            return InferResult(outputs, None), kept
-
-        def release() -> None:
-            if remote:
-                self._release_remote(target, remote)
-            self._release_local(kept)
-
-        return InferResult(outputs, release), kept
-
-    def _release_remote(self, target: Target, blocks: list[Block]) -> None:
-        if self._closed or not self.router.is_current(target):
-            return
-        message = Message(Kind.RELEASE, 0, self._pid, {"blocks": block_list(blocks)})
-        with contextlib.suppress(zmq.ZMQError):
-            self._channel().send(target, message, zmq.NOBLOCK)
+    def _async_channel(self) -> AsyncChannel:
+        """The running event loop's channel (made on first use)."""
+        loop = asyncio.get_running_loop()
+        channel = self._async_channels.get(loop)
+        if channel is None:
+            channel = AsyncChannel(self._wiring, self._next_channel())
+            self._async_channels[loop] = channel
+        return channel
 
     def _next_channel(self) -> int:
         number = next(_CHANNEL_NUMBERS)
@@ -743,80 +386,21 @@ class ModelClient:
             raise RuntimeError("a client process may open at most 65535 channels")
         return number
 
-    def _stray(self, message: Message) -> None:
-        """Take back what a reply nobody waits for still holds."""
-        final = message.kind in (Kind.REPLY, Kind.END)
-        with self._lock:
-            abandoned = (self._abandoned.pop if final else self._abandoned.get)(
-                message.request_id, None
-            )
-        target = abandoned[0] if abandoned else self.router.target_of(message.pid)
-        if target is not None:
-            self._release_remote(target, ring_blocks(message.body.get("tensors", [])))
-        if final and abandoned is not None:
-            self._release_local(abandoned[1])
-        self._sweep_abandoned()
-
-    def _sweep_abandoned(self) -> None:
-        with self._lock:
-            gone = [
-                rid for rid, (t, _b) in self._abandoned.items() if not self.router.is_current(t)
-            ]
-            released = [self._abandoned.pop(rid)[1] for rid in gone]
-            dead = [name for name in self._reader.names() if not _owner_alive(name)]
-            for name in dead:
-                self._reader.forget(name)
-        for blocks in released:
-            self._release_local(blocks)
-
-    # The two methods below make the client its own thread-safe allocator
-    # for place_tensors.
-
-    def alloc(self, nbytes: int) -> Block:
-        with self._lock:
-            block = self._ring.alloc(nbytes)
-            self._publish_ring()
-            return block
-
-    def _publish_ring(self) -> None:
-        if self._publish_slot is not None:
-            ring = self._ring
-            self.status.set_ring(
-                self._publish_slot, ring.used_bytes, ring.capacity, ring.spilled_bytes
-            )
-
-    def view(self, block: Block) -> memoryview:
-        with self._lock:
-            return self._ring.view(block)
-
-    def _release_local(self, blocks: list[Block]) -> None:
-        if blocks:
-            with self._lock:
-                for block in blocks:
-                    self._ring.release(block)
-                self._publish_ring()
-
     @property
     def in_flight(self) -> int:
         """Calls of this process waiting for a model now."""
-        return self._inflight
+        return self._flight.count
 
     def _spin_s(self) -> float:
         """How long a waiting thread may poll before it blocks (see channel)."""
-        return self._spin_budget_s if self._inflight <= 1 else 0.0
-
-    def _adjust_inflight(self, delta: int) -> None:
-        with self._lock:
-            self._inflight += delta
-            inflight = self._inflight
-        if self._publish_slot is not None:
-            self.status.set_depth(self._publish_slot, inflight)
+        return self._spin_budget_s if self._flight.count <= 1 else 0.0
 
     def close(self) -> None:
         """Close every socket and unlink this process's ring."""
         if self._closed:
             return
         self._closed = True
+        self._flight.close()  # first: a result released from now on gives nothing back
         with self._lock:
             channels, self._channels = self._channels, []
         for channel in channels:
@@ -824,43 +408,69 @@ class ModelClient:
         for async_channel in list(self._async_channels.values()):
             async_channel.close()
         self._context.destroy(linger=0)
-        self._reader.close()
-        self._ring.close()
 
 
-@contextlib.contextmanager
-def _recorded(model: str) -> Iterator[None]:
-    """Count a model call (see appliance.metrics) whichever way it ends."""
-    started = time.perf_counter()
-    try:
-        yield
-    except ApplianceError as ex:
-        record_call(model, ex.code, started)
-        raise
-    except GeneratorExit:
-        record_call(model, ErrorCode.OK, started)
-        raise
-    record_call(model, ErrorCode.OK, started)
+class _Stream:
+    """A stream in flight, as the stream faces (drive.py) take it, part by part."""
 
+    def __init__(
+        self,
+        client: ModelClient,
+        channel: Outbox,
+        body: dict[str, Any],
+        inputs: Mapping[str, TensorLike],
+        timeout_s: float | None,
+    ) -> None:
+        self._client = client
+        self._flight = client._flight
+        self._request = (channel, body, inputs, timeout_s)
+        self._call: Call | None = None
+        self._started = 0.0
 
-def _contains(outer: Block, inner: Block) -> bool:
-    return (
-        outer.segment == inner.segment
-        and outer.offset <= inner.offset
-        and inner.offset + inner.nbytes <= outer.offset + outer.nbytes
-    )
+    def open(self) -> Run[None]:
+        channel, body, inputs, timeout_s = self._request
+        target, deadline = yield from self._client._pick(
+            body["model"], timeout_s, body.get("params")
+        )
+        self._call = self._flight.send(channel, target, deadline, body, inputs)
+        yield None
+
+    def next(self) -> Run[InferResult | None]:
+        assert self._call is not None
+        yield self._call
+        yield self._flight.part(self._call)
+
+    def __enter__(self) -> _Stream:
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """End the stream; count it (see appliance.metrics) whichever way it ended."""
+        if self._call is not None:
+            self._flight.end_stream(self._call)
+        model = self._request[1]["model"]
+        if error is None or isinstance(error, GeneratorExit):
+            record_call(model, ErrorCode.OK, self._started)
+        elif isinstance(error, ApplianceError):
+            record_call(model, error.code, self._started)
 
 
 def _derivative_request(
+    model: str,
     method: str,
     inputs: Mapping[str, TensorLike],
-    out_wrt: str,
-    in_wrt: str | None,
-    in_wrt2: str | None,
+    parameters: Mapping[str, Any] | None,
+    wrt: tuple[str, str | None, str | None],
     sens: npt.ArrayLike | None,
     vec: npt.ArrayLike | None,
-) -> tuple[dict[str, TensorLike], dict[str, Any]]:
-    """The tensors and arguments of a derivative call (see ModelClient.derivative)."""
+) -> tuple[dict[str, Any], dict[str, TensorLike]]:
+    """The body and tensors of a derivative call (see ModelClient.derivative)."""
+    out_wrt, in_wrt, in_wrt2 = wrt
     tensors: dict[str, TensorLike] = dict(inputs)
     if sens is not None:
         tensors["__sens__"] = np.asarray(sens, dtype=np.float64)
@@ -871,26 +481,7 @@ def _derivative_request(
         args.update(in_wrt1=in_wrt, in_wrt2=in_wrt2)
     else:
         args["in_wrt"] = in_wrt
-    return tensors, args
-
-
-def _raise_for(reply: Message) -> None:
-    if reply.code:
-        raise error_from_code(reply.code, reply.error_message)
-
-
-def _tensor(name: str, value: TensorLike) -> Tensor:
-    if isinstance(value, Tensor):
-        return value
-    try:
-        return Tensor.from_array(value)
-    except (ValueError, TypeError) as ex:
-        raise BadRequest(f"input {name}: {ex}") from None
-
-
-def _owner_alive(segment_name: str) -> bool:
-    pid = owner_pid(segment_name)
-    return pid is None or pid_alive(pid)
+    return request_body(model, method, None, parameters, args), tensors
 
 
 __all__ = ["ApplianceError", "InferResult", "ModelClient"]

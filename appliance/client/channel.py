@@ -32,7 +32,8 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
 
 import zmq
 
@@ -45,6 +46,7 @@ SLICE_MS = 50
 WAIT_WEIGHT = 0.125
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+BoxT = TypeVar("BoxT", bound=deque[Any])
 
 
 def worker_lost(target: Target) -> WorkerLost:
@@ -93,57 +95,104 @@ class PushSockets:
         self._sockets.clear()
 
 
-class Channel:
-    """The sockets of one thread.
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """What every channel of a client is built from.
 
     Args:
         context: the process's ZeroMQ context.
-        number: this channel's number in its process (sent with requests).
-        reply_endpoint: where this channel receives replies.
+        reply_endpoint: maps a channel's number to where it receives replies.
         endpoint: maps (slot, generation) to a worker's endpoint.
         router: for instance liveness checks.
-        on_stray: called with a message no pending request of this thread
-            waits for (a late reply after a deadline); it must give back
-            the message's ring blocks.
-        spin_s: how long to poll before blocking, asked per wait.
+        on_stray: called with a message no pending request of the channel
+            waits for (a late reply after a deadline, a part left untaken);
+            it must give back the message's ring blocks.
     """
 
-    def __init__(
-        self,
-        context: zmq.Context[Any],
-        number: int,
-        reply_endpoint: str,
-        endpoint: Callable[[int, int], str],
-        router: Router,
-        on_stray: Callable[[Message], None],
-        spin_s: Callable[[], float] = lambda: 0.0,
-    ) -> None:
+    context: zmq.Context[Any]
+    reply_endpoint: Callable[[int], str]
+    endpoint: Callable[[int, int], str]
+    router: Router
+    on_stray: Callable[[Message], None]
+
+
+class ReplySockets(Generic[BoxT]):
+    """What both channel kinds share: the PUSH sockets, the bound PULL, the boxes.
+
+    Args:
+        wiring: the client's sockets and callbacks.
+        number: this channel's number in its process (sent with requests).
+    """
+
+    def __init__(self, wiring: Wiring, number: int) -> None:
         self.number = number
-        self._router = router
-        self._on_stray = on_stray
-        self._spin_s = spin_s
-        # Moving average of how long replies take: a spin pays only while they
-        # usually come within it (see the module's PERF note).
-        self._typical_wait_s = 0.0
-        self._pushes = PushSockets(context, endpoint)
-        self._inbox: dict[int, deque[Message]] = {}
-        self._timeout_ms = SLICE_MS
-        self._replies: zmq.Socket[bytes] = context.socket(zmq.PULL)
+        self._router = wiring.router
+        self._on_stray = wiring.on_stray
+        self._pushes = PushSockets(wiring.context, wiring.endpoint)
+        # A request's box holds the messages its waiter has not taken yet:
+        # one reply for a unary call, parts for a stream.
+        self._inbox: dict[int, BoxT] = {}
+        self._replies: zmq.Socket[bytes] = wiring.context.socket(zmq.PULL)
         self._replies.setsockopt(zmq.LINGER, 0)
-        self._replies.setsockopt(zmq.RCVTIMEO, SLICE_MS)
-        self._replies.bind(reply_endpoint)
+        self._replies.bind(wiring.reply_endpoint(number))
         self._closed = False
 
     def send(self, target: Target, message: Message, flags: int = 0) -> None:
         message.channel = self.number
         self._pushes.get(target).send(to_frame(message), flags, copy=True)
 
+    def forget(self, request_id: int) -> None:
+        """Stop collecting messages for ``request_id``."""
+        box = self._inbox.pop(request_id, None)
+        if box:
+            # Parts a stream's consumer left untaken still hold ring space.
+            for item in box:
+                if isinstance(item, Message):
+                    self._on_stray(item)
+
+    def _route(self, frame: bytes) -> None:
+        try:
+            message = from_frame(frame)
+        except DescriptorError:
+            return
+        box = self._inbox.get(message.request_id)
+        if box is not None:
+            box.append(message)
+        else:
+            self._on_stray(message)
+
+    def close(self) -> None:
+        """Tell every worker this channel used to forget it, then close."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pushes.close(self.number)
+        self._replies.close(0)
+
+
+class Channel(ReplySockets[deque[Message]]):
+    """The sockets of one thread.
+
+    Args:
+        wiring: the client's sockets and callbacks.
+        number: this channel's number in its process (sent with requests).
+        spin_s: how long to poll before blocking, asked per wait.
+    """
+
+    def __init__(
+        self, wiring: Wiring, number: int, spin_s: Callable[[], float] = lambda: 0.0
+    ) -> None:
+        super().__init__(wiring, number)
+        self._spin_s = spin_s
+        # Moving average of how long replies take: a spin pays only while they
+        # usually come within it (see the module's PERF note).
+        self._typical_wait_s = 0.0
+        self._timeout_ms = SLICE_MS
+        self._replies.setsockopt(zmq.RCVTIMEO, SLICE_MS)
+
     def expect(self, request_id: int) -> None:
         """Start collecting messages for ``request_id``."""
         self._inbox[request_id] = deque()
-
-    def forget(self, request_id: int) -> None:
-        self._inbox.pop(request_id, None)
 
     def wait(self, target: Target, request_id: int, deadline: float) -> Message:
         """Block until a message for ``request_id`` arrives from ``target``.
@@ -184,22 +233,3 @@ class Channel:
         while not box and time.perf_counter() < until:
             if cast(int, replies.getsockopt(_EVENTS)) & _POLLIN:
                 self._route(replies.recv(copy=True))
-
-    def _route(self, frame: bytes) -> None:
-        try:
-            message = from_frame(frame)
-        except DescriptorError:
-            return
-        box = self._inbox.get(message.request_id)
-        if box is not None:
-            box.append(message)
-        else:
-            self._on_stray(message)
-
-    def close(self) -> None:
-        """Tell every worker this channel used to forget it, then close."""
-        if self._closed:
-            return
-        self._closed = True
-        self._pushes.close(self.number)
-        self._replies.close(0)

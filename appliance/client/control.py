@@ -1,0 +1,65 @@
+"""The control plane as the client API offers it: load, unload, online/offline.
+
+These go to the master's control socket (appliance.ctl); protocols reach
+them through :class:`~appliance.client.api.ModelClient`, never the socket.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from appliance.client.routing import Router
+from appliance.core.tree import Tree
+from appliance.ctl import request
+from appliance.errors import ModelNotReady
+
+LOAD_POLL_S = 0.05
+
+
+def set_online(tree: Tree, online: bool) -> None:
+    """Ask the master to turn the host's readiness on or off, for all protocols.
+
+    Raises:
+        ControlError: the master cannot be reached.
+    """
+    request(tree.control_path, "online" if online else "offline")
+
+
+def load_model(
+    tree: Tree,
+    router: Router,
+    model: str,
+    timeout_s: float = 300.0,
+    overrides: Mapping[str, Any] | None = None,
+) -> None:
+    """Have the master (re)load ``model`` from its config; return once it serves.
+
+    ``overrides`` replaces ``[[models]]`` keys (``max_batch_size``,
+    ``instances``, ``max_queue_delay_ms``) for this load only; a later
+    load without them serves the config's own entry again.
+
+    Raises:
+        ControlError: the master refused (unknown model or key, a reload running).
+        ModelNotReady: its new instances failed to load, or took too long.
+    """
+    request(tree.control_path, "load", model=model, overrides=dict(overrides or {}))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = request(tree.control_path, "status")
+        if state["reloading"] is None:
+            if model in router.slots and router.ready(model):
+                return
+            raise ModelNotReady(f"failed to load model {model}: {router.why_not_ready(model)}")
+        time.sleep(LOAD_POLL_S)
+    raise ModelNotReady(f"failed to load model {model}: not ready after {timeout_s:.0f} s")
+
+
+def unload_model(tree: Tree, model: str) -> None:
+    """Have the master stop serving ``model``; its workers finish what they hold.
+
+    Raises:
+        ControlError: the model is not loaded, or a reload is running.
+    """
+    request(tree.control_path, "unload", model=model)

@@ -1,0 +1,392 @@
+"""The requests a client process has in flight, and the ring space they hold.
+
+A request's tensors are written once into this process's request ring; the
+descriptor sent to a worker points at them. This module sends a request,
+turns its reply into an :class:`InferResult` (views into the worker's
+response ring), and gives every block back when it is no longer read: the
+client's own blocks once the reply came (or the worker died), the worker's
+blocks once the result is released. A request given up on (a deadline, a
+cancelled caller) keeps its blocks in the abandoned table until its late
+reply arrives, since the worker may still read them.
+
+Nothing here waits: the calls in api.py wait for replies on a channel (a
+thread's or an event loop's), through the drivers in drive.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy.typing as npt
+import zmq
+
+from appliance.client.routing import Router, Target
+from appliance.core.descriptor import (
+    Kind,
+    Message,
+    SegmentReader,
+    block_list,
+    place_tensors,
+    read_tensors,
+    ring_blocks,
+)
+from appliance.core.ring import Block, Ring
+from appliance.core.segment import Segment
+from appliance.core.status import StatusTable
+from appliance.core.tensor import Tensor
+from appliance.core.tree import owner_pid
+from appliance.errors import BadRequest, error_from_code
+from appliance.process import pid_alive
+
+TensorLike = Tensor | npt.NDArray[Any]
+
+
+class Outbox(Protocol):
+    """What a call needs of a channel besides waiting (both channel kinds have it)."""
+
+    def send(self, target: Target, message: Message, flags: int = 0) -> None: ...
+
+    def expect(self, request_id: int) -> None: ...
+
+    def forget(self, request_id: int) -> None: ...
+
+
+class InferResult:
+    """Outputs of one request, as views into the worker's response ring.
+
+    Release it (or use it as a context manager) once the outputs have been
+    encoded or copied: the worker reuses the space afterwards.
+    """
+
+    __slots__ = ("__weakref__", "_release", "outputs")
+
+    def __init__(self, outputs: dict[str, Tensor], release: Any) -> None:
+        self.outputs = outputs
+        self._release = release
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.outputs[name]
+
+    def array(self, name: str) -> npt.NDArray[Any]:
+        return self.outputs[name].array()
+
+    def release(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __enter__(self) -> InferResult:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.release()
+
+
+@dataclass(slots=True)
+class Call:
+    """A request in flight: where it went, what it holds, and (a stream) how far it got."""
+
+    channel: Outbox
+    target: Target
+    id: int
+    blocks: list[Block]
+    deadline: float
+    # What the last wait brought (see drive.py): a reply, or the wait's error.
+    reply: Message | None = None
+    error: BaseException | None = None
+    previous: InferResult | None = None
+    finished: bool = False
+
+    def take(self) -> Message:
+        """The reply the last wait brought, or raise the wait's error."""
+        reply, error = self.reply, self.error
+        self.reply = self.error = None
+        if error is not None:
+            raise error
+        assert reply is not None
+        return reply
+
+
+class InFlight:
+    """This process's request ring and the table of its requests in flight.
+
+    Args:
+        router: instance states (is a target still the live one).
+        status: where the in-flight count and ring use are published.
+        publish_slot: the status slot to publish in (frontends have one).
+        segment_name: the request ring's shared-memory name.
+        ring_bytes: its size.
+        limits: the config's (inline_threshold, max_tensor, spill_limit) bytes.
+        outbox: the calling thread's channel, for giving blocks back.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        status: StatusTable,
+        publish_slot: int | None,
+        segment_name: str,
+        ring_bytes: int,
+        limits: tuple[int, int, int],
+        outbox: Callable[[], Outbox],
+    ) -> None:
+        self.router = router
+        self._status = status
+        self._publish_slot = publish_slot
+        self._inline_threshold, max_tensor, spill_limit = limits
+        self._ring = Ring(
+            Segment.create(segment_name, ring_bytes),
+            segment_name,
+            max_tensor,
+            spill_limit,
+            limit_hint="shm.request_ring_bytes",
+        )
+        self._outbox = outbox
+        self._lock = threading.Lock()
+        self._reader = SegmentReader(Segment.attach)
+        self._ids = itertools.count(1)
+        self._abandoned: dict[int, tuple[Target, list[Block]]] = {}
+        self.count = 0
+        self._pid = os.getpid()
+        self._closed = False
+
+    def send(
+        self,
+        channel: Outbox,
+        target: Target,
+        deadline: float,
+        body: dict[str, Any],
+        inputs: Mapping[str, TensorLike],
+    ) -> Call:
+        """Place ``inputs`` in the ring and send ``body`` with them to ``target``."""
+        tensors = {name: _tensor(name, value) for name, value in inputs.items()}
+        payloads: list[Any] = []
+        blocks: list[Block] = []
+        try:
+            body["tensors"] = place_tensors(tensors, self, self._inline_threshold, payloads, blocks)
+        except BaseException:
+            self._release_local(blocks)
+            raise
+        request_id = next(self._ids)
+        message = Message(Kind.INFER, request_id, self._pid, body, payloads, deadline=deadline)
+        channel.expect(request_id)
+        self._adjust_count(+1)
+        self.router.begin(target.slot)
+        channel.send(target, message)
+        return Call(channel, target, request_id, blocks, deadline)
+
+    def settle(self, call: Call) -> InferResult:
+        """Turn a unary call's reply into a result (or its error); end the call."""
+        reply = call.reply
+        if reply is None:  # the wait failed
+            self.finish(call, False)
+            reply = call.take()  # raises the wait's error
+        kept: list[Block] = []
+        try:
+            _raise_for(reply)
+            result, kept = self._result(call.target, reply, call.blocks, keep=True)
+            return result
+        finally:
+            if kept:
+                call.blocks = [block for block in call.blocks if block not in kept]
+            self.finish(call, True)
+
+    def part(self, call: Call) -> InferResult | None:
+        """The stream part the last wait brought; None at the stream's end (or raise its error).
+
+        The caller ends the stream (:meth:`end_stream`) whichever way this ends.
+        """
+        reply = call.take()
+        if call.previous is not None:
+            call.previous.release()
+            call.previous = None
+        if reply.kind is Kind.END:
+            call.finished = True
+            _raise_for(reply)
+            return None
+        # Parts may borrow request blocks; those stay until the stream ends.
+        call.previous = self._result(call.target, reply, call.blocks)[0]
+        return call.previous
+
+    def end_stream(self, call: Call) -> None:
+        """Release a stream's last part; cancel it in the worker if it did not end."""
+        if call.previous is not None:
+            call.previous.release()
+        if not call.finished and self.router.is_current(call.target):
+            with contextlib.suppress(zmq.ZMQError):
+                call.channel.send(call.target, Message(Kind.CANCEL, call.id, self._pid))
+        self.finish(call, call.finished)
+
+    def finish(self, call: Call, answered: bool) -> None:
+        """End a call: its blocks go back now, or when a late reply comes if unanswered."""
+        target = call.target
+        self.router.end(target.slot)
+        self._adjust_count(-1)
+        if answered or not self.router.is_current(target):
+            self._release_local(call.blocks)
+        elif call.blocks:
+            # SAFETY: the worker may still read these blocks; keep them until
+            # its late reply arrives (see stray) or it dies.
+            with self._lock:
+                self._abandoned[call.id] = (target, call.blocks)
+        # Last: a final message the caller left untaken is a late reply now.
+        call.channel.forget(call.id)
+
+    def _result(
+        self, target: Target, reply: Message, sent: list[Block], keep: bool = False
+    ) -> tuple[InferResult, list[Block]]:
+        """Wrap a reply's outputs; return it and the request blocks it borrows.
+
+        Outputs in the worker's ring are given back to it on release. Outputs
+        that lie in this client's own request blocks (a model that passed an
+        input through, see worker/passthrough.py) keep those blocks alive
+        until release when ``keep`` is set.
+        """
+        entries = reply.body.get("tensors", [])
+        with self._lock:
+            outputs = read_tensors(entries, reply.payloads, self._reader)
+        mine = {block.segment for block in sent}
+        remote: list[Block] = []
+        kept: list[Block] = []
+        for block in ring_blocks(entries):
+            if block.segment not in mine:
+                remote.append(block)
+            elif keep:
+                kept += [b for b in sent if _contains(b, block) and b not in kept]
+        if not remote and not kept:
+            return InferResult(outputs, None), kept
+
+        def release() -> None:
+            if remote:
+                self._release_remote(target, remote)
+            self._release_local(kept)
+
+        return InferResult(outputs, release), kept
+
+    def _release_remote(self, target: Target, blocks: list[Block]) -> None:
+        if self._closed or not self.router.is_current(target):
+            return
+        message = Message(Kind.RELEASE, 0, self._pid, {"blocks": block_list(blocks)})
+        with contextlib.suppress(zmq.ZMQError):
+            self._outbox().send(target, message, zmq.NOBLOCK)
+
+    def stray(self, message: Message) -> None:
+        """Take back what a reply nobody waits for still holds."""
+        final = message.kind in (Kind.REPLY, Kind.END)
+        with self._lock:
+            abandoned = (self._abandoned.pop if final else self._abandoned.get)(
+                message.request_id, None
+            )
+        target = abandoned[0] if abandoned else self.router.target_of(message.pid)
+        if target is not None:
+            self._release_remote(target, ring_blocks(message.body.get("tensors", [])))
+        if final and abandoned is not None:
+            self._release_local(abandoned[1])
+        self._sweep_abandoned()
+
+    def _sweep_abandoned(self) -> None:
+        with self._lock:
+            gone = [
+                rid for rid, (t, _b) in self._abandoned.items() if not self.router.is_current(t)
+            ]
+            released = [self._abandoned.pop(rid)[1] for rid in gone]
+            dead = [name for name in self._reader.names() if not _owner_alive(name)]
+            for name in dead:
+                self._reader.forget(name)
+        for blocks in released:
+            self._release_local(blocks)
+
+    # The two methods below make this table the thread-safe allocator that
+    # place_tensors writes through.
+
+    def alloc(self, nbytes: int) -> Block:
+        with self._lock:
+            block = self._ring.alloc(nbytes)
+            self._publish_ring()
+            return block
+
+    def view(self, block: Block) -> memoryview:
+        with self._lock:
+            return self._ring.view(block)
+
+    def _publish_ring(self) -> None:
+        if self._publish_slot is not None:
+            ring = self._ring
+            self._status.set_ring(
+                self._publish_slot, ring.used_bytes, ring.capacity, ring.spilled_bytes
+            )
+
+    def _release_local(self, blocks: list[Block]) -> None:
+        if blocks:
+            with self._lock:
+                for block in blocks:
+                    self._ring.release(block)
+                self._publish_ring()
+
+    def _adjust_count(self, delta: int) -> None:
+        with self._lock:
+            self.count += delta
+            count = self.count
+        if self._publish_slot is not None:
+            self._status.set_depth(self._publish_slot, count)
+
+    def close(self) -> None:
+        """Detach from the workers' rings and unlink this process's ring."""
+        self._closed = True
+        self._reader.close()
+        self._ring.close()
+
+
+def request_body(
+    model: str,
+    method: str,
+    outputs: Sequence[str] | None,
+    parameters: Mapping[str, Any] | None,
+    args: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A request descriptor's body, less its tensors (see :meth:`InFlight.send`)."""
+    body: dict[str, Any] = {"model": model, "method": method}
+    if parameters:
+        body["params"] = dict(parameters)
+    if outputs is not None:
+        body["outputs"] = list(outputs)
+    if args is not None:
+        body["args"] = args
+    return body
+
+
+def _contains(outer: Block, inner: Block) -> bool:
+    return (
+        outer.segment == inner.segment
+        and outer.offset <= inner.offset
+        and inner.offset + inner.nbytes <= outer.offset + outer.nbytes
+    )
+
+
+def _raise_for(reply: Message) -> None:
+    if reply.code:
+        raise error_from_code(reply.code, reply.error_message)
+
+
+def _tensor(name: str, value: TensorLike) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    try:
+        return Tensor.from_array(value)
+    except (ValueError, TypeError) as ex:
+        raise BadRequest(f"input {name}: {ex}") from None
+
+
+def _owner_alive(segment_name: str) -> bool:
+    pid = owner_pid(segment_name)
+    return pid is None or pid_alive(pid)
