@@ -44,7 +44,7 @@ from appliance.core.sequences import (
 )
 from appliance.errors import BadRequest, ModelFailed, Overloaded
 from appliance.model import Model
-from appliance.worker.batcher import Batcher, Pending
+from appliance.worker.batcher import PREDICT, Batcher, Pending
 
 Array = npt.NDArray[Any]
 
@@ -163,6 +163,15 @@ def refuse_sequence(model: str, pending: Pending) -> None:
         )
 
 
+def batcher_for(
+    max_batch_size: int, max_queue_delay_s: float, settings: SequenceSettings | None
+) -> Batcher:
+    """The batcher of an instance: one step per sequence in a batch where sequences are on."""
+    if settings is None:
+        return Batcher(max_batch_size, max_queue_delay_s)
+    return SequenceBatcher(max_batch_size, max_queue_delay_s, settings.strategy == "direct")
+
+
 class Sequences:
     """The live sequences of one instance."""
 
@@ -183,6 +192,11 @@ class Sequences:
             Overloaded: a start finds every sequence place of the instance taken.
         """
         name = self.settings.model
+        if pending.method != PREDICT:
+            raise BadRequest(
+                f"model {name} serves stateful sequences by prediction only, "
+                f"not by {pending.method}"
+            )
         params = pending.sequence or {}
         sequence = params.get(SEQUENCE_ID)
         if isinstance(sequence, bool) or not isinstance(sequence, int | str) or sequence in (0, ""):

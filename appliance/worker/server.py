@@ -56,9 +56,7 @@ from appliance.process import pid_alive
 from appliance.worker import methods
 from appliance.worker.batcher import (
     DERIVATIVES,
-    PREDICT,
     STREAM,
-    Batcher,
     Pending,
     batch_inputs,
     check_request,
@@ -68,9 +66,9 @@ from appliance.worker.loader import Loaded
 from appliance.worker.passthrough import borrowed_entries, input_spans
 from appliance.worker.pieces import Whole, answered, cut
 from appliance.worker.sequences import (
-    SequenceBatcher,
     Sequences,
     SequenceSettings,
+    batcher_for,
     refuse_sequence,
 )
 
@@ -133,13 +131,7 @@ class WorkerServer:
         self.passthrough = passthrough
         self.max_queue = max_queue
         self.sequences = Sequences(sequences) if sequences else None
-        self.batcher = (
-            SequenceBatcher(
-                loaded.max_batch_size, max_queue_delay_s, sequences.strategy == "direct"
-            )
-            if sequences
-            else Batcher(loaded.max_batch_size, max_queue_delay_s)
-        )
+        self.batcher = batcher_for(loaded.max_batch_size, max_queue_delay_s, sequences)
         self.streams: list[Stream] = []
         self.reader = SegmentReader(_attach_read_only)
         self.leases: dict[Block, int] = {}
@@ -293,13 +285,8 @@ class WorkerServer:
         """Attach a step to its sequence, or refuse sequence parameters (sequences.py)."""
         if self.sequences is None:
             refuse_sequence(self.metadata.name, pending)
-            return
-        if pending.method != PREDICT:
-            raise BadRequest(
-                f"model {self.metadata.name} serves stateful sequences by prediction only, "
-                f"not by {pending.method}"
-            )
-        self.sequences.admit(pending, time.monotonic())
+        else:
+            self.sequences.admit(pending, time.monotonic())
 
     def _overloaded(self) -> Overloaded:
         name = self.metadata.name
