@@ -35,8 +35,12 @@ CHECK_INTERVAL_S = 0.2
 
 
 def pod_config(run_dir: Path, image_path: str, **models: Any) -> Path:
-    """The image's config at ``image_path``, on loopback and ports 0, in ``run_dir``."""
+    """The image's config at ``image_path``, on loopback and ports 0, in ``run_dir``;
+    KServe's /mnt/models is the demo repository, as a storageUri would lay it out."""
     config = tomllib.loads(containerfile().source(image_path).read_text())
+    for repository in config.get("repositories", []):
+        if repository["path"] == "/mnt/models":
+            repository["path"] = str(ROOT / "appliance" / "demos" / "repository")
     config["server"] |= {"host": "127.0.0.1", "run_dir": str(run_dir)}
     config["server"]["python_path"] = [str(ROOT)]
     config["http"]["port"] = 0
@@ -70,11 +74,12 @@ def pod_user() -> dict[str, Any]:
     return user
 
 
-def start_pod(run_dir: Path, config_path: Path, image_path: str) -> Appliance:
-    """Start the image's CMD with its ENV, the config at ``image_path`` swapped for ours."""
+def start_pod(run_dir: Path, config_path: Path, command: list[str]) -> Appliance:
+    """Start a container's command (the image's CMD, or a runtime's args) with the
+    image's ENV, its config swapped for ours."""
     image = containerfile()
-    argv = [config_path if arg == image_path else arg for arg in image.cmd]
-    assert argv[0] == "appliance", "the image's CMD is the appliance's console script"
+    assert command[0] == "appliance", "the container runs the appliance's console script"
+    argv = [str(config_path) if arg == config_of(command) else arg for arg in command]
     env = {**os.environ, **image.env, "PYTHONPATH": str(ROOT)}
     user = pod_user()
     if user:
@@ -82,7 +87,7 @@ def start_pod(run_dir: Path, config_path: Path, image_path: str) -> Appliance:
     log_path = run_dir.parent / f"{run_dir.name}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "appliance", *map(str, argv[1:])],
+            [sys.executable, "-m", "appliance", *argv[1:]],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -97,6 +102,11 @@ def start_pod(run_dir: Path, config_path: Path, image_path: str) -> Appliance:
         appliance.stop(signal.SIGKILL)
         raise
     return appliance
+
+
+def config_of(command: list[str]) -> str:
+    """The image path of the config a container's command names."""
+    return command[command.index("--config") + 1]
 
 
 def ready(port: int) -> bool:
@@ -120,9 +130,9 @@ def stop(appliance: Appliance) -> None:
 
 
 def test_the_image_command_starts_the_appliance_as_its_user() -> None:
-    image_path = containerfile().cmd[-1]
+    command = containerfile().cmd
     run_dir = new_run_dir()
-    appliance = start_pod(run_dir, pod_config(run_dir, image_path), image_path)
+    appliance = start_pod(run_dir, pod_config(run_dir, config_of(command)), command)
     try:
         assert ready(appliance.ports["http"]), appliance.log()
         names = set(appliance.ctl("status")["models"])
@@ -131,6 +141,22 @@ def test_the_image_command_starts_the_appliance_as_its_user() -> None:
             uid = pod_user()["user"]
             assert os.stat(f"/proc/{appliance.process.pid}").st_uid == uid
             assert appliance.control.stat().st_uid == uid
+    finally:
+        stop(appliance)
+
+
+def test_the_kserve_runtime_serves_the_repository_kserve_downloads() -> None:
+    runtime = next(
+        doc
+        for doc in documents(ROOT / "deploy" / "kserve" / "servingruntime.yaml")
+        if doc["kind"] == "ClusterServingRuntime"
+    )
+    command = runtime["spec"]["containers"][0]["args"]
+    run_dir = new_run_dir()
+    appliance = start_pod(run_dir, pod_config(run_dir, config_of(command)), command)
+    try:
+        assert ready(appliance.ports["http"]), appliance.log()
+        assert set(appliance.ctl("status")["models"]) == {"digits_onnx", "digits_torch"}
     finally:
         stop(appliance)
 
@@ -188,13 +214,13 @@ def test_the_prestop_hook_drains_the_pod_without_failing_a_request() -> None:
         if doc["kind"] == "Deployment"
     )
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    image_path = container["command"][-1]
+    image_path = config_of(container["command"])
     run_dir = new_run_dir()
     # The pod's config, serving also a model whose replies take a while, so
     # that requests are in flight when the pod goes offline.
     slow = {"name": "slow", "class": "tests.system.faulty:Faulty", "options": {"sleep_s": 0.05}}
     config_path = pod_config(run_dir, image_path, slow=slow | {"instances": 2})
-    appliance = start_pod(run_dir, config_path, image_path)
+    appliance = start_pod(run_dir, config_path, container["command"])
     balancer = Balancer(appliance.ports["http"])
     loads = [Load(balancer, Endpoints(appliance.ports["http"], 0, 0, "slow")) for _ in range(4)]
     try:
