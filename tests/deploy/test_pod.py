@@ -1,8 +1,10 @@
 """What a pod does, run here without a container runtime or a cluster.
 
 The image's CMD and ENV (from deploy/container/Containerfile) start the
-appliance with the pod's config, as the image's non-root user, in a clean
-run directory, and it answers readiness. The Deployment's preStop command
+appliance with the pod's config, in a clean run directory, as the image's
+non-root user where this host lets that user run this Python, and it answers
+readiness; so does the KServe runtime's command, serving a model repository
+where KServe's /mnt/models would be. The Deployment's preStop command
 (from deploy/kubernetes/deployment.yaml) drains a pod under KServe REST load
 with no failed request: the load stops sending once readiness fails, as a
 Service's endpoints do, and the drain waits until nothing is in flight.
