@@ -87,21 +87,26 @@ def start_pod(run_dir: Path, config_path: Path, command: list[str]) -> Appliance
     if user:
         os.chown(run_dir, user["user"], user["group"])
     log_path = run_dir.parent / f"{run_dir.name}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "appliance", *argv[1:]],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=run_dir,
-            env=env,
-            **user,
-        )
-    appliance = Appliance(run_dir, process, log_path)
     try:
-        appliance.wait_ready()
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "appliance", *argv[1:]],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=run_dir,
+                env=env,
+                **user,
+            )
+        appliance = Appliance(run_dir, process, log_path)
+        try:
+            appliance.wait_ready()
+        except BaseException:
+            appliance.stop(signal.SIGKILL)
+            raise
     except BaseException:
-        appliance.stop(signal.SIGKILL)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        log_path.unlink(missing_ok=True)
         raise
     return appliance
 
