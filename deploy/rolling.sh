@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Rolling upgrade of appliance hosts behind a load balancer, one at a time:
-# offline, wait until the balancer has drained it, stop (SIGTERM drain),
+# offline and wait until the balancer has drained it (deploy/drain.sh),
+# stop (SIGTERM drain),
 # start the new version, wait ready, online, wait until the balancer sends
 # to it again. Stops at the first host that does not come back.
 #
@@ -32,7 +33,6 @@ wait_for() {  # wait_for SECONDS COMMAND...: poll every 0.1 s
     done
 }
 
-idle() { [ "$(field "$1" in_flight)" = 0 ]; }
 ready() { [ "$(field "$1" ready)" = True ]; }
 # A zombie (an exited child its starter has not reaped yet) counts as gone.
 gone() { ! kill -0 "$1" 2>/dev/null || grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
@@ -41,9 +41,8 @@ for config in "$@"; do
     echo "== $config"
     pid=$(field "$config" pid)
     if [ -n "$pid" ] && [ "$pid" != None ]; then
-        $CTL ctl --config "$config" offline
-        sleep "$BALANCER_WAIT_S"
-        wait_for "$STOP_TIMEOUT_S" idle "$config" || { echo "$config: still busy" >&2; exit 1; }
+        CTL=$CTL BALANCER_WAIT_S=$BALANCER_WAIT_S DRAIN_TIMEOUT_S=$STOP_TIMEOUT_S \
+            "$(dirname "$0")/drain.sh" "$config"
         $CTL ctl --config "$config" stop
         wait_for "$STOP_TIMEOUT_S" gone "$pid" || { echo "$config: pid $pid did not stop" >&2; exit 1; }
     fi
