@@ -45,14 +45,12 @@ class Ports:
         host = config.server.host
         self._held: list[socket.socket] = []
         try:
-            self.http_listener: socket.socket | None = self._hold(
-                *listen(host, config.http.port, "http.port", HTTP_BACKLOG)
-            )
-            self.by_name = {"http": self.http_listener.getsockname()[1]}
-            self.by_name["grpc"] = self._port(reserve(host, config.grpc.port, "grpc.port"))
+            http = self._keep(listen(host, config.http.port, "http.port", HTTP_BACKLOG))
+            self.http_listener: socket.socket | None = self._held[-1]
+            grpc = self._keep(reserve(host, config.grpc.port, "grpc.port"))
             self.mip_listeners = [
                 (
-                    self._port(reserve(host, listener.port, f"mip.listeners[{index}].port")),
+                    self._keep(reserve(host, listener.port, f"mip.listeners[{index}].port")),
                     config.mip_model(listener),
                 )
                 for index, listener in enumerate(config.mip.listeners)
@@ -60,15 +58,12 @@ class Ports:
         except PortError:
             self.close()
             raise
-        self.by_name["mip"] = self.mip_listeners[0][0]
+        self.by_name = {"http": http, "grpc": grpc, "mip": self.mip_listeners[0][0]}
 
-    def _hold(self, sock: socket.socket, _port: int) -> socket.socket:
-        self._held.append(sock)
-        return sock
-
-    def _port(self, reserved: tuple[socket.socket, int]) -> int:
-        self._held.append(reserved[0])
-        return reserved[1]
+    def _keep(self, bound: tuple[socket.socket, int]) -> int:
+        """Hold the socket for the tree's lifetime; return its port."""
+        self._held.append(bound[0])
+        return bound[1]
 
     def close_http_listener(self) -> None:
         """Stop queueing HTTP connections once the HTTP frontend is stopping.

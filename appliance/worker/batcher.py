@@ -26,7 +26,7 @@ import orjson
 from appliance.core.descriptor import Message
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.metadata import ModelMetadata
-from appliance.core.sequences import SEQUENCE_PARAMETERS
+from appliance.core.sequences import SEQUENCE_PARAMETERS, carries_sequence
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import BadRequest, ModelFailed
 
@@ -97,7 +97,7 @@ def check_request(metadata: ModelMetadata, message: Message, tensors: dict[str, 
                 "into batches); send at most that many rows"
             )
     sequence = None
-    if parameters and not SEQUENCE_PARAMETERS.isdisjoint(parameters):
+    if carries_sequence(parameters):
         # Steps of different sequences share batches (sequences.py keeps them apart).
         sequence = {k: v for k, v in parameters.items() if k in SEQUENCE_PARAMETERS}
         parameters = {k: v for k, v in parameters.items() if k not in SEQUENCE_PARAMETERS}

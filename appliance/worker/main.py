@@ -64,13 +64,8 @@ def run(
     status.set_device(slot, device)
     try:
         loaded = load_model(model_config, config.server.python_path, device)
-    except LoadError as ex:
-        log.error("%s", ex)
-        status.set_note(slot, str(ex))
-        return ExitCode.MODEL_LOAD_ERROR
-    try:
         sequences = settings_for(model_config, loaded.model, loaded.max_batch_size)
-    except ModelFailed as ex:
+    except (LoadError, ModelFailed) as ex:
         log.error("%s", ex)
         status.set_note(slot, str(ex))
         return ExitCode.MODEL_LOAD_ERROR

@@ -41,6 +41,7 @@ from appliance.core.sequences import (
     START,
     SequenceId,
     State,
+    sequence_of,
 )
 from appliance.errors import BadRequest, ModelFailed, Overloaded
 from appliance.model import Model
@@ -198,11 +199,12 @@ class Sequences:
                 f"not by {pending.method}"
             )
         params = pending.sequence or {}
-        sequence = params.get(SEQUENCE_ID)
-        if isinstance(sequence, bool) or not isinstance(sequence, int | str) or sequence in (0, ""):
+        sequence = sequence_of(params)
+        if sequence is None:
             raise BadRequest(
                 f"model {name} serves stateful sequences: every request needs a sequence_id "
-                f"parameter (a non-zero integer or a non-empty string), got {sequence!r}"
+                f"parameter (a non-zero integer or a non-empty string), "
+                f"got {params.get(SEQUENCE_ID)!r}"
             )
         start = _flag(name, params, SEQUENCE_START)
         end = _flag(name, params, SEQUENCE_END)
