@@ -20,38 +20,16 @@ BALANCER_WAIT_S=${BALANCER_WAIT_S:-1}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-120}
 STOP_TIMEOUT_S=${STOP_TIMEOUT_S:-120}
 
-field() {  # field CONFIG NAME: one field of `ctl status --json`, or "" if down
-    $CTL ctl --config "$1" --json status 2>/dev/null |
-        python3 -c 'import json,sys; print(json.load(sys.stdin).get(sys.argv[1]))' "$2" 2>/dev/null || true
-}
-
-wait_for() {  # wait_for SECONDS COMMAND...: poll every 0.1 s
-    local deadline=$((SECONDS + $1)); shift
-    until "$@"; do
-        [ "$SECONDS" -lt "$deadline" ] || return 1
-        sleep 0.1
-    done
-}
-
-ready() { [ "$(field "$1" ready)" = True ]; }
-# A zombie (an exited child its starter has not reaped yet) counts as gone.
-gone() { ! kill -0 "$1" 2>/dev/null || grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+. "$(dirname "$0")/lib.sh"
 
 for config in "$@"; do
     echo "== $config"
-    pid=$(field "$config" pid)
-    if [ -n "$pid" ] && [ "$pid" != None ]; then
+    if [ -n "$(running_pid "$config")" ]; then
         CTL=$CTL BALANCER_WAIT_S=$BALANCER_WAIT_S DRAIN_TIMEOUT_S=$STOP_TIMEOUT_S \
             "$(dirname "$0")/drain.sh" "$config"
-        $CTL ctl --config "$config" stop
-        wait_for "$STOP_TIMEOUT_S" gone "$pid" || { echo "$config: pid $pid did not stop" >&2; exit 1; }
+        stop_host "$config" || exit 1
     fi
-    log=$(dirname "$config")/appliance.log
-    setsid $APPLIANCE serve --config "$config" >>"$log" 2>&1 </dev/null &
-    if ! wait_for "$READY_TIMEOUT_S" ready "$config"; then
-        echo "$config: not ready after ${READY_TIMEOUT_S} s; stopping the roll (see $log)" >&2
-        exit 1
-    fi
+    start_host "$config" || { echo "$config: stopping the roll" >&2; exit 1; }
     $CTL ctl --config "$config" online
     sleep "$BALANCER_WAIT_S"
     echo "$config: upgraded, pid $(field "$config" pid)"

@@ -13,6 +13,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -243,6 +244,18 @@ def start(
             appliance.stop(signal.SIGKILL)
             raise
     return appliance
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` loopback ports free now, for configs that must name their ports."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def new_run_dir() -> Path:

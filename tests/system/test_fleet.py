@@ -17,7 +17,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from tests.system.harness import (
     Appliance,
     _alive,
     eventually,
+    free_ports,
     make_config,
     new_run_dir,
     start,
@@ -64,17 +64,6 @@ def _haproxy_config() -> Any:
     sys.modules["haproxy_config"] = module
     spec.loader.exec_module(module)
     return module
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 @dataclass
