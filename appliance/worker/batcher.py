@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -213,15 +213,29 @@ class Batcher:
         head = self.queue.popleft()
         if head.key is None:
             return [head]
-        batch, rows, keep = [head], head.rows, deque[Pending]()
+        batch, keep, admit = [head], deque[Pending](), self._admitter(head)
         while self.queue:
             item = self.queue.popleft()
-            if item.key == head.key and rows + item.rows <= self.max_batch_size:
-                batch.append(item)
-                rows += item.rows
-            else:
-                keep.append(item)
+            # Every item is shown to admit, in queue order, so that it can
+            # keep track of what it has passed over.
+            (batch if admit(item) else keep).append(item)
         self.queue = keep
+        return self._ordered(batch)
+
+    def _admitter(self, head: Pending) -> Callable[[Pending], bool]:
+        """Return what decides, item by item, who joins ``head``'s batch."""
+        rows = head.rows
+
+        def admit(item: Pending) -> bool:
+            nonlocal rows
+            if item.key != head.key or rows + item.rows > self.max_batch_size:
+                return False
+            rows += item.rows
+            return True
+
+        return admit
+
+    def _ordered(self, batch: list[Pending]) -> list[Pending]:
         return batch
 
     def _rows_like(self, head: Pending) -> int:

@@ -20,8 +20,7 @@ sees the state its predecessor left.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,26 +321,22 @@ class SequenceBatcher(Batcher):
         super().__init__(max_batch_size, max_queue_delay_s)
         self.direct = direct
 
-    def take(self, now: float) -> list[Pending]:
-        wait = self.wait_s(now)
-        if wait is None or wait > 0:
-            return []
-        head = self.queue.popleft()
-        if head.key is None:
-            return [head]
-        batch = [head]
+    def _admitter(self, head: Pending) -> Callable[[Pending], bool]:
         # A sequence's later steps wait behind its first one left in the queue.
         seen = {id(_step(head).live)}
-        keep = deque[Pending]()
-        while self.queue:
-            item = self.queue.popleft()
+        size = 1
+
+        def admit(item: Pending) -> bool:
+            nonlocal size
             live = id(_step(item).live)
-            if item.key == head.key and live not in seen and len(batch) < self.max_batch_size:
-                batch.append(item)
-            else:
-                keep.append(item)
+            joins = item.key == head.key and live not in seen and size < self.max_batch_size
             seen.add(live)
-        self.queue = keep
+            size += joins
+            return joins
+
+        return admit
+
+    def _ordered(self, batch: list[Pending]) -> list[Pending]:
         if self.direct:
             batch.sort(key=lambda pending: _step(pending).live.slot)
         return batch
