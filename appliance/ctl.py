@@ -8,9 +8,8 @@ from typing import Any
 
 import orjson
 
-
-class ControlError(Exception):
-    """The appliance could not be reached or refused the command."""
+# Re-exported: `appliance ctl` and scripts catch it from here.
+from appliance.errors import ControlError as ControlError
 
 
 def request(path: Path, command: str, timeout_s: float = 10.0, **fields: Any) -> dict[str, Any]:

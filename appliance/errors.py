@@ -119,3 +119,11 @@ def error_from_code(code: int, message: str) -> ApplianceError:
     except (ValueError, KeyError):
         cls = InternalError
     return cls(message)
+
+
+class ControlError(Exception):
+    """The master's control socket did not answer, or the master refused the command.
+
+    Outside the tree above: it is the control plane's failure (``appliance
+    ctl``, model load and unload), which each protocol words for its caller.
+    """

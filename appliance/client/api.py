@@ -345,6 +345,10 @@ class ModelClient:
         """Turn the host's readiness on or off for all protocols (see control.py)."""
         control.set_online(self.tree, online)
 
+    def master_status(self, timeout_s: float = 2.0) -> dict[str, Any] | None:
+        """The master's own status, or None if it does not answer in time (see control.py)."""
+        return control.master_status(self.tree, timeout_s)
+
     def load_model(
         self, model: str, timeout_s: float = 300.0, overrides: Mapping[str, Any] | None = None
     ) -> None:

@@ -1,4 +1,4 @@
-"""The control plane as the client API offers it: load, unload, online/offline.
+"""The control plane as the client API offers it: load, unload, online/offline, status.
 
 These go to the master's control socket (appliance.ctl); protocols reach
 them through :class:`~appliance.client.api.ModelClient`, never the socket.
@@ -13,7 +13,7 @@ from typing import Any
 from appliance.client.routing import Router
 from appliance.core.tree import Tree
 from appliance.ctl import request
-from appliance.errors import ModelNotReady
+from appliance.errors import ControlError, ModelNotReady
 
 LOAD_POLL_S = 0.05
 
@@ -25,6 +25,16 @@ def set_online(tree: Tree, online: bool) -> None:
         ControlError: the master cannot be reached.
     """
     request(tree.control_path, "online" if online else "offline")
+
+
+def master_status(tree: Tree, timeout_s: float) -> dict[str, Any] | None:
+    """Return the master's status (every process with restarts, RSS and CPU;
+    reload state; sizing), or None when it does not answer within ``timeout_s``:
+    a page or a scrape shows the status table's view instead of hanging."""
+    try:
+        return request(tree.control_path, "status", timeout_s=timeout_s)
+    except (ControlError, OSError):
+        return None
 
 
 def load_model(

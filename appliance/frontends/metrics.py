@@ -20,7 +20,6 @@ from prometheus_client.registry import Collector
 
 from appliance.client.api import ModelClient
 from appliance.core.status import Role, SlotState
-from appliance.ctl import ControlError, request
 from appliance.protocols.web import blocking
 
 
@@ -75,9 +74,8 @@ class TreeCollector(Collector):
         yield ring
 
     def _processes(self) -> Iterator[Metric]:
-        try:
-            reply = request(self.client.tree.control_path, "status", timeout_s=2.0)
-        except (ControlError, OSError):
+        reply = self.client.master_status()
+        if reply is None:
             return
         labels = ["role", "model", "pid"]
         restarts = CounterMetricFamily(

@@ -19,7 +19,7 @@ import falcon
 import orjson
 
 from appliance.client.api import ModelClient
-from appliance.ctl import ControlError
+from appliance.errors import ControlError
 from appliance.protocols.dashboard import html, state
 from appliance.protocols.web import App, guarded
 

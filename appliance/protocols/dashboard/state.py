@@ -16,7 +16,6 @@ from typing import Any
 
 from appliance.client.api import ModelClient
 from appliance.core.status import Counter, Role
-from appliance.ctl import ControlError, request
 from appliance.protocols.dashboard import traffic
 
 # The master answers a status call within milliseconds; a page must not hang
@@ -26,7 +25,7 @@ MASTER_TIMEOUT_S = 2.0
 
 def collect(client: ModelClient) -> dict[str, Any]:
     """Return the whole document the page polls."""
-    master = _master_status(client)
+    master = client.master_status(MASTER_TIMEOUT_S)
     status = client.status
     return {
         "time_ms": int(time.time() * 1000),
@@ -40,13 +39,6 @@ def collect(client: ModelClient) -> dict[str, Any]:
         "traffic": traffic.read(),
         "sizing": master.get("sizing") if master else None,
     }
-
-
-def _master_status(client: ModelClient) -> dict[str, Any] | None:
-    try:
-        return request(client.tree.control_path, "status", timeout_s=MASTER_TIMEOUT_S)
-    except (ControlError, OSError):
-        return None
 
 
 def _host(master: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -18,8 +18,7 @@ import yaml
 import appliance
 from appliance.client.api import ModelClient
 from appliance.core.tensor import TensorSpec
-from appliance.ctl import ControlError
-from appliance.errors import ApplianceError
+from appliance.errors import ApplianceError, ControlError
 from appliance.protocols.grps.bind import bind
 from appliance.protocols.grps.errors import GrpsError, bad_request, from_appliance
 from appliance.protocols.grps.payload import Payload, output_type

@@ -20,8 +20,7 @@ from typing import Any
 
 from appliance import repository
 from appliance.client.api import ModelClient
-from appliance.ctl import ControlError
-from appliance.errors import InternalError, ModelNotFound, ModelNotReady, Unsupported
+from appliance.errors import ControlError, InternalError, ModelNotFound, ModelNotReady, Unsupported
 from appliance.protocols.kserve import override
 from appliance.protocols.kserve.service import version_of
 
