@@ -94,7 +94,7 @@ start() {
 status() {
     local config
     for config in $(configs); do
-        echo "$config: pid $(field "$config" pid), ready $(field "$config" ready), in flight $(field "$config" in_flight)"
+        echo "$config: pid $(field "$config" pid), online $(field "$config" online), ready $(field "$config" ready), in flight $(field "$config" in_flight)"
     done
 }
 

@@ -144,7 +144,7 @@ def test_the_readme_fleet_rolls_over_without_failing_a_request() -> None:
             load.done.set()
             load.join(30)
         status = fleet.run(str(SCRIPT), "status")
-        assert status.count("ready True") == 2
+        assert status.count("online True, ready True") == 2
         fleet.run(str(SCRIPT), "stop")
     finally:
         for load in loads:
