@@ -177,8 +177,9 @@ def main() -> int:
         for size, nbytes in SIZES.items():
             codec_runs[size].append(codec_times(nbytes, 0.1 if args.quick else 0.4))
     sections = {
-        "http": {"workers": 2, "threads": 8},
-        "grpc": {"workers": 1, "threads": 8},
+        # As make run sizes them: one process per 2 CPUs (HTTP) and 4 (gRPC), two at least.
+        "http": {"workers": "auto", "threads": 8},
+        "grpc": {"workers": "auto", "threads": 8},
         "shm": {"request_ring_bytes": 64 * MiB, "response_ring_bytes": 64 * MiB},
     }
     with running(demo_models("identity"), **sections) as appliance:

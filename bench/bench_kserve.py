@@ -13,8 +13,8 @@ process) for a fixed time, per transport and tensor size:
   the floor the protocols add to (measured in the same run).
 
 Sizes are 64 B, 16 KiB and 1 MiB of FP32. The appliance runs as ``make run``
-configures it (2 HTTP workers, 1 gRPC process). Each configuration is
-repeated; the table shows medians over repeats; bench/results/kserve.json
+configures it (HTTP and gRPC workers sized to the host, "auto"). Each
+configuration is repeated; the table shows medians over repeats; bench/results/kserve.json
 holds every repeat. Usage::
 
     python bench/bench_kserve.py [--clients N] [--seconds S] [--repeats R] [--quick]
@@ -118,8 +118,9 @@ def main() -> int:
     if args.quick:
         args.seconds, args.repeats = 0.5, 1
     sections = {
-        "http": {"workers": 2, "threads": 8},
-        "grpc": {"workers": 1, "threads": 8},
+        # As make run sizes them: one process per 2 CPUs (HTTP) and 4 (gRPC), two at least.
+        "http": {"workers": "auto", "threads": 8},
+        "grpc": {"workers": "auto", "threads": 8},
         "shm": {"request_ring_bytes": 64 * MiB, "response_ring_bytes": 64 * MiB},
     }
     with running(demo_models("identity"), **sections) as appliance:

@@ -1,9 +1,10 @@
 """Soak: moderate load on every protocol for a while; resources must not grow.
 
-Starts an appliance (2 HTTP workers, gRPC, MIP; ``faulty`` with 2 instances
-and ``identity``), then runs the stock clients of every protocol in loops
-(tests/system/traffic.py: KServe REST and gRPC, GRPS, GraphPipe, UM-Bridge,
-MIP with small tensors, and KServe REST and gRPC with 256 KiB tensors). A
+Starts an appliance (HTTP, gRPC and MIP workers sized to the host, as by
+default; ``faulty`` with 2 instances and ``identity``), then runs the stock
+clients of every protocol in loops (tests/system/traffic.py: KServe REST and
+gRPC, GRPS, GraphPipe, UM-Bridge, MIP with small tensors, and KServe REST and
+gRPC with 256 KiB tensors). A
 burst of concurrent calls first fills every lazily grown pool (frontend
 threads, their channels). Every ``--sample-s`` it samples, per process of
 the tree: RSS (``appliance ctl status``) and open fds (/proc/<pid>/fd), and
@@ -100,9 +101,9 @@ def config() -> dict[str, Any]:
     }
     return {
         "models": [faulty, *demo_models("identity")],
-        "http": {"workers": 2, "threads": 8},
-        "grpc": {"workers": 1, "threads": 8},
-        "mip": {"workers": 1, "listeners": [{"port": 0, "model": "faulty"}]},
+        "http": {"workers": "auto", "threads": 8},
+        "grpc": {"workers": "auto", "threads": 8},
+        "mip": {"workers": "auto", "listeners": [{"port": 0, "model": "faulty"}]},
         "shm": {"request_ring_bytes": 16 << 20, "response_ring_bytes": 16 << 20},
     }
 
