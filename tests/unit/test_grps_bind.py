@@ -10,10 +10,9 @@ import pytest
 from appliance.core.dtypes import DType
 from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import Tensor, spec
-from appliance.protocols.grps.bind import bind
+from appliance.protocols.grps.bind import ReplyShaper, bind
 from appliance.protocols.grps.errors import GrpsError
 from appliance.protocols.grps.payload import Kind, MapField, Payload
-from appliance.protocols.grps.reply import ReplyShaper
 
 
 def model(name: str, inputs: list[Any] | None, outputs: list[Any] | None = None) -> ModelMetadata:

@@ -17,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 
 from appliance.core.dtypes import DType
 from appliance.core.tensor import Tensor
-from appliance.protocols.grps import codec, pbcodec, wire
+from appliance.protocols.grps import codec, pbcodec
 from appliance.protocols.grps.errors import GrpsError
 from appliance.protocols.grps.payload import Kind, MapField, Payload
 
@@ -367,14 +367,15 @@ def test_protobuf_tensor_checks() -> None:
 def test_the_float_fast_path_leaves_unusual_encodings_to_protobuf() -> None:
     tensor = pbcodec.grps_pb2.GenericTensor(name="x", dtype=7, shape=[2], flat_float32=[1.5, 2.5])
     canonical = tensor.SerializeToString()
-    fast = wire.packed_floats(canonical, "flat_float32")
+    fast = pbcodec.packed_floats(canonical, "flat_float32")
     assert fast is not None
     assert fast.tolist() == [1.5, 2.5]
-    assert wire.float_tensor_bytes("x", 7, (2,), "flat_float32", np.array([1.5, 2.5])) == canonical
+    built = pbcodec.float_tensor_bytes("x", 7, (2,), "flat_float32", np.array([1.5, 2.5]))
+    assert built == canonical
     # Two packed runs, or unpacked fixed32 values, are valid protobuf but not
     # what protobuf writes: the fast path declines them.
     run = b"\x52\x04" + np.float32(1).tobytes()
-    assert wire.packed_floats(run + run, "flat_float32") is None
-    assert wire.packed_floats(b"\x55" + np.float32(1).tobytes(), "flat_float32") is None
+    assert pbcodec.packed_floats(run + run, "flat_float32") is None
+    assert pbcodec.packed_floats(b"\x55" + np.float32(1).tobytes(), "flat_float32") is None
     parsed = pbcodec.grps_pb2.GenericTensor.FromString(b"\x10\x07" + run + run)
     assert list(parsed.flat_float32) == [1.0, 1.0]

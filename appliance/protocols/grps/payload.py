@@ -2,7 +2,7 @@
 
 A :class:`Payload` is one GrpsMessage's user data, decoded: the JSON codec
 (``codec.py``) and the protobuf codec (``pbcodec.py``) both produce and
-consume it, and ``bind.py`` maps it onto a model's tensors. It also holds
+consume it, and ``bind.py`` maps it onto a model's tensors and back. It also holds
 GRPS's dtype table and builds tensors from flat GenericTensor data with the
 checks every transport needs (element counts, value ranges).
 

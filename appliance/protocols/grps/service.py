@@ -19,10 +19,9 @@ import appliance
 from appliance.client.api import ModelClient
 from appliance.core.tensor import TensorSpec
 from appliance.errors import ApplianceError, ControlError
-from appliance.protocols.grps.bind import bind
+from appliance.protocols.grps.bind import ReplyShaper, bind
 from appliance.protocols.grps.errors import GrpsError, bad_request, from_appliance
 from appliance.protocols.grps.payload import Payload, output_type
-from appliance.protocols.grps.reply import ReplyShaper
 
 log = logging.getLogger("appliance.grps")
 
