@@ -53,6 +53,16 @@ def rest_client(appliance: Appliance) -> Iterator[httpclient.InferenceServerClie
     triton.close()
 
 
+@pytest.fixture(autouse=True)
+def as_configured(grpc_client: grpcclient.InferenceServerClient) -> Iterator[None]:
+    """After each test, serve the config's models again, so a failure stays in its test."""
+    yield
+    if grpc_client.is_model_ready("inline_digits"):
+        grpc_client.unload_model("inline_digits")
+    if grpc_client.get_model_metadata("digits").platform != "python":
+        grpc_client.load_model("digits")
+
+
 @pytest.fixture(scope="module")
 def expected() -> npt.NDArray[np.float32]:
     """The model file's answer for PIXELS, evaluated here with onnxruntime."""
