@@ -120,6 +120,15 @@ def with_overrides(model: ModelConfig, overrides: Mapping[str, Any]) -> ModelCon
     return Reader("load override").model(f"override of {model.name}", data)
 
 
+def repository_model(entry: Mapping[str, Any], source: str) -> ModelConfig:
+    """Check one entry of ``repository.model_entries`` as a ``[[models]]`` table.
+
+    Raises:
+        ConfigError: a value is invalid.
+    """
+    return Reader(source).model(f"model {entry.get('name')}", entry)
+
+
 def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> ApplianceConfig:
     """Check a config mapping and build it (see :func:`from_dict`)."""
     # "source" and "auto" are written by the master into its snapshot.

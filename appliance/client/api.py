@@ -350,13 +350,19 @@ class ModelClient:
         return control.master_status(self.tree, timeout_s)
 
     def load_model(
-        self, model: str, timeout_s: float = 300.0, overrides: Mapping[str, Any] | None = None
+        self,
+        model: str,
+        timeout_s: float = 300.0,
+        overrides: Mapping[str, Any] | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> None:
         """(Re)load ``model``, with ``overrides`` of its config; return once it serves.
 
-        See :func:`appliance.client.control.load_model` (and its errors).
+        ``files`` ships the model's own files (a model directory's relative
+        paths -> contents). See :func:`appliance.client.control.load_model`
+        (and its errors).
         """
-        control.load_model(self.tree, self.router, model, timeout_s, overrides)
+        control.load_model(self.tree, self.router, model, timeout_s, overrides, files)
 
     def unload_model(self, model: str) -> None:
         """Stop serving ``model`` (see control.py)."""

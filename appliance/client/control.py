@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from appliance.client import inline
 from appliance.client.routing import Router
 from appliance.core.tree import Tree
 from appliance.ctl import request
@@ -43,6 +44,7 @@ def load_model(
     model: str,
     timeout_s: float = 300.0,
     overrides: Mapping[str, Any] | None = None,
+    files: Mapping[str, bytes] | None = None,
 ) -> None:
     """Have the master (re)load ``model`` from its config; return once it serves.
 
@@ -50,11 +52,32 @@ def load_model(
     ``instances``, ``max_queue_delay_ms``) for this load only; a later
     load without them serves the config's own entry again.
 
+    ``files`` (path in the model directory -> content, such as
+    ``{"1/model.onnx": ...}``) ships the model itself: it is served from
+    those files in place of any configured model of that name, until a load
+    without files or an unload (see inline.py).
+
     Raises:
-        ControlError: the master refused (unknown model or key, a reload running).
+        BadRequest: a file path no model directory could hold; nothing was written.
+        ControlError: the master refused (unknown model or key, unservable
+            files, a reload running).
         ModelNotReady: its new instances failed to load, or took too long.
     """
-    request(tree.control_path, "load", model=model, overrides=dict(overrides or {}))
+    if files:
+        directory = inline.write(tree, model, files)
+        try:
+            request(
+                tree.control_path,
+                "load",
+                model=model,
+                overrides=dict(overrides or {}),
+                directory=str(directory),
+            )
+        except BaseException:
+            inline.remove(directory)  # the master did not take it
+            raise
+    else:
+        request(tree.control_path, "load", model=model, overrides=dict(overrides or {}))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = request(tree.control_path, "status")

@@ -2,7 +2,7 @@
 
 A tree has a short random id. Its shared-memory segments are
 ``/dev/shm/appliance-<tree>-<what>`` and its private files (config snapshot,
-model metadata, ZeroMQ sockets) live in ``<run_dir>/<tree>/``, mode 0700.
+model metadata, ZeroMQ sockets, models loaded inline) live in ``<run_dir>/<tree>/``, mode 0700.
 The master holds an exclusive ``flock`` on ``/dev/shm/appliance-<tree>-lock``
 for its whole life: the kernel drops it when the master dies, even by
 SIGKILL, which is how a later master knows the tree is dead and may sweep it.
@@ -95,6 +95,16 @@ class Tree:
 
     def metadata_path(self, model: str) -> Path:
         return self.dir / "models" / f"{model}.json"
+
+    @property
+    def inline_dir(self) -> Path:
+        """Where models shipped inline in a load request are written.
+
+        Each load gets ``<inline_dir>/<random>/<model>/``, a model directory
+        laid out as in a model repository; the master removes it once the
+        model no longer serves from it.
+        """
+        return self.dir / "inline"
 
     def check_paths(self) -> None:
         """Raise ValueError if socket paths would exceed the kernel's limit."""

@@ -25,7 +25,9 @@ class Controls(Protocol):
 
     def reload(self) -> dict[str, Any]: ...
 
-    def load_model(self, model: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]: ...
+    def load_model(
+        self, model: str, overrides: dict[str, Any] | None = None, directory: str | None = None
+    ) -> dict[str, Any]: ...
 
     def unload(self, model: str) -> dict[str, Any]: ...
 
@@ -39,7 +41,9 @@ def handlers(master: Controls) -> dict[str, Handler]:
         "stop": lambda _request: _stop(master),
         # Read the config again; changed models are swapped in once ready.
         "reload": lambda _request: master.reload(),
-        "load": lambda request: master.load_model(_model(request), _overrides(request)),
+        "load": lambda request: master.load_model(
+            _model(request), _overrides(request), _directory(request)
+        ),
         "unload": lambda request: master.unload(_model(request)),
     }
 
@@ -56,6 +60,14 @@ def _overrides(request: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(overrides, dict):
         raise ValueError('"overrides" must be an object of [[models]] keys')
     return overrides
+
+
+def _directory(request: dict[str, Any]) -> str | None:
+    """The model directory a frontend wrote a model shipped inline into, if any."""
+    directory = request.get("directory")
+    if directory is not None and (not isinstance(directory, str) or not directory):
+        raise ValueError('"directory" must be the path of a model directory')
+    return directory
 
 
 def _set_online(master: Controls, online: bool) -> dict[str, Any]:

@@ -26,8 +26,9 @@ from typing import Any
 
 import orjson
 
-from appliance.config import ApplianceConfig, ConfigError, write_snapshot
-from appliance.config_reader import load, with_overrides
+from appliance import repository
+from appliance.config import ApplianceConfig, ConfigError, ModelConfig, write_snapshot
+from appliance.config_reader import load, repository_model, with_overrides
 from appliance.core.status import Counter, Role, SlotState, StatusTable
 from appliance.core.tree import Tree, new_tree_id
 from appliance.ctl import ControlError, request
@@ -87,6 +88,9 @@ class Supervisor:
         self.unloaded: set[str] = set()
         # model -> the [[models]] keys its last load overrode (until it loads without).
         self.overrides: dict[str, dict[str, Any]] = {}
+        # model -> the directory its files were shipped in (a load with files),
+        # and the entries served from it in place of the configured one.
+        self.inline: dict[str, tuple[Path, tuple[ModelConfig, ...]]] = {}
         self._notified_ready = False
         self._http_booted = -1  # the HTTP arbiter generation whose workers all booted
         self._request_totals: collections.deque[tuple[float, int]] = collections.deque()
@@ -324,29 +328,74 @@ class Supervisor:
             raise RuntimeError(f"failed to unload: model {model!r} is not loaded")
         self.unloaded.add(model)
         self.overrides.pop(model, None)
-        return self._apply()
+        dropped = self.inline.pop(model, None)
+        summary = self._apply()
+        if dropped is not None:
+            _remove_inline(dropped[0])
+        return summary
 
-    def load_model(self, model: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    def load_model(
+        self, model: str, overrides: dict[str, Any] | None = None, directory: str | None = None
+    ) -> dict[str, Any]:
         """Serve ``model`` again, from the config file as it is now (a reload).
 
         ``overrides`` replaces some of its ``[[models]]`` keys (see
         ``config_reader.with_overrides``) until it is loaded again without them.
+        ``directory`` is a model directory a frontend wrote the model's own
+        files into (under this tree's ``inline_dir``): the model is served
+        from it, in place of any configured model of that name, until it is
+        loaded without one or unloaded; then the directory is removed.
         """
         self._check_can_reload()
-        configured = load(self.config_path).models
-        entry = next((each for each in configured if each.name == model), None)
-        if entry is None:
-            raise RuntimeError(
-                f"failed to load: model {model!r} is not in the config {self.config_path}"
-            )
+        if directory is None:
+            configured = load(self.config_path).models
+            entries = tuple(each for each in configured if each.name == model)
+            if not entries:
+                raise RuntimeError(
+                    f"failed to load: model {model!r} is not in the config {self.config_path}"
+                )
+        else:
+            configured = self.configured
+            entries = self._inline_models(model, Path(directory))
         if overrides:
-            with_overrides(entry, overrides)  # refuse a bad override before anything changes
+            for entry in entries:
+                if entry.name == model:  # refuse a bad override before anything changes
+                    with_overrides(entry, overrides)
             self.overrides[model] = dict(overrides)
         else:
             self.overrides.pop(model, None)
         self.unloaded.discard(model)
         self.configured = configured
-        return self._apply()
+        dropped = self.inline.pop(model, None)
+        if directory is not None:
+            self.inline[model] = (Path(directory), entries)
+        summary = self._apply()
+        if dropped is not None:
+            _remove_inline(dropped[0])
+        return summary
+
+    def _inline_models(self, model: str, directory: Path) -> tuple[ModelConfig, ...]:
+        """Check a frontend's inline model directory and read its entries.
+
+        Raises:
+            RuntimeError: it is not a directory of this tree's ``inline_dir``
+                named after the model, or the model in it cannot be served.
+        """
+        root = Path(os.path.realpath(self.tree.inline_dir))
+        real = Path(os.path.realpath(directory))
+        if real.parent.parent != root or real.name != model or not real.is_dir():
+            raise RuntimeError(
+                f"failed to load: {directory} is not a model directory under {root} named {model!r}"
+            )
+        found = []
+        for entry in repository.model_entries(real, "latest"):
+            if entry["class"] == repository.BROKEN_CLASS:
+                raise RuntimeError(f"failed to load: model {model!r}: {entry['options']['reason']}")
+            missing = repository.missing_runtime(entry)
+            if missing:
+                raise RuntimeError(f"failed to load: model {model!r}: {missing}")
+            found.append(repository_model(entry, f"the files of {model}"))
+        return tuple(found)
 
     def _check_can_reload(self) -> None:
         if self.drain.active:
@@ -358,7 +407,7 @@ class Supervisor:
         """Serve the configured models less the unloaded ones (see reload.py)."""
         served = tuple(
             with_overrides(m, self.overrides[m.name]) if m.name in self.overrides else m
-            for m in self.configured
+            for m in self._models()
             if m.name not in self.unloaded
         )
         merged = dataclasses.replace(self.config, models=served)
@@ -372,6 +421,14 @@ class Supervisor:
         if reload.done:
             systemd.notify("READY=1", "STATUS=reload done")
         return reload.summary()
+
+    def _models(self) -> list[ModelConfig]:
+        """The configured models, each loaded inline replaced by what its files hold."""
+        shipped = {entry.name for _, entries in self.inline.values() for entry in entries}
+        models = [m for m in self.configured if m.name not in shipped]
+        for _, entries in self.inline.values():
+            models += entries
+        return models
 
     def model_children(self, model: str) -> list[Child]:
         """The children serving ``model`` now (its slots in the layout)."""
@@ -590,6 +647,11 @@ class Supervisor:
         self.status.beat_master()
         pids = self.sample_stats()
         sweep.sweep_dead_processes(self.tree, set(pids))
+
+
+def _remove_inline(directory: Path) -> None:
+    """Remove a model directory a frontend wrote (and the random one above it)."""
+    shutil.rmtree(directory.parent, ignore_errors=True)
 
 
 def _wake_only(_signum: int, _frame: object) -> None:

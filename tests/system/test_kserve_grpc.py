@@ -463,8 +463,9 @@ def test_load_with_an_override_config(client: grpcclient.InferenceServerClient) 
     error = failure(
         lambda: client.load_model("simple", config="{}", files={"file:" + "A" * 256: b"a"})
     )
-    assert error.status() == "StatusCode.INTERNAL"
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
     assert "failed to poll from model repository" in error.message()
+    assert "Invalid file path" in error.message()
     assert client.is_server_live()
     assert client.is_model_ready("simple")
 

@@ -7,26 +7,31 @@ repository but not served now (UNAVAILABLE, "unloaded"). Load and unload
 drive the master (``ModelClient.load_model``/``unload_model``): a load reads
 the config file and the repositories again (with the request's override
 config, if any, on top: override.py), so a new version dropped into a
-repository is served once its instances are ready; an unload stops routing
+repository is served once its instances are ready; a load that ships the
+model's files (``file:`` parameters) serves the model from them
+(appliance/client/inline.py); an unload stops routing
 to the model and retires its workers. Errors say "failed to load" as
 tritonclient's model_control examples expect.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from appliance import repository
+from appliance.client import inline
 from appliance.client.api import ModelClient
-from appliance.errors import ControlError, InternalError, ModelNotFound, ModelNotReady, Unsupported
+from appliance.errors import BadRequest, ControlError, ModelNotFound, ModelNotReady
 from appliance.protocols.kserve import override
 from appliance.protocols.kserve.service import version_of
 
 # Loading imports the model and its runtime (torch alone takes seconds).
 LOAD_TIMEOUT_S = 300.0
-NAME_MAX = 255  # bytes in one path component (Linux)
 UNLOADED = "unloaded"
 
 
@@ -59,12 +64,15 @@ def known_models(client: ModelClient) -> dict[str, str]:
 
     The repositories are scanned afresh, so a model dropped into one since
     the start is known (and loadable); the version is "" for a model that
-    is not a repository file.
+    is not a repository file. A model once loaded from shipped files is not
+    (its files are gone once it no longer serves).
     """
     runtimes = (repository.ONNX_CLASS, repository.TORCHSCRIPT_CLASS)
+    shipped = os.path.join(os.path.realpath(client.tree.inline_dir), "")
     known = {
         model.name: str(model.options.get("version", "")) if model.cls in runtimes else ""
         for model in client.config.models
+        if not str(model.options.get("path", "")).startswith(shipped)
     }
     for repo in client.config.repositories:
         try:
@@ -81,34 +89,36 @@ def load(client: ModelClient, model: str, parameters: Mapping[str, Any]) -> None
 
     A ``config`` parameter (Triton's model-config JSON) overrides the keys
     override.py understands for this load; without one the model's own
-    config applies again.
+    config applies again. ``file:<path>`` parameters ship the model's own
+    files (bytes over gRPC, base64 over REST; ``config`` is then required):
+    it is served from them, in place of any configured model of that name,
+    until a load without files or an unload.
 
     Raises:
-        BadRequest: the override config is malformed or sets what cannot be applied.
-        InternalError: a file path no directory could hold.
-        Unsupported: files were given with the request.
+        BadRequest: the override config is malformed or sets what cannot be
+            applied; a file path no model directory could hold ("Invalid file
+            path"); files without a config, or content that is not bytes/base64.
         ModelNotFound: no such model is configured or in a repository.
         ModelNotReady: it did not become ready; the message says why.
     """
-    files = [key.removeprefix("file:") for key in parameters if key.startswith("file:")]
-    if files:
-        _check_paths(model, files)
-        raise Unsupported(
-            f"failed to load '{model}': models cannot be shipped inline (file: parameters); "
-            "put the model in a model repository, then load it"
+    files = _files(model, parameters)
+    if files and "config" not in parameters:
+        raise BadRequest(
+            f"failed to load '{model}': model files (file: parameters) need the model's "
+            "config in the same request (the config parameter)"
         )
-    overrides = override.parse(model, parameters["config"]) if "config" in parameters else {}
+    overrides = override.parse(model, parameters["config"], files) if "config" in parameters else {}
     known = known_models(client)
-    if model not in known and model not in client.models():
+    if not files and model not in known and model not in client.models():
         raise ModelNotFound(
             f"failed to load '{model}': no model of that name is configured or in a model "
             "repository"
         )
     try:
-        client.load_model(model, LOAD_TIMEOUT_S, overrides)
+        client.load_model(model, LOAD_TIMEOUT_S, overrides, files)
     except ControlError as ex:
         raise ModelNotReady(_refused("load", model, ex)) from None
-    wanted = known.get(model, "")
+    wanted = "" if files else known.get(model, "")
     serving = version_of(client, model)
     if wanted and serving != wanted:
         # The master keeps the old instances when the new ones fail to load.
@@ -118,21 +128,39 @@ def load(client: ModelClient, model: str, parameters: Mapping[str, Any]) -> None
         )
 
 
-def _check_paths(model: str, paths: list[str]) -> None:
-    """Refuse a file path no repository could hold, as Triton does before writing it.
+def _files(model: str, parameters: Mapping[str, Any]) -> dict[str, bytes]:
+    """The ``file:`` parameters as path -> content, every path checked first.
 
     Raises:
-        InternalError: Triton's status and wording ("failed to poll from model
-            repository"), which its model_control example checks.
+        BadRequest: a path no model directory could hold (Triton's "Invalid
+            file path", and its "failed to poll from model repository"), or a
+            content that is neither bytes nor base64 text.
     """
-    for path in paths:
-        parts = path.split("/")
-        if path.startswith("/") or ".." in parts or any(len(p.encode()) > NAME_MAX for p in parts):
-            raise InternalError(
-                f"failed to load '{model}': failed to poll from model repository: file path "
-                f"{path[:64]!r}{'...' if len(path) > 64 else ''} is absolute, leaves the model "
-                f"directory or has a component longer than {NAME_MAX} bytes"
+    paths = {key: key.removeprefix("file:") for key in parameters if key.startswith("file:")}
+    for path in paths.values():
+        problem = inline.path_problem(path)
+        if problem:
+            raise BadRequest(
+                f"failed to load '{model}': failed to poll from model repository: "
+                f"Invalid file path {inline.shown(path)}: {problem}"
             )
+    files = {}
+    for key, path in paths.items():
+        content = parameters[key]
+        if isinstance(content, str):
+            try:
+                content = base64.b64decode(content, validate=True)
+            except (binascii.Error, ValueError):
+                raise BadRequest(
+                    f"failed to load '{model}': the content of {inline.shown(key)} is not base64"
+                ) from None
+        if not isinstance(content, bytes):
+            raise BadRequest(
+                f"failed to load '{model}': the content of {inline.shown(key)} must be bytes "
+                "(gRPC) or a base64 string (REST)"
+            )
+        files[path] = content
+    return files
 
 
 def unload(client: ModelClient, model: str) -> None:
