@@ -91,6 +91,11 @@ class ControlServer:
             return {"ok": False, "error": f"unknown command {command!r}; known: {known}"}
         try:
             return {"ok": True, **handler(request)}
+        except (ValueError, RuntimeError) as ex:
+            # A refusal (a bad argument, an invalid config, a reload running):
+            # its message says it all, for the log and for the caller.
+            log.warning("control command %s refused: %s", command, ex)
+            return {"ok": False, "error": str(ex)}
         except Exception as ex:
             log.exception("control command %s failed", command)
             return {"ok": False, "error": f"{type(ex).__name__}: {ex}"}

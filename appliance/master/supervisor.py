@@ -26,13 +26,12 @@ from typing import Any
 
 import orjson
 
-from appliance import repository
-from appliance.config import ApplianceConfig, ConfigError, ModelConfig, write_snapshot
-from appliance.config_reader import load, repository_model, with_overrides
+from appliance.config import ApplianceConfig, ConfigError, write_snapshot
+from appliance.config_reader import load
 from appliance.core.status import Counter, Role, SlotState, StatusTable
 from appliance.core.tree import Tree, new_tree_id
 from appliance.ctl import ControlError, request
-from appliance.master import commands, report, sweep, systemd, watchdog
+from appliance.master import commands, report, served, sweep, systemd, watchdog
 from appliance.master.children import Child
 from appliance.master.control import ControlServer
 from appliance.master.drain import Drain, Step
@@ -83,14 +82,8 @@ class Supervisor:
         self.layout: dict[str, list[int]] = {}
         self.free_slots: list[int] = []
         self.reloading: Reload | None = None
-        # The models in the config file, and those unloaded at run time.
-        self.configured = config.models
-        self.unloaded: set[str] = set()
-        # model -> the [[models]] keys its last load overrode (until it loads without).
-        self.overrides: dict[str, dict[str, Any]] = {}
-        # model -> the directory its files were shipped in (a load with files),
-        # and the entries served from it in place of the configured one.
-        self.inline: dict[str, tuple[Path, tuple[ModelConfig, ...]]] = {}
+        # The config file's models as loads and unloads have changed them.
+        self.served = served.ServedModels(config.models, self.tree.inline_dir)
         self._notified_ready = False
         self._http_booted = -1  # the HTTP arbiter generation whose workers all booted
         self._request_totals: collections.deque[tuple[float, int]] = collections.deque()
@@ -318,7 +311,7 @@ class Supervisor:
         for section in ("server", "http", "grpc", "mip", "shm"):
             if getattr(new, section) != getattr(self.config, section):
                 log.warning("reload: [%s] changed; that takes a restart", section)
-        self.configured = new.models
+        self.served.configured = new.models
         return self._apply()
 
     def unload(self, model: str) -> dict[str, Any]:
@@ -326,13 +319,7 @@ class Supervisor:
         self._check_can_reload()
         if model not in self.layout:
             raise RuntimeError(f"failed to unload: model {model!r} is not loaded")
-        self.unloaded.add(model)
-        self.overrides.pop(model, None)
-        dropped = self.inline.pop(model, None)
-        summary = self._apply()
-        if dropped is not None:
-            _remove_inline(dropped[0])
-        return summary
+        return self._apply(self.served.unload(model))
 
     def load_model(
         self, model: str, overrides: dict[str, Any] | None = None, directory: str | None = None
@@ -347,55 +334,8 @@ class Supervisor:
         loaded without one or unloaded; then the directory is removed.
         """
         self._check_can_reload()
-        if directory is None:
-            configured = load(self.config_path).models
-            entries = tuple(each for each in configured if each.name == model)
-            if not entries:
-                raise RuntimeError(
-                    f"failed to load: model {model!r} is not in the config {self.config_path}"
-                )
-        else:
-            configured = self.configured
-            entries = self._inline_models(model, Path(directory))
-        if overrides:
-            for entry in entries:
-                if entry.name == model:  # refuse a bad override before anything changes
-                    with_overrides(entry, overrides)
-            self.overrides[model] = dict(overrides)
-        else:
-            self.overrides.pop(model, None)
-        self.unloaded.discard(model)
-        self.configured = configured
-        dropped = self.inline.pop(model, None)
-        if directory is not None:
-            self.inline[model] = (Path(directory), entries)
-        summary = self._apply()
-        if dropped is not None:
-            _remove_inline(dropped[0])
-        return summary
-
-    def _inline_models(self, model: str, directory: Path) -> tuple[ModelConfig, ...]:
-        """Check a frontend's inline model directory and read its entries.
-
-        Raises:
-            RuntimeError: it is not a directory of this tree's ``inline_dir``
-                named after the model, or the model in it cannot be served.
-        """
-        root = Path(os.path.realpath(self.tree.inline_dir))
-        real = Path(os.path.realpath(directory))
-        if real.parent.parent != root or real.name != model or not real.is_dir():
-            raise RuntimeError(
-                f"failed to load: {directory} is not a model directory under {root} named {model!r}"
-            )
-        found = []
-        for entry in repository.model_entries(real, "latest"):
-            if entry["class"] == repository.BROKEN_CLASS:
-                raise RuntimeError(f"failed to load: model {model!r}: {entry['options']['reason']}")
-            missing = repository.missing_runtime(entry)
-            if missing:
-                raise RuntimeError(f"failed to load: model {model!r}: {missing}")
-            found.append(repository_model(entry, f"the files of {model}"))
-        return tuple(found)
+        path = Path(directory) if directory else None
+        return self._apply(self.served.load(model, overrides, path, self.config_path))
 
     def _check_can_reload(self) -> None:
         if self.drain.active:
@@ -403,14 +343,10 @@ class Supervisor:
         if self.reloading is not None:
             raise RuntimeError(f"a reload is in progress: {self.reloading.summary()}")
 
-    def _apply(self) -> dict[str, Any]:
-        """Serve the configured models less the unloaded ones (see reload.py)."""
-        served = tuple(
-            with_overrides(m, self.overrides[m.name]) if m.name in self.overrides else m
-            for m in self._models()
-            if m.name not in self.unloaded
-        )
-        merged = dataclasses.replace(self.config, models=served)
+    def _apply(self, dropped: Path | None = None) -> dict[str, Any]:
+        """Serve what ``self.served`` says (see reload.py); then remove ``dropped``,
+        the directory of files a model no longer serves from."""
+        merged = dataclasses.replace(self.config, models=self.served.models())
         self.reloads += 1
         systemd.notify("RELOADING=1", systemd.monotonic_usec(), "STATUS=reloading")
         reload = Reload(self, self.config, merged, self.reloads, self.tree.dir)
@@ -420,15 +356,8 @@ class Supervisor:
         self.reloading = None if reload.done else reload
         if reload.done:
             systemd.notify("READY=1", "STATUS=reload done")
+        served.remove(dropped)
         return reload.summary()
-
-    def _models(self) -> list[ModelConfig]:
-        """The configured models, each loaded inline replaced by what its files hold."""
-        shipped = {entry.name for _, entries in self.inline.values() for entry in entries}
-        models = [m for m in self.configured if m.name not in shipped]
-        for _, entries in self.inline.values():
-            models += entries
-        return models
 
     def model_children(self, model: str) -> list[Child]:
         """The children serving ``model`` now (its slots in the layout)."""
@@ -513,7 +442,7 @@ class Supervisor:
             "draining": self.drain.active,
             "reloading": self.reloading.summary() if self.reloading else None,
             "models": list(self.layout),
-            "unloaded": sorted(self.unloaded),
+            "unloaded": sorted(self.served.unloaded),
             "ports": self.ports,
             "processes": report.process_rows(
                 self.children,
@@ -647,11 +576,6 @@ class Supervisor:
         self.status.beat_master()
         pids = self.sample_stats()
         sweep.sweep_dead_processes(self.tree, set(pids))
-
-
-def _remove_inline(directory: Path) -> None:
-    """Remove a model directory a frontend wrote (and the random one above it)."""
-    shutil.rmtree(directory.parent, ignore_errors=True)
 
 
 def _wake_only(_signum: int, _frame: object) -> None:

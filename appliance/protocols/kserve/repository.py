@@ -182,7 +182,5 @@ def unload(client: ModelClient, model: str) -> None:
 
 def _refused(action: str, model: str, error: ControlError) -> str:
     """Word the master's refusal (a reload running, say) as tritonclient expects."""
-    text = str(error)
-    return (
-        text if text.startswith(f"failed to {action}") else f"failed to {action} '{model}': {text}"
-    )
+    text = str(error).removeprefix(f"failed to {action}: ")
+    return f"failed to {action} '{model}': {text}"

@@ -1,0 +1,140 @@
+"""What the master serves: the config's models, as loads and unloads change them.
+
+:class:`ServedModels` keeps the config file's models, the ones unloaded at
+run time, each load's overrides of ``[[models]]`` keys (until the model is
+loaded without them) and the models loaded from files shipped in the load
+request (Triton's ``file:`` loads, :class:`InlineModels`).
+
+For a ``file:`` load, a frontend writes the files into ``<tree>/inline/<random>/<model>/``, laid
+out as a model repository's directory, and names that directory in its
+``load`` command. The master reads it like a repository model and serves
+what it holds in place of any configured model of that name, until the
+model is loaded without files or unloaded; then the directory goes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from appliance import repository
+from appliance.config import ModelConfig
+from appliance.config_reader import load, repository_model, with_overrides
+
+
+class InlineModels:
+    """The models loaded from shipped files, by the name they were loaded as."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._by_model: dict[str, tuple[Path, tuple[ModelConfig, ...]]] = {}
+
+    def read(self, model: str, directory: Path) -> tuple[ModelConfig, ...]:
+        """Check a frontend's model directory and return the entries it serves.
+
+        Raises:
+            RuntimeError: it is not a directory under this tree's inline root
+                named after the model, or the model in it cannot be served.
+        """
+        root = Path(os.path.realpath(self.root))
+        real = Path(os.path.realpath(directory))
+        if real.parent.parent != root or real.name != model or not real.is_dir():
+            raise RuntimeError(
+                f"failed to load: {directory} is not a model directory under {root} named {model!r}"
+            )
+        found = []
+        for entry in repository.model_entries(real, "latest"):
+            if entry["class"] == repository.BROKEN_CLASS:
+                raise RuntimeError(f"failed to load: model {model!r}: {entry['options']['reason']}")
+            missing = repository.missing_runtime(entry)
+            if missing:
+                raise RuntimeError(f"failed to load: model {model!r}: {missing}")
+            found.append(repository_model(entry, f"the files of {model}"))
+        return tuple(found)
+
+    def replace(
+        self, model: str, directory: Path | None, entries: tuple[ModelConfig, ...] = ()
+    ) -> Path | None:
+        """Serve ``model`` from ``directory`` (None: from the config again).
+
+        Returns the directory it served from before, for :func:`remove` once
+        the change is applied.
+        """
+        before = self._by_model.pop(model, None)
+        if directory is not None:
+            self._by_model[model] = (directory, entries)
+        return before[0] if before else None
+
+    def served(self, configured: tuple[ModelConfig, ...]) -> list[ModelConfig]:
+        """The configured models, each one loaded from files replaced by what they hold."""
+        shipped = [entry for _, entries in self._by_model.values() for entry in entries]
+        names = {entry.name for entry in shipped}
+        return [m for m in configured if m.name not in names] + shipped
+
+
+def remove(directory: Path | None) -> None:
+    """Remove a model directory a frontend wrote (and the random one above it)."""
+    if directory is not None:
+        shutil.rmtree(directory.parent, ignore_errors=True)
+
+
+class ServedModels:
+    """The models to serve, from the config and the loads and unloads since."""
+
+    def __init__(self, configured: tuple[ModelConfig, ...], inline_root: Path) -> None:
+        self.configured = configured
+        self.unloaded: set[str] = set()
+        # model -> the [[models]] keys its last load overrode (until it loads without).
+        self.overrides: dict[str, dict[str, Any]] = {}
+        self.inline = InlineModels(inline_root)
+
+    def models(self) -> tuple[ModelConfig, ...]:
+        """The configured models less the unloaded ones, with overrides and files applied."""
+        return tuple(
+            with_overrides(m, self.overrides[m.name]) if m.name in self.overrides else m
+            for m in self.inline.served(self.configured)
+            if m.name not in self.unloaded
+        )
+
+    def unload(self, model: str) -> Path | None:
+        """Stop serving ``model``; return the directory of its files to remove, if any."""
+        self.unloaded.add(model)
+        self.overrides.pop(model, None)
+        return self.inline.replace(model, None)
+
+    def load(
+        self,
+        model: str,
+        overrides: dict[str, Any] | None,
+        directory: Path | None,
+        config_path: Path | None,
+    ) -> Path | None:
+        """Serve ``model`` again: from ``directory`` (a ``file:`` load) or from the
+        config file as it is now, with ``overrides``; return the directory of
+        files it served from before, to remove once the change is applied.
+
+        Raises:
+            RuntimeError: the model is in neither; ConfigError: a bad override.
+        """
+        if directory is None:
+            configured = load(config_path).models
+            entries = tuple(each for each in configured if each.name == model)
+            if not entries:
+                raise RuntimeError(
+                    f"failed to load: model {model!r} is not in the config {config_path}"
+                )
+        else:
+            configured = self.configured
+            entries = self.inline.read(model, directory)
+        if overrides:
+            for entry in entries:
+                if entry.name == model:  # refuse a bad override before anything changes
+                    with_overrides(entry, overrides)
+            self.overrides[model] = dict(overrides)
+        else:
+            self.overrides.pop(model, None)
+        self.unloaded.discard(model)
+        self.configured = configured
+        return self.inline.replace(model, directory, entries)
