@@ -206,8 +206,22 @@ def print_table(rows: list[dict[str, Any]], calls: dict[str, Any]) -> None:
 # -- the run ----------------------------------------------------------------------
 
 
-def burst(ep: traffic.Endpoints) -> list[str]:
-    """Call every protocol from many threads at once, so lazy pools fill now."""
+def burst_connections(appliance: Appliance) -> int:
+    """Connections per protocol for the burst: 8 for each process of the busiest port.
+
+    Processes sharing a port (SO_REUSEPORT) are handed connections by a hash:
+    with 8 per process, each one almost surely gets some, and with them its
+    own channels to every model instance, before the measurement starts.
+    """
+    roles = [p["role"] for p in appliance.processes()]
+    per_port = [
+        sum(role.startswith(port) for role in roles) for port in ("http worker", "grpc[", "mip[")
+    ]
+    return 8 * max(1, *per_port)
+
+
+def burst(ep: traffic.Endpoints, connections: int) -> list[str]:
+    """Call every protocol over many connections at once, so lazy pools fill now."""
     errors: list[str] = []
 
     def calls(caller: type[traffic.Caller]) -> None:
@@ -224,7 +238,7 @@ def burst(ep: traffic.Endpoints) -> list[str]:
     threads = [
         threading.Thread(target=calls, args=(caller,), daemon=True)
         for caller in CALLERS
-        for _ in range(4)
+        for _ in range(connections)
     ]
     for thread in threads:
         thread.start()
@@ -241,7 +255,7 @@ def soak(args: argparse.Namespace) -> int:
         ports = appliance.ports
         ep = traffic.Endpoints(ports["http"], ports["grpc"], ports["mip"], "faulty")
         started = time.monotonic()
-        problems = [f"warm-up burst: {e}" for e in burst(ep)]
+        problems = [f"warm-up burst: {e}" for e in burst(ep, burst_connections(appliance))]
         loops = traffic.start_loops(ep, args.pace_s, CALLERS)
         samples = []
         while (now := time.monotonic()) < started + duration_s:
