@@ -15,7 +15,6 @@ model is loaded without files or unloaded; then the directory goes.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +58,8 @@ class InlineModels:
     ) -> Path | None:
         """Serve ``model`` from ``directory`` (None: from the config again).
 
-        Returns the directory it served from before, for :func:`remove` once
-        the change is applied.
+        Returns the directory it served from before, to remove once the
+        change is applied (``appliance.client.inline.remove``, which wrote it).
         """
         before = self._by_model.pop(model, None)
         if directory is not None:
@@ -72,12 +71,6 @@ class InlineModels:
         shipped = [entry for _, entries in self._by_model.values() for entry in entries]
         names = {entry.name for entry in shipped}
         return [m for m in configured if m.name not in names] + shipped
-
-
-def remove(directory: Path | None) -> None:
-    """Remove a model directory a frontend wrote (and the random one above it)."""
-    if directory is not None:
-        shutil.rmtree(directory.parent, ignore_errors=True)
 
 
 class ServedModels:

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from appliance.client import inline
 from appliance.config import ApplianceConfig, ConfigError, write_snapshot
 from appliance.config_reader import load
 from appliance.core.status import Counter, Role, SlotState, StatusTable
@@ -356,7 +357,8 @@ class Supervisor:
         self.reloading = None if reload.done else reload
         if reload.done:
             systemd.notify("READY=1", "STATUS=reload done")
-        served.remove(dropped)
+        if dropped is not None:
+            inline.remove(dropped)
         return reload.summary()
 
     def model_children(self, model: str) -> list[Child]:

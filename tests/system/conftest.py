@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from appliance.client.api import ModelClient
 from tests.gpu import cuda_missing
@@ -21,6 +23,22 @@ def demo() -> Iterator[Appliance]:
 @pytest.fixture(scope="module")
 def client(demo: Appliance) -> ModelClient:
     return demo.client()
+
+
+@pytest.fixture(scope="module")
+def grpc_client(appliance: Appliance) -> Iterator[grpcclient.InferenceServerClient]:
+    """tritonclient over gRPC to the module's own ``appliance`` fixture."""
+    triton = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    yield triton
+    triton.close()
+
+
+@pytest.fixture(scope="module")
+def http_client(appliance: Appliance) -> Iterator[httpclient.InferenceServerClient]:
+    """tritonclient over REST to the module's own ``appliance`` fixture."""
+    triton = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
+    yield triton
+    triton.close()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

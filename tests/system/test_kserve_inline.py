@@ -39,20 +39,6 @@ def appliance() -> Iterator[Appliance]:
         yield started
 
 
-@pytest.fixture(scope="module")
-def grpc_client(appliance: Appliance) -> Iterator[grpcclient.InferenceServerClient]:
-    triton = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
-    yield triton
-    triton.close()
-
-
-@pytest.fixture(scope="module")
-def rest_client(appliance: Appliance) -> Iterator[httpclient.InferenceServerClient]:
-    triton = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
-    yield triton
-    triton.close()
-
-
 @pytest.fixture(autouse=True)
 def as_configured(grpc_client: grpcclient.InferenceServerClient) -> Iterator[None]:
     """After each test, serve the config's models again, so a failure stays in its test."""
@@ -116,10 +102,10 @@ def test_a_model_shipped_inline_serves_until_unloaded(
     transport: str,
     appliance: Appliance,
     grpc_client: grpcclient.InferenceServerClient,
-    rest_client: httpclient.InferenceServerClient,
+    http_client: httpclient.InferenceServerClient,
     expected: npt.NDArray[np.float32],
 ) -> None:
-    client: Client = grpc_client if transport == "grpc" else rest_client
+    client: Client = grpc_client if transport == "grpc" else http_client
     assert "inline_digits" not in index_of(client)
     client.load_model("inline_digits", config=CONFIG, files=files())
     assert client.is_model_ready("inline_digits")
@@ -165,10 +151,10 @@ def test_a_path_that_leaves_the_model_directory_is_refused(
     path: str,
     appliance: Appliance,
     grpc_client: grpcclient.InferenceServerClient,
-    rest_client: httpclient.InferenceServerClient,
+    http_client: httpclient.InferenceServerClient,
 ) -> None:
     shipment = {path: b"a", **files()}
-    for client, refused in ((grpc_client, "StatusCode.INVALID_ARGUMENT"), (rest_client, "400")):
+    for client, refused in ((grpc_client, "StatusCode.INVALID_ARGUMENT"), (http_client, "400")):
         error = failure(partial(client.load_model, "simple", config="{}", files=shipment))
         assert error.status() == refused
         assert "Invalid file path" in error.message()
@@ -184,9 +170,9 @@ def test_a_path_that_leaves_the_model_directory_is_refused(
 def test_files_need_a_config(
     appliance: Appliance,
     grpc_client: grpcclient.InferenceServerClient,
-    rest_client: httpclient.InferenceServerClient,
+    http_client: httpclient.InferenceServerClient,
 ) -> None:
-    for client, refused in ((grpc_client, "StatusCode.INVALID_ARGUMENT"), (rest_client, "400")):
+    for client, refused in ((grpc_client, "StatusCode.INVALID_ARGUMENT"), (http_client, "400")):
         error = failure(partial(client.load_model, "inline_digits", files=files()))
         assert error.status() == refused
         assert "failed to load 'inline_digits'" in error.message()

@@ -70,20 +70,6 @@ def appliance() -> Iterator[Appliance]:
         yield started
 
 
-@pytest.fixture(scope="module")
-def grpc_client(appliance: Appliance) -> Iterator[grpcclient.InferenceServerClient]:
-    triton = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
-    yield triton
-    triton.close()
-
-
-@pytest.fixture(scope="module")
-def http_client(appliance: Appliance) -> Iterator[httpclient.InferenceServerClient]:
-    triton = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
-    yield triton
-    triton.close()
-
-
 def expected(dyna: bool, ids: tuple[int, int, str], strings: list[int]) -> list[list[int]]:
     """What the examples assert, step by step, for their three sequences.
 
