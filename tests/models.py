@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from appliance.demos.sequence import SimpleSequence
 from appliance.model import Arrays, Model, Outputs, spec
 
 
@@ -40,6 +41,18 @@ class BatchProbe(Model):
         deadline = time.monotonic() + 30.0
         while (gate / "hold").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+class GatedSequence(SimpleSequence):
+    """``simple_sequence`` whose steps after the first wait at a gate (see BatchProbe).
+
+    A test kills the instance while a step waits there: a step in flight.
+    """
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        if not inputs["START"].any():
+            BatchProbe._wait_at_gate(Path(self.options["gate"]))
+        return super().predict(inputs, parameters)
 
 
 class Slow(Model):

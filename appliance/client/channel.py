@@ -37,7 +37,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import zmq
 
-from appliance.client.routing import Router, Target
+from appliance.client.routing import Router, Target, lost_sequence
 from appliance.core.descriptor import DescriptorError, Kind, Message, from_frame, to_frame
 from appliance.errors import DeadlineExceeded, WorkerLost
 
@@ -50,6 +50,8 @@ BoxT = TypeVar("BoxT", bound=deque[Any])
 
 
 def worker_lost(target: Target) -> WorkerLost:
+    if target.sequence is not None:
+        return lost_sequence(target)
     return WorkerLost(
         f"the model worker (pid {target.pid}) holding this request exited; "
         "the request may be retried"

@@ -21,7 +21,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from appliance.core.sequences import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START, sequence_of
@@ -37,11 +37,16 @@ MAX_REMEMBERED_SEQUENCES = 65536
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """An instance chosen for a request: its slot, generation and pid."""
+    """An instance chosen for a request: its slot, generation and pid.
+
+    ``sequence`` names the stateful sequence the request belongs to, so that
+    losing the instance can tell the client which sequence's state went with it.
+    """
 
     slot: int
     generation: int
     pid: int
+    sequence: str | None = None
 
 
 class Router:
@@ -117,14 +122,11 @@ class Router:
             known = self._sequences.get(key)
         if known is not None and not start:
             if not self.is_current(known):
-                raise WorkerLost(
-                    f"sequence {sequence!r} of model {model} lived on its instance pid "
-                    f"{known.pid}, which has stopped; the sequence's state is gone: start it "
-                    "again with sequence_start=true"
-                )
+                raise lost_sequence(known)
             target = known
         else:
-            target = self._hashed(model, slots, sequence)
+            chosen = self._hashed(model, slots, sequence)
+            target = replace(chosen, sequence=f"sequence {sequence!r} of model {model}")
         with self._lock:
             if parameters.get(SEQUENCE_END) is True:
                 self._sequences.pop(key, None)
@@ -196,3 +198,11 @@ class Router:
         if notes:
             text += f": {notes[0]}"
         return text
+
+
+def lost_sequence(target: Target) -> WorkerLost:
+    """The error for a step of a sequence whose instance stopped: its state is gone."""
+    return WorkerLost(
+        f"{target.sequence} lived on its instance pid {target.pid}, which has stopped; "
+        "the sequence's state is gone: start it again with sequence_start=true"
+    )

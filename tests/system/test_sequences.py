@@ -12,8 +12,7 @@ import asyncio
 import os
 import queue
 import signal
-import subprocess
-import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -29,7 +28,8 @@ import tritonclient.grpc.aio as aiogrpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.system.harness import ROOT, Appliance, demo_models, eventually, running
+from tests.system import triton_examples
+from tests.system.harness import Appliance, demo_models, eventually, running
 
 MODELS = [
     *demo_models(
@@ -53,7 +53,6 @@ MODELS = [
     },
 ]
 VALUES = [11, 7, 5, 3, 2, 0, 1]
-EXAMPLES_REPO = Path("/work/.mirror/triton-inference-server+client/repo")
 EXAMPLES = (
     "simple_grpc_sequence_sync_infer_client.py",
     "simple_grpc_sequence_stream_infer_client.py",
@@ -463,32 +462,49 @@ def test_a_step_after_its_instance_died_names_the_lost_sequence(appliance: Appli
         client.infer("simple_dyna_sequence", inputs, sequence_id=31337, sequence_end=True)
 
 
+def test_a_step_in_flight_when_its_instance_dies_names_the_lost_sequence(
+    tmp_path: Path,
+) -> None:
+    gated = {
+        "name": "gated",
+        "class": "tests.models:GatedSequence",
+        "options": {"gate": str(tmp_path)},
+    }
+    with running([gated]) as appliance:
+        url = f"127.0.0.1:{appliance.ports['grpc']}"
+        with grpcclient.InferenceServerClient(url) as client:
+            inputs = [value_input(grpcclient, 1)]
+            client.infer("gated", inputs, sequence_id=777, sequence_start=True)
+            (tmp_path / "hold").touch()
+            errors: queue.Queue[InferenceServerException] = queue.Queue()
+            step = threading.Thread(
+                target=lambda: errors.put(
+                    grpc_error(lambda: client.infer("gated", inputs, sequence_id=777))
+                )
+            )
+            step.start()
+            assert eventually((tmp_path / "running").exists, timeout_s=30)
+            os.kill(appliance.pid_of("model[gated#0]"), signal.SIGKILL)
+            step.join(timeout=30)
+            error = errors.get(timeout=1)
+        assert error.status() == "StatusCode.UNAVAILABLE"
+        assert "sequence 777 of model gated" in error.message()
+        assert "start it again with sequence_start=true" in error.message()
+
+
 # -- Triton's own example clients ---------------------------------------------------
 
 
-@pytest.mark.skipif(not EXAMPLES_REPO.exists(), reason="Triton's client repository is not here")
+@triton_examples.needs_examples
 @pytest.mark.parametrize("dyna", [False, True])
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_triton_example_client_passes_unmodified(
     example: str, dyna: bool, appliance: Appliance, tmp_path: Path
 ) -> None:
-    source = subprocess.run(
-        ["git", "-C", str(EXAMPLES_REPO), "show", f"HEAD:src/python/examples/{example}"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    script = tmp_path / example
-    script.write_bytes(source)
     port = appliance.ports["http" if "http" in example else "grpc"]
     # Distinct offsets: sequences of one run must not meet those of another.
     offset = 100 + 10 * EXAMPLES.index(example) + (5 if dyna else 0)
-    args = [sys.executable, str(script), "-u", f"127.0.0.1:{port}", "-o", str(offset)]
-    done = subprocess.run(
-        [*args, *(["-d"] if dyna else [])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    args = ["-o", str(offset), *(["-d"] if dyna else [])]
+    done = triton_examples.run(example, f"127.0.0.1:{port}", tmp_path, *args)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout
