@@ -25,6 +25,8 @@ from appliance.errors import BadRequest
 NAME_MAX = 255  # bytes in one path component (Linux)
 SHOWN = 64  # characters of an offending path a message quotes
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
+# The one path problem that is the file system's refusal rather than the path's shape.
+TOO_LONG = f"a component is longer than {NAME_MAX} bytes"
 
 
 def path_problem(path: str) -> str:
@@ -37,7 +39,7 @@ def path_problem(path: str) -> str:
     if any(part in ("", ".", "..") for part in parts):
         return "it has an empty, '.' or '..' component"
     if any(len(part.encode("utf-8", "surrogatepass")) > NAME_MAX for part in parts):
-        return f"a component is longer than {NAME_MAX} bytes"
+        return TOO_LONG
     return ""
 
 

@@ -154,7 +154,13 @@ def test_a_path_that_leaves_the_model_directory_is_refused(
     http_client: httpclient.InferenceServerClient,
 ) -> None:
     shipment = {path: b"a", **files()}
-    for client, refused in ((grpc_client, "StatusCode.INVALID_ARGUMENT"), (http_client, "400")):
+    # A name too long for the file system fails Triton's repository poll: INTERNAL.
+    codes = (
+        ("StatusCode.INTERNAL", "500")
+        if len(path) > 255
+        else ("StatusCode.INVALID_ARGUMENT", "400")
+    )
+    for client, refused in zip((grpc_client, http_client), codes, strict=True):
         error = failure(partial(client.load_model, "simple", config="{}", files=shipment))
         assert error.status() == refused
         assert "Invalid file path" in error.message()

@@ -18,6 +18,14 @@ class RegionExists(BadRequest):
     """A shared-memory region of that name is already registered."""
 
 
+class PollFailed(BadRequest):
+    """Model files the repository could not take (a file name over NAME_MAX).
+
+    Triton answers these as its repository poll failing: INTERNAL / 500, the
+    form its model-control example client checks for.
+    """
+
+
 class DecodeError(BadRequest):
     """A request's bytes or JSON do not form a valid KServe request."""
 
@@ -54,6 +62,8 @@ GRPC_STATUS: dict[ErrorCode, str] = {
 
 def http_status(error: ApplianceError) -> int:
     """Return the HTTP status code for ``error``."""
+    if isinstance(error, PollFailed):
+        return 500
     return HTTP_STATUS.get(error.code, 500)
 
 
@@ -66,4 +76,6 @@ def grpc_status(error: ApplianceError) -> str:
     """Return the name of the gRPC status code for ``error``."""
     if isinstance(error, RegionExists):
         return "ALREADY_EXISTS"
+    if isinstance(error, PollFailed):
+        return "INTERNAL"
     return GRPC_STATUS.get(error.code, "INTERNAL")

@@ -28,6 +28,7 @@ from appliance.client import inline
 from appliance.client.api import ModelClient
 from appliance.errors import BadRequest, ControlError, ModelNotFound, ModelNotReady
 from appliance.protocols.kserve import override
+from appliance.protocols.kserve.errors import PollFailed
 from appliance.protocols.kserve.service import version_of
 
 # Loading imports the model and its runtime (torch alone takes seconds).
@@ -135,12 +136,15 @@ def _files(model: str, parameters: Mapping[str, Any]) -> dict[str, bytes]:
         BadRequest: a path no model directory could hold (Triton's "Invalid
             file path", and its "failed to poll from model repository"), or a
             content that is neither bytes nor base64 text.
+        PollFailed: a path component too long for the file system, which
+            Triton reports as an internal error.
     """
     paths = {key: key.removeprefix("file:") for key in parameters if key.startswith("file:")}
     for path in paths.values():
         problem = inline.path_problem(path)
         if problem:
-            raise BadRequest(
+            refused = PollFailed if problem == inline.TOO_LONG else BadRequest
+            raise refused(
                 f"failed to load '{model}': failed to poll from model repository: "
                 f"Invalid file path {inline.shown(path)}: {problem}"
             )
