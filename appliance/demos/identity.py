@@ -1,5 +1,8 @@
 """``identity``: FP32 [-1,-1] in, the same tensor out (bandwidth benchmarks).
 
+``custom_identity_int32`` is the same on INT32, batched, as Triton's
+``memory_growth_test.py`` example client expects it.
+
 It returns its input view as is; the worker copies it once into its
 response ring, so a round trip costs exactly two copies of the tensor.
 Unbatched on purpose: concatenating requests would add copies.
@@ -21,3 +24,11 @@ class Identity(Model):
 
     def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
         return {"OUTPUT0": inputs["INPUT0"]}
+
+
+class IdentityInt32(Identity):
+    """Return INPUT0 as OUTPUT0 (INT32, batched up to 8 rows)."""
+
+    inputs = [spec("INPUT0", "INT32", [-1, -1])]
+    outputs = [spec("OUTPUT0", "INT32", [-1, -1])]
+    max_batch_size = 8

@@ -39,6 +39,7 @@ DEMO_MODELS = {
     "simple_string": "appliance.demos.simple:SimpleString",
     "simple_identity": "appliance.demos.simple:SimpleIdentity",
     "identity": "appliance.demos.identity:Identity",
+    "custom_identity_int32": "appliance.demos.identity:IdentityInt32",
     "forward": "appliance.demos.forward:Forward",
     "rosenbrock": "appliance.demos.rosenbrock:Rosenbrock",
     "digits": "appliance.demos.digits:Digits",

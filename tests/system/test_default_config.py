@@ -1,13 +1,15 @@
 """What a new user meets with `make run`: the default config's models, every runtime.
 
 One appliance serves appliance/default.toml's models, repositories and
-GraphPipe root model, on ports 0.
+GraphPipe root model, on ports 0; Triton's own example clients run against it
+unmodified.
 """
 
 from __future__ import annotations
 
 import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,11 +18,65 @@ import requests
 import tritonclient.http as httpclient
 from graphpipe import remote
 
-from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, serving
+from tests.system import triton_examples
+from tests.system.harness import (
+    ROOT,
+    Appliance,
+    demo_models,
+    make_config,
+    new_run_dir,
+    running,
+    serving,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning")
 
 DEFAULTS = tomllib.loads((ROOT / "appliance" / "default.toml").read_text())
+
+# Every example client of Triton's folder but those that need a GPU (cudashm),
+# an image model and pictures (image, grpc_image, ensemble_image, grpc_client),
+# a fixed localhost:8000 (memory_growth_test: checked by hand against `make
+# run`) or a repository of their own size (model_control: below).
+EXAMPLES = [
+    ("grpc_explicit_byte_content_client.py",),
+    ("grpc_explicit_int8_content_client.py",),
+    ("grpc_explicit_int_content_client.py",),
+    ("reuse_infer_objects_client.py", "-i", "http"),
+    ("reuse_infer_objects_client.py", "-i", "grpc"),
+    ("simple_grpc_aio_infer_client.py",),
+    ("simple_grpc_aio_sequence_stream_infer_client.py",),
+    ("simple_grpc_async_infer_client.py",),
+    ("simple_grpc_custom_args_client.py",),
+    ("simple_grpc_custom_repeat.py",),
+    ("simple_grpc_health_metadata.py",),
+    ("simple_grpc_infer_client.py",),
+    ("simple_grpc_keepalive_client.py",),
+    ("simple_grpc_sequence_stream_infer_client.py",),
+    ("simple_grpc_sequence_sync_infer_client.py",),
+    ("simple_grpc_shm_client.py",),
+    ("simple_grpc_shm_string_client.py",),
+    ("simple_grpc_string_infer_client.py",),
+    ("simple_http_aio_infer_client.py",),
+    ("simple_http_async_infer_client.py",),
+    ("simple_http_health_metadata.py",),
+    ("simple_http_infer_client.py",),
+    ("simple_http_sequence_sync_infer_client.py",),
+    ("simple_http_shm_client.py",),
+    ("simple_http_shm_string_client.py",),
+    ("simple_http_string_infer_client.py",),
+]
+# The model-control examples check the size of the repository index against
+# Triton's own test repository: 7 models (HTTP) and 8 (gRPC), "simple" among them.
+CONTROL_MODELS = demo_models(
+    "simple",
+    "simple_int8",
+    "simple_string",
+    "simple_identity",
+    "identity",
+    "custom_identity_int32",
+    "echo",
+    "repeat_int32",
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +127,34 @@ def test_graphpipe_root_serves_a_model_with_declared_inputs_and_outputs(
     # The status page is still there for a browser.
     page = requests.get(root, headers={"Accept": "text/html"}, timeout=10)
     assert page.status_code == 200
+
+
+def transport(example: str, args: tuple[str, ...]) -> str:
+    return "grpc" if "grpc" in example or "grpc" in args else "http"
+
+
+@triton_examples.needs_examples
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: " ".join(e))
+def test_triton_example_client_passes_unmodified(
+    example: tuple[str, ...], appliance: Appliance, tmp_path: Path
+) -> None:
+    name, *args = example
+    url = f"127.0.0.1:{appliance.ports[transport(name, tuple(args))]}"
+    done = triton_examples.run(name, url, tmp_path, *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "error" not in done.stdout.lower(), done.stdout
+
+
+@triton_examples.needs_examples
+@pytest.mark.parametrize(
+    ("example", "models"),
+    [("simple_http_model_control.py", 7), ("simple_grpc_model_control.py", 8)],
+)
+def test_triton_model_control_example_passes_against_a_repository_of_its_size(
+    example: str, models: int, tmp_path: Path
+) -> None:
+    with running(CONTROL_MODELS[:models]) as appliance:
+        url = f"127.0.0.1:{appliance.ports[transport(example, ())]}"
+        done = triton_examples.run(example, url, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS: model control" in done.stdout

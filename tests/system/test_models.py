@@ -192,6 +192,7 @@ def test_metadata_describes_each_model(client: ModelClient) -> None:
         "simple_string",
         "simple_identity",
         "identity",
+        "custom_identity_int32",
         "forward",
         "rosenbrock",
         "digits",

@@ -19,6 +19,7 @@ def test_the_default_config_serves_the_demo_models() -> None:
         "simple_string",
         "simple_identity",
         "identity",
+        "custom_identity_int32",
         "forward",
         "digits",
         "echo",
