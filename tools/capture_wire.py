@@ -8,8 +8,16 @@ It starts an appliance with the demo models and puts a recording TCP relay
 on 127.0.0.1 between each stock client and the appliance's port, so the
 bytes are those the client really sent and the appliance really answered.
 gRPC is the exception: HTTP/2 framing is not worth parsing, so the request
-is the ModelInferRequest tritonclient's own builder makes, and the response
-is what the appliance answers to exactly those bytes.
+is the message the client's own classes build (tritonclient's
+ModelInferRequest, a GRPS GrpsMessage), and the response is what the
+appliance answers to exactly those bytes.
+
+GRPS's clients are plain HTTP/JSON (``requests``, as GRPS's example clients)
+and, for gRPC, the classes generated from GRPS's grps.proto. The appliance's
+appliance/_generated/grps_pb2 stands in for those: protos/grps.proto differs
+from GRPS's published file only in C++ codegen options and comments, so a
+message serializes to the same bytes, and both register ``grps.proto`` in
+protobuf's default pool, so the two cannot be imported into one process.
 
 Each case writes ``tests/wire/<protocol>/<case>.request`` and ``.response``
 (HTTP bodies, or whole MIP frames) and an entry in ``tests/wire/cases.json``
@@ -269,7 +277,7 @@ def kserve_grpc(app: Appliance, cases: dict[str, Any]) -> None:
     )
     request = message.SerializeToString()
     with grpc.insecure_channel(f"127.0.0.1:{app.ports['grpc']}") as channel:
-        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer", None, None)
         response = call(request, timeout=30)
     result = grpcclient.InferResult(service_pb2.ModelInferResponse.FromString(response))
     write(
@@ -360,12 +368,130 @@ def mip(app: Appliance, cases: dict[str, Any]) -> None:
     )
 
 
+GRPS_PREDICT = "/grps/v1/infer/predict"
+GRPS_PREDICT_RPC = "/grps.protos.v1.GrpsService/Predict"
+# Not ASCII, so the files pin both spellings: requests escapes it (\u2713),
+# the appliance answers it as raw UTF-8.
+GRPS_TEXT = "hello, GRPS \u2713"
+
+
+def grps_gtensors(arrays: dict[str, Any]) -> dict[str, Any]:
+    """Numeric arrays as GrpsMessage.gtensors in proto3 JSON, as GRPS's clients write it."""
+    return {
+        "tensors": [
+            {
+                "name": name,
+                "dtype": f"DT_{array.dtype.name.upper()}",
+                "shape": list(array.shape),
+                f"flat_{array.dtype.name}": array.reshape(-1).tolist(),
+            }
+            for name, array in arrays.items()
+        ]
+    }
+
+
+def grps_outputs(message: dict[str, Any]) -> dict[str, Any]:
+    """A reply GrpsMessage (proto3 JSON) as arrays: what the client read from it.
+
+    str_data comes back as the one-element BYTES tensor a generic model such
+    as echo answers it with (see appliance/protocols/grps/bind.py).
+    """
+    if "str_data" in message:
+        return {"str_data": np.array([message["str_data"].encode()], dtype=object)}
+    arrays = {}
+    for t in message["gtensors"]["tensors"]:
+        numpy_type = t["dtype"].removeprefix("DT_").lower()
+        flat = np.array(t[f"flat_{numpy_type}"], dtype=numpy_type)
+        arrays[t["name"]] = flat.reshape(t["shape"])
+    return arrays
+
+
+# (case = the payload kind, model, JSON body): gtensors for simple, and
+# str_data for echo. GRPS_BOUND holds the tensors each model is given: echo
+# sees str_data as a one-element BYTES tensor named str_data (bind.py).
+GRPS_REST_CASES = (
+    ("gtensors", "simple", {"model": "simple", "gtensors": grps_gtensors(SIMPLE_INPUTS)}),
+    ("str_data", "echo", {"model": "echo", "str_data": GRPS_TEXT}),
+)
+GRPS_BOUND = {
+    "simple": SIMPLE_INPUTS,
+    "echo": {"str_data": np.array([GRPS_TEXT.encode()], dtype=object)},
+}
+
+
+def grps_rest(app: Appliance, cases: dict[str, Any]) -> None:
+    import requests
+
+    for case, model, body in GRPS_REST_CASES:
+        with relay(app.ports["http"]) as (port, recording):
+            # requests.post closes its session, so the relay's connection ends.
+            reply = requests.post(f"http://127.0.0.1:{port}{GRPS_PREDICT}", json=body, timeout=30)
+            reply.raise_for_status()
+            answer = reply.json()
+        request, response = exchange(recording, GRPS_PREDICT)
+        write(
+            cases,
+            "grps_rest",
+            case,
+            request.body,
+            response.body,
+            **http_entry(request, response),
+            model=model,
+            payload=case,
+            inputs=[tensor(n, a) for n, a in GRPS_BOUND[model].items()],
+            outputs=[tensor(n, a) for n, a in grps_outputs(answer).items()],
+        )
+
+
+def grps_grpc(app: Appliance, cases: dict[str, Any]) -> None:
+    import grpc
+    from google.protobuf import json_format
+
+    from appliance._generated import grps_pb2
+
+    # Built as GRPS's example gRPC client builds it.
+    message = grps_pb2.GrpsMessage(model="simple")
+    for name, array in SIMPLE_INPUTS.items():
+        item = grps_pb2.GenericTensor(
+            name=name,
+            dtype=grps_pb2.DT_INT32,
+            shape=list(array.shape),
+            flat_int32=array.reshape(-1).tolist(),
+        )
+        message.gtensors.tensors.append(item)
+    request = message.SerializeToString()
+    with grpc.insecure_channel(f"127.0.0.1:{app.ports['grpc']}") as channel:
+        # No (de)serializers: the bytes go out and come back as they are.
+        call = channel.unary_unary(GRPS_PREDICT_RPC, None, None)
+        response = call(request, timeout=30)
+    reply = grps_pb2.GrpsMessage.FromString(response)
+    # GRPS's gRPC calls end OK even when they fail; the status says which.
+    if reply.status.status != grps_pb2.Status.SUCCESS:
+        raise RuntimeError(f"GRPS Predict failed: {reply.status}")
+    answer = json_format.MessageToDict(reply, preserving_proto_field_name=True)
+    write(
+        cases,
+        "grps_grpc",
+        "gtensors",
+        request,
+        response,
+        method="Predict",
+        path=GRPS_PREDICT_RPC,
+        model="simple",
+        payload="gtensors",
+        inputs=[tensor(n, a) for n, a in SIMPLE_INPUTS.items()],
+        outputs=[tensor(n, a) for n, a in grps_outputs(answer).items()],
+    )
+
+
 CAPTURES: tuple[Callable[[Appliance, dict[str, Any]], None], ...] = (
     kserve_rest,
     kserve_grpc,
     umbridge,
     graphpipe,
     mip,
+    grps_rest,
+    grps_grpc,
 )
 
 

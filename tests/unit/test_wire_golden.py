@@ -1,15 +1,19 @@
 """Every codec against the golden wire files in tests/wire/.
 
 The files are bytes the stock clients (tritonclient, umbridge, graphpipe,
-KubeMo) and the appliance exchanged, recorded by tools/capture_wire.py, with
-the values sent and decoded in tests/wire/cases.json. For each case: the
+KubeMo, and for GRPS requests' JSON and the GrpsMessage protobuf classes)
+and the appliance exchanged, recorded by tools/capture_wire.py, with the
+values sent and decoded in tests/wire/cases.json. For each case: the
 appliance decodes the golden request into those inputs, the stock client's
 own decoder reads the golden response into those outputs, and the appliance's
 encoder, given those outputs, writes the golden response byte for byte.
 
 The KServe gRPC checks of the appliance run in a child process (this file run
 as a script): pbcodec's generated ``inference.*`` protobuf names clash with
-tritonclient.grpc's, and the two cannot share a process.
+tritonclient.grpc's, and the two cannot share a process. GRPS's do not: its
+``grps.protos.v1`` names exist only in the appliance's grps_pb2, which is
+therefore also the client's class here (it is wire-identical to the one
+generated from GRPS's published grps.proto, which would clash with it).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ CASES: dict[str, Any] = json.loads((WIRE / "cases.json").read_text())
 
 
 def case(key: str) -> dict[str, Any]:
-    return CASES[key]
+    entry: dict[str, Any] = CASES[key]
+    return entry
 
 
 def golden(key: str) -> tuple[bytes, bytes]:
@@ -63,6 +68,9 @@ def assert_arrays(got: dict[str, Any], want: dict[str, np.ndarray[Any, Any]]) ->
 def test_every_case_has_its_files() -> None:
     assert sorted(CASES) == [
         "graphpipe/simple",
+        "grps_grpc/gtensors",
+        "grps_rest/gtensors",
+        "grps_rest/str_data",
         "kserve_grpc/raw",
         "kserve_rest/binary",
         "kserve_rest/bytes",
@@ -353,6 +361,102 @@ def golden_items(request: bytes) -> list[bytes]:
 
     decoded = decode_infer_request(_mip_payload(request, Subtype.REQUEST))
     return [bytes(item.data) for item in decoded.items]
+
+
+# -- GRPS ----------------------------------------------------------------------
+
+GRPS_CASES = ["grps_rest/gtensors", "grps_rest/str_data", "grps_grpc/gtensors"]
+
+
+def _grps_rest(key: str) -> bool:
+    return key.startswith("grps_rest/")
+
+
+def _grps_metadata(model: str) -> Any:
+    from appliance.core.metadata import ModelMetadata
+    from appliance.demos.echo import Echo
+    from appliance.demos.simple import Simple
+
+    demo = {"simple": Simple, "echo": Echo}[model]
+    inputs = None if demo.inputs is None else tuple(demo.inputs)
+    outputs = None if demo.outputs is None else tuple(demo.outputs)
+    return ModelMetadata(model, ("1",), "python", inputs, outputs, demo.max_batch_size)
+
+
+def _grps_decode(key: str) -> Any:
+    from appliance.protocols.grps import codec, pbcodec
+
+    request, _ = golden(key)
+    if _grps_rest(key):
+        return codec.decode_json_request(request)
+    return pbcodec.decode_message(pbcodec.GrpsMessage.FromString(request))
+
+
+def _grps_reply_arrays(message: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    """A reply GrpsMessage's data, read as GRPS's clients read proto3 JSON.
+
+    str_data is the one-element BYTES tensor echo answers it with.
+    """
+    if "str_data" in message:
+        return {"str_data": np.array([message["str_data"].encode()], dtype=object)}
+    arrays = {}
+    for t in message["gtensors"]["tensors"]:
+        numpy_type = t["dtype"].removeprefix("DT_").lower()
+        arrays[t["name"]] = np.array(t[f"flat_{numpy_type}"], dtype=numpy_type).reshape(t["shape"])
+    return arrays
+
+
+@pytest.mark.parametrize("key", GRPS_CASES)
+def test_grps_decodes_the_golden_request(key: str) -> None:
+    from appliance.protocols.grps.bind import bind
+    from appliance.protocols.grps.codec import JSON_TYPE
+
+    entry = case(key)
+    if _grps_rest(key):
+        # rest.decode_body takes exactly this Content-Type.
+        assert entry["request_headers"]["content-type"] == JSON_TYPE
+    payload = _grps_decode(key)
+    assert (payload.kind, payload.model) == (entry["payload"], entry["model"])
+    bound = bind(payload, _grps_metadata(entry["model"]))
+    got = {name: tensor.array() for name, tensor in bound.items()}
+    assert_arrays(got, expected_arrays(entry["inputs"]))
+
+
+@pytest.mark.parametrize("key", GRPS_CASES)
+def test_grps_client_reads_the_golden_response(key: str) -> None:
+    from google.protobuf import json_format
+
+    from appliance._generated import grps_pb2
+
+    entry = case(key)
+    _, response = golden(key)
+    if _grps_rest(key):
+        message = json.loads(response)
+    else:
+        reply = grps_pb2.GrpsMessage.FromString(response)
+        message = json_format.MessageToDict(reply, preserving_proto_field_name=True)
+    assert message["status"] == {"code": 200, "msg": "OK", "status": "SUCCESS"}
+    assert_arrays(_grps_reply_arrays(message), expected_arrays(entry["outputs"]))
+
+
+@pytest.mark.parametrize("key", GRPS_CASES)
+def test_grps_encodes_the_golden_response(key: str) -> None:
+    from appliance.core.tensor import Tensor
+    from appliance.protocols.grps import codec, pbcodec
+    from appliance.protocols.grps.bind import ReplyShaper
+
+    entry = case(key)
+    _, response = golden(key)
+    outputs = {name: Tensor.from_array(a) for name, a in expected_arrays(entry["outputs"]).items()}
+    # The reply takes the request's kind, as service.predict_async shapes it.
+    reply = ReplyShaper(_grps_decode(key)).shape(outputs)
+    assert reply.kind == entry["payload"]
+    if _grps_rest(key):
+        assert entry["response_headers"]["content-type"] == codec.REPLY_TYPE
+        assert entry["status"] == 200
+        assert codec.encode_json_reply(reply) == response
+    else:
+        assert pbcodec.encode_message(reply).SerializeToString() == response
 
 
 if __name__ == "__main__":
