@@ -25,14 +25,21 @@ def wants_html(accept: str | None) -> bool:
     return bool(accept) and "text/html" in (accept or "")
 
 
-def snapshot(client: ModelClient) -> dict[str, Any]:
-    """Return the host's state and cumulative counters (GRPS's monitor data)."""
+def host_state(client: ModelClient) -> dict[str, Any]:
+    """The host's state now: the time, online, draining and ready."""
     status = client.status
     return {
         "time_ms": int(time.time() * 1000),
         "online": status.online,
         "draining": status.draining,
         "ready": client.server_ready(),
+    }
+
+
+def snapshot(client: ModelClient) -> dict[str, Any]:
+    """Return the host's state and cumulative counters (GRPS's monitor data)."""
+    return {
+        **host_state(client),
         "models": [_model(client, name) for name in client.models()],
         "processes": _processes(client),
     }

@@ -491,6 +491,9 @@ def test_streams_in_flight_are_not_capped_by_the_frontend_threads(tmp_path: Path
 def test_the_page_shows_state_and_traffic_and_loads_nothing_else(
     grps: Appliance, session: requests.Session
 ) -> None:
+    # Traffic of its own, so the counters below do not depend on earlier tests.
+    predict = url(grps, "/grps/v1/infer/predict")
+    assert session.post(predict, json={"model": "echo", "str_data": "hi"}, timeout=10).ok
     response = session.get(url(grps, "/"), headers={"Accept": "text/html"}, timeout=10)
     assert response.status_code == 200
     assert response.headers["Content-Type"].startswith("text/html")

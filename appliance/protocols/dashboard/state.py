@@ -11,12 +11,12 @@ are cumulative; the page turns two readings into rates.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from appliance.client.api import ModelClient
 from appliance.core.status import Counter, Role
 from appliance.protocols.dashboard import traffic
+from appliance.protocols.page import host_state
 
 # The master answers a status call within milliseconds; a page must not hang
 # on a master that is busy, so it shows the status table's view instead.
@@ -26,12 +26,8 @@ MASTER_TIMEOUT_S = 2.0
 def collect(client: ModelClient) -> dict[str, Any]:
     """Return the whole document the page polls."""
     master = client.master_status(MASTER_TIMEOUT_S)
-    status = client.status
     return {
-        "time_ms": int(time.time() * 1000),
-        "online": status.online,
-        "draining": status.draining,
-        "ready": client.server_ready(),
+        **host_state(client),
         "master": _host(master),
         "models": [_model(client, name) for name in client.models()],
         "unloaded": list(master.get("unloaded", [])) if master else [],
