@@ -3,7 +3,9 @@
 The load of an instance is the queue depth its worker publishes in the
 status table plus the requests this process has sent it and not yet seen
 answered; the second term keeps a burst from one process from piling onto
-an instance whose published depth has not caught up yet.
+an instance whose published depth has not caught up yet. Among equally
+loaded instances the first choice rotates, so that at light load every
+instance serves (and has its sockets to every frontend), not only the first.
 
 A request that carries a ``sequence_id`` (see appliance/core/sequences.py)
 goes where the sequence lives instead: the instance its id hashes to among
@@ -66,6 +68,7 @@ class Router:
         self._generation = -1
         self._slots: dict[str, tuple[int, ...]] = {}
         self._sent: dict[int, int] = {}
+        self._turn = 0
         self._sequences: OrderedDict[tuple[str, int | str], Target] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -98,6 +101,10 @@ class Router:
         best_load = 0
         hot = self.status.hot
         sent = self._sent
+        if len(slots) > 1:
+            # Ties rotate: at light load every instance serves, not only the first.
+            turn = self._turn = (self._turn + 1) % len(slots)
+            slots = slots[turn:] + slots[:turn]
         for slot in slots:
             state, _role, _instance, pid, generation, depth = hot(slot)
             if state != _READY:
