@@ -12,14 +12,18 @@ removes those from what the client gets.
 
 Strategies (Triton's): "direct" gives each live sequence one of the
 instance's ``max(1, max_batch_size)`` slots for its whole life and orders a
-batch's rows by slot; "oldest" lets up to ``max_candidate_sequences``
-sequences live at once and forms each batch from the oldest waiting steps.
+batch's rows by slot; a sequence started while every slot is held waits in
+a backlog (at most ``max_candidate_sequences`` of them), its steps held by
+the batcher, until an ending sequence frees a slot. "oldest" lets up to
+``max_candidate_sequences`` sequences live at once and forms each batch
+from the oldest waiting steps.
 Either way a batch holds at most one step per sequence, so a step always
 sees the state its predecessor left.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,12 +55,18 @@ Array = npt.NDArray[Any]
 
 @dataclass(slots=True, eq=False)
 class Live:
-    """A live sequence on this instance: its id, slot, state and last step time."""
+    """A live sequence on this instance: its id, slot, state and last step time.
+
+    ``waiting``: started while every "direct" slot was held, it has none yet;
+    ``ended``: its end step came while it was waiting.
+    """
 
     id: SequenceId
     slot: int
     state: dict[str, Array]
     last: float
+    waiting: bool = False
+    ended: bool = False
 
 
 @dataclass(slots=True)
@@ -164,12 +174,15 @@ def refuse_sequence(model: str, pending: Pending) -> None:
 
 
 def batcher_for(
-    max_batch_size: int, max_queue_delay_s: float, settings: SequenceSettings | None
+    max_batch_size: int, max_queue_delay_s: float, sequences: Sequences | None
 ) -> Batcher:
     """The batcher of an instance: one step per sequence in a batch where sequences are on."""
-    if settings is None:
+    if sequences is None:
         return Batcher(max_batch_size, max_queue_delay_s)
-    return SequenceBatcher(max_batch_size, max_queue_delay_s, settings.strategy == "direct")
+    direct = sequences.settings.strategy == "direct"
+    batcher = SequenceBatcher(max_batch_size, max_queue_delay_s, direct)
+    sequences.batcher = batcher
+    return batcher
 
 
 class Sequences:
@@ -180,6 +193,9 @@ class Sequences:
         self.live: dict[SequenceId, Live] = {}
         self.slots = max(1, settings.max_batch_size) if settings.strategy == "direct" else 0
         self._free = list(range(self.slots))
+        self.waiting: deque[Live] = deque()
+        # Set by batcher_for: it holds the steps of waiting sequences.
+        self.batcher: SequenceBatcher | None = None
 
     # -- admission ------------------------------------------------------------
 
@@ -189,7 +205,8 @@ class Sequences:
         Raises:
             BadRequest: no or bad sequence id, an unknown id without a start,
                 a second start of a live id, or a step of more than one row.
-            Overloaded: a start finds every sequence place of the instance taken.
+            Overloaded: a start finds every sequence place of the instance
+                taken ("direct": every slot and the whole backlog).
         """
         name = self.settings.model
         if pending.method != PREDICT:
@@ -234,14 +251,20 @@ class Sequences:
 
     def _create(self, sequence: SequenceId, now: float) -> Live:
         settings = self.settings
+        waiting = False
         if self.slots:
-            if not self._free:
+            if self._free:
+                slot = self._free.pop(0)
+            elif len(self.waiting) < settings.max_candidates:
+                slot, waiting = -1, True
+            else:
                 raise Overloaded(
                     f"model {settings.model}: too many live sequences: all {self.slots} sequence "
                     f"slots of its instance are held (strategy direct: max(1, max_batch_size) per "
-                    "instance); end sequences, add instances, or use sequence_strategy oldest"
+                    f"instance) and {len(self.waiting)} sequences already wait for one (the "
+                    f"limit, models[{settings.model}].max_candidate_sequences); end sequences or "
+                    "add instances"
                 )
-            slot = self._free.pop(0)
         else:
             if len(self.live) >= settings.max_candidates:
                 raise Overloaded(
@@ -255,21 +278,42 @@ class Sequences:
             item.input: np.full(item.shape, item.initial, dtype=_numpy(item.dtype))
             for item in settings.states
         }
-        live = Live(sequence, slot, states, now)
+        live = Live(sequence, slot, states, now, waiting)
         self.live[sequence] = live
+        if waiting:
+            self.waiting.append(live)
         return live
 
     def _drop(self, live: Live) -> None:
         if self.live.get(live.id) is live:
             del self.live[live.id]
-            if live.slot >= 0:
+        if live.waiting:
+            # Its steps still run once it has a slot, which it then gives back.
+            live.ended = True
+        elif live.slot >= 0:
+            self._free.append(live.slot)
+            self._free.sort()
+            self._promote()
+
+    def _promote(self) -> None:
+        """Give free slots to the sequences waiting longest; their held steps may run."""
+        while self._free and self.waiting:
+            live = self.waiting.popleft()
+            live.slot, live.waiting = self._free.pop(0), False
+            if self.batcher is not None:
+                self.batcher.release(live)
+            if live.ended:
+                # Its end step is queued now: the slot goes on to the next in line.
                 self._free.append(live.slot)
                 self._free.sort()
 
     def expire(self, now: float) -> list[SequenceId]:
-        """Drop the sequences idle longer than ``max_sequence_idle_s``; return their ids."""
+        """Drop the sequences idle longer than ``max_sequence_idle_s``; return their ids.
+
+        A sequence waiting for a slot is not idle: it waits on this instance.
+        """
         limit = now - self.settings.idle_s
-        idle = [live for live in self.live.values() if live.last < limit]
+        idle = [live for live in self.live.values() if live.last < limit and not live.waiting]
         for live in idle:
             self._drop(live)
         return [live.id for live in idle]
@@ -315,11 +359,37 @@ class Sequences:
 
 
 class SequenceBatcher(Batcher):
-    """A batcher that puts at most one step of each sequence in a batch."""
+    """A batcher that puts at most one step of each sequence in a batch.
+
+    The steps of a sequence waiting for a slot are held apart, in arrival
+    order, until :meth:`release`; they count as queued all the same (the
+    instance's depth, ``max_queue``, a drain), and a cancel finds them.
+    """
 
     def __init__(self, max_batch_size: int, max_queue_delay_s: float, direct: bool) -> None:
         super().__init__(max_batch_size, max_queue_delay_s)
         self.direct = direct
+        self.held: deque[Pending] = deque()
+
+    def __len__(self) -> int:
+        return len(self.queue) + len(self.held)
+
+    def add(self, pending: Pending) -> None:
+        (self.held if _step(pending).live.waiting else self.queue).append(pending)
+
+    def release(self, live: Live) -> None:
+        """Queue the held steps of ``live``, which has a slot now."""
+        mine = [item for item in self.held if _step(item).live is live]
+        if mine:
+            self.held = deque(item for item in self.held if _step(item).live is not live)
+            self.queue.extend(mine)
+
+    def drop(self, predicate: Any) -> list[Pending]:
+        dropped = super().drop(predicate)
+        held = [item for item in self.held if predicate(item)]
+        if held:
+            self.held = deque(item for item in self.held if not predicate(item))
+        return dropped + held
 
     def _admitter(self, head: Pending) -> Callable[[Pending], bool]:
         # A sequence's later steps wait behind its first one left in the queue.

@@ -131,7 +131,7 @@ class WorkerServer:
         self.passthrough = passthrough
         self.max_queue = max_queue
         self.sequences = Sequences(sequences) if sequences else None
-        self.batcher = batcher_for(loaded.max_batch_size, max_queue_delay_s, sequences)
+        self.batcher = batcher_for(loaded.max_batch_size, max_queue_delay_s, self.sequences)
         self.streams: list[Stream] = []
         self.reader = SegmentReader(_attach_read_only)
         self.leases: dict[Block, int] = {}

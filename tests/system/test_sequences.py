@@ -46,6 +46,13 @@ MODELS = [
         "sequence_strategy": "oldest",
         "max_candidate_sequences": 2,
     },
+    # One "direct" slot and room for one sequence to wait for it.
+    {
+        "name": "one_slot",
+        "class": "appliance.demos.sequence:SimpleSequence",
+        "max_batch_size": 1,
+        "max_candidate_sequences": 1,
+    },
     {
         "name": "brief_sequences",
         "class": "appliance.demos.sequence:SimpleStringDynaSequence",
@@ -418,6 +425,36 @@ def test_too_many_live_sequences_are_refused(appliance: Appliance) -> None:
         # Ending one makes room.
         client.infer("few_sequences", inputs, sequence_id=1, sequence_end=True)
         client.infer("few_sequences", inputs, sequence_id=3, sequence_start=True)
+
+
+def test_a_direct_sequence_past_the_slots_waits_for_one(appliance: Appliance) -> None:
+    url = f"127.0.0.1:{appliance.ports['grpc']}"
+    inputs = [value_input(grpcclient, 1)]
+    answers: queue.Queue[Any] = queue.Queue()
+
+    def start_second() -> None:
+        with grpcclient.InferenceServerClient(url) as second:
+            result = second.infer("one_slot", inputs, sequence_id=502, sequence_start=True)
+            answers.put(result.as_numpy("OUTPUT"))
+
+    with grpcclient.InferenceServerClient(url) as client:
+        client.infer("one_slot", inputs, sequence_id=501, sequence_start=True)
+        waiter = threading.Thread(target=start_second)
+        waiter.start()
+        # The second start waits for the one slot, as Triton's direct strategy queues it.
+        time.sleep(0.5)
+        assert answers.empty()
+        error = grpc_error(
+            lambda: client.infer("one_slot", inputs, sequence_id=503, sequence_start=True)
+        )
+        assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "already wait" in error.message()
+        assert "max_candidate_sequences" in error.message()
+        # Ending the first frees the slot: the second starts.
+        client.infer("one_slot", inputs, sequence_id=501, sequence_end=True)
+        waiter.join(timeout=30)
+        assert answers.get(timeout=1).tolist() == [[2]]
+        client.infer("one_slot", inputs, sequence_id=502, sequence_end=True)
 
 
 def test_an_idle_sequence_is_dropped(grpc_client: grpcclient.InferenceServerClient) -> None:

@@ -18,6 +18,7 @@ from appliance.worker.sequences import (
     SequenceBatcher,
     Sequences,
     SequenceSettings,
+    batcher_for,
     refuse_sequence,
 )
 
@@ -72,13 +73,43 @@ def test_live_sequences_are_limited_per_strategy() -> None:
         oldest.admit(step(1, sequence_id=sequence_id, sequence_start=True), 0.0)
     with pytest.raises(Overloaded, match="max_candidate_sequences\\) is 2"):
         oldest.admit(step(1, sequence_id=3, sequence_start=True), 0.0)
-    direct = Sequences(settings("direct", batch=2))
-    for sequence_id in (1, 2):
+    # "direct": past its slots a start waits, up to max_candidate_sequences of them.
+    direct = Sequences(settings("direct", candidates=1, batch=2))
+    for sequence_id in (1, 2, 3):
         direct.admit(step(1, sequence_id=sequence_id, sequence_start=True), 0.0)
-    with pytest.raises(Overloaded, match="all 2 sequence slots"):
-        direct.admit(step(1, sequence_id=3, sequence_start=True), 0.0)
+    assert [live.id for live in direct.waiting] == [3]
+    with pytest.raises(Overloaded, match=r"all 2 sequence slots .* 1 sequences already wait"):
+        direct.admit(step(1, sequence_id=4, sequence_start=True), 0.0)
     direct.admit(step(1, sequence_id=1, sequence_end=True), 0.0)
-    direct.admit(step(1, sequence_id=3, sequence_start=True), 0.0)
+    assert (direct.live[3].slot, direct.live[3].waiting) == (0, False)
+    direct.admit(step(1, sequence_id=4, sequence_start=True), 0.0)
+
+
+def test_a_direct_sequence_past_the_slots_runs_once_a_slot_frees() -> None:
+    sequences = Sequences(settings("direct", batch=1))
+    batcher = batcher_for(1, 0.0, sequences)
+    first = step(1, 1, sequence_id="a", sequence_start=True)
+    waiting = [
+        step(2, 2, sequence_id="b", sequence_start=True),
+        step(3, 3, sequence_id="b"),
+        step(4, 4, sequence_id="b", sequence_end=True),
+    ]
+    for pending in (first, *waiting):
+        sequences.admit(pending, 0.0)
+        batcher.add(pending)
+    # Held steps count as queued, and no batch of them is due yet.
+    assert len(batcher) == 4
+    assert batcher.take(0.0) == [first]
+    assert batcher.take(0.0) == []
+    assert batcher.wait_s(0.0) is None
+    # "b" waiting is not idle.
+    assert sequences.expire(1000.0) == ["a"]
+    # Expiring "a" freed its slot: "b" took it, its steps run in order, one per batch.
+    assert [batcher.take(0.0) for _ in range(3)] == [[pending] for pending in waiting]
+    assert len(batcher) == 0
+    # "b" ended while it waited: its slot is free for the next sequence.
+    sequences.admit(step(5, 5, sequence_id="c", sequence_start=True), 0.0)
+    assert (sequences.live["c"].slot, sequences.live["c"].waiting) == (0, False)
 
 
 def test_idle_sequences_expire() -> None:
