@@ -23,6 +23,7 @@ sees the state its predecessor left.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -192,6 +193,7 @@ class Sequences:
         self.settings = settings
         self.live: dict[SequenceId, Live] = {}
         self.slots = max(1, settings.max_batch_size) if settings.strategy == "direct" else 0
+        # A heap: a new sequence takes the lowest free slot.
         self._free = list(range(self.slots))
         self.waiting: deque[Live] = deque()
         # Set by batcher_for: it holds the steps of waiting sequences.
@@ -254,7 +256,7 @@ class Sequences:
         waiting = False
         if self.slots:
             if self._free:
-                slot = self._free.pop(0)
+                slot = heapq.heappop(self._free)
             elif len(self.waiting) < settings.max_candidates:
                 slot, waiting = -1, True
             else:
@@ -291,21 +293,19 @@ class Sequences:
             # Its steps still run once it has a slot, which it then gives back.
             live.ended = True
         elif live.slot >= 0:
-            self._free.append(live.slot)
-            self._free.sort()
+            heapq.heappush(self._free, live.slot)
             self._promote()
 
     def _promote(self) -> None:
         """Give free slots to the sequences waiting longest; their held steps may run."""
         while self._free and self.waiting:
             live = self.waiting.popleft()
-            live.slot, live.waiting = self._free.pop(0), False
+            live.slot, live.waiting = heapq.heappop(self._free), False
             if self.batcher is not None:
                 self.batcher.release(live)
             if live.ended:
                 # Its end step is queued now: the slot goes on to the next in line.
-                self._free.append(live.slot)
-                self._free.sort()
+                heapq.heappush(self._free, live.slot)
 
     def expire(self, now: float) -> list[SequenceId]:
         """Drop the sequences idle longer than ``max_sequence_idle_s``; return their ids.
@@ -379,10 +379,10 @@ class SequenceBatcher(Batcher):
 
     def release(self, live: Live) -> None:
         """Queue the held steps of ``live``, which has a slot now."""
-        mine = [item for item in self.held if _step(item).live is live]
-        if mine:
-            self.held = deque(item for item in self.held if _step(item).live is not live)
-            self.queue.extend(mine)
+        still = deque[Pending]()
+        for item in self.held:
+            (self.queue if _step(item).live is live else still).append(item)
+        self.held = still
 
     def drop(self, predicate: Any) -> list[Pending]:
         dropped = super().drop(predicate)
