@@ -56,10 +56,8 @@ def appliance(repository: Path) -> Iterator[Appliance]:
 
 
 @pytest.fixture(scope="module")
-def client(appliance: Appliance) -> Iterator[grpcclient.InferenceServerClient]:
-    triton = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
-    yield triton
-    triton.close()
+def client(grpc_client: grpcclient.InferenceServerClient) -> grpcclient.InferenceServerClient:
+    return grpc_client
 
 
 @pytest.fixture(scope="module")
