@@ -69,6 +69,7 @@ class System:
 
 
 REST_JSON = {"binary": False}
+DIRECT_CAPS = {"16KiB": 0, "1MiB": 0, "16MiB": 0, "digits": 0}
 APPLIANCE = (
     System("kserve-grpc", "appliance", "kserve-grpc", "grpc"),
     System("kserve-rest", "appliance", "kserve-rest", "http"),
@@ -80,6 +81,9 @@ APPLIANCE = (
     System("graphpipe", "appliance", "graphpipe", "http"),
     System("umbridge", "appliance", "umbridge", "http", caps=UMBRIDGE_CAPS),
     System("mip", "appliance", "mip", "mip"),
+    # The process hop alone: the appliance's own client in the load generator,
+    # no frontend. Beside the floors, it shows what any protocol adds at least.
+    System("direct", "appliance", "direct", "run_dir", caps=DIRECT_CAPS),
 )
 FLOOR_CAPS = {"digits": 0}
 PEERS = (
@@ -156,6 +160,7 @@ NO_PEER = {
     "grps-grpc": "NetEase GRPS has no pip package (PEERS.md §5)",
     "graphpipe": "GraphPipe's servers are Go binaries, not on PyPI",
     "mip": "KubeMo's server is a proof of concept (bench_mip.py compares it)",
+    "direct": "it is the appliance's own client with no frontend: the hop every protocol adds",
 }
 
 # Scaling: (model instances, frontend processes per protocol), each its own appliance.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from bench.loadgen import median_row
@@ -203,6 +204,9 @@ FLOORS = (
 
 
 def _floor_targets(get: Any) -> list[dict[str, Any]]:
+    # The hop alone (direct) beside each floor: the least a protocol that
+    # crosses it can add, measured in the same run.
+    hop_ms, hop_cpu = get("direct", "16B", 1, "p50_ms"), get("direct", "16B", 16, "server_cpu_us")
     out = []
     for ours_name, floor_name, stack in FLOORS:
         ours, floor = get(ours_name, "16B", 1, "p50_ms"), get(floor_name, "16B", 1, "p50_ms")
@@ -212,7 +216,7 @@ def _floor_targets(get: Any) -> list[dict[str, Any]]:
                 ratio(ours, floor),
                 1.5,
                 True,
-                f"{_ms(ours)} vs {_ms(floor)}",
+                f"{_ms(ours)} vs {_ms(floor)}" + _with_hop(floor, hop_ms, _ms),
             )
         )
         ours, floor = (
@@ -226,10 +230,21 @@ def _floor_targets(get: Any) -> list[dict[str, Any]]:
                 2.0,
                 True,
                 f"{_us(ours)} vs {_us(floor)} µs/req; {_rps(get(ours_name, '16B', 16, 'rps'))}"
-                f" vs {_rps(get(floor_name, '16B', 16, 'rps'))} req/s",
+                f" vs {_rps(get(floor_name, '16B', 16, 'rps'))} req/s"
+                + _with_hop(floor, hop_cpu, lambda v: f"{_us(v)} µs/req"),
             )
         )
     return out
+
+
+def _with_hop(floor: float | None, hop: float | None, show: Callable[[Any], str]) -> str:
+    """The floor plus the hop alone (direct, the model worker's side for CPU), as a ratio."""
+    if floor is None or hop is None:
+        return ""
+    return (
+        f"; the hop alone (direct) {show(hop)}, floor + hop {show(floor + hop)}"
+        f" = {(floor + hop) / floor:.2f}x the floor"
+    )
 
 
 def _umbridge_targets(summary: Summary) -> list[dict[str, Any]]:
