@@ -10,7 +10,10 @@ where they can send one.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
+import queue
+import re
 import socket
 import ssl
 import subprocess
@@ -175,14 +178,44 @@ def test_tritonclient_over_grpc_ssl(secure: Appliance, secrets: dict[str, Path])
         assert client.get_server_metadata(headers=metadata).name == "triton"
         result = client.infer("simple", simple_inputs(grpcclient), headers=metadata)
         assert result.as_numpy("OUTPUT1").tolist() == [[0] * 16]
+        refused = stream_error(client, {})
+        assert refused is not None
+        assert "UNAUTHENTICATED" in str(refused)
+        assert stream_error(client, metadata) is None
     finally:
         client.close()
+    # Refused calls are answered, counted and logged like any other.
+    log = secure.log()
+    for method in ("ModelInfer", "ModelStreamInfer"):
+        refusal = (
+            rf"status=UNAUTHENTICATED latency_ms=\S+ /inference\.GRPCInferenceService/{method}\n"
+        )
+        assert re.search(refusal, log), method
     plain = grpcclient.InferenceServerClient(url)
     try:
         with pytest.raises(InferenceServerException):
             plain.is_server_live(client_timeout=5)
     finally:
         plain.close()
+
+
+def stream_error(
+    client: grpcclient.InferenceServerClient, headers: dict[str, str]
+) -> InferenceServerException | None:
+    """Send one request on a fresh ModelStreamInfer stream; the error its answer carried."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(
+        callback=lambda result, error: answers.put((result, error)), headers=headers
+    )
+    try:
+        with contextlib.suppress(InferenceServerException):
+            # A refused stream may end before this request is sent; the
+            # callback has the reason either way.
+            client.async_stream_infer("simple", simple_inputs(grpcclient))
+        _result, error = answers.get(timeout=30)
+    finally:
+        client.stop_stream()
+    return error
 
 
 # -- tokens on every protocol ------------------------------------------------------------------
