@@ -37,6 +37,7 @@ LABELS = {
     "graphpipe": "appliance, GraphPipe",
     "umbridge": "appliance, UM-Bridge (JSON)",
     "mip": "appliance, MIP (TENSOR items)",
+    "direct": "appliance, its own client (the hop alone, no frontend)",
     "mlserver-pw1 grpc": "MLServer 1.7.1 pw=1, gRPC",
     "mlserver-pw1 rest-json": "MLServer 1.7.1 pw=1, REST (JSON)",
     "mlserver-pw0 grpc": "MLServer 1.7.1 pw=0, gRPC",
