@@ -411,8 +411,10 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
     report.print_targets(targets)
     name = "peers-scaling" if args.scaling_only else "peers-quick" if args.quick else "peers"
     cpus = len(os.sched_getaffinity(0))
+    tag = readme_table.TAG
     if cpus >= SCALING_SPLIT_CPUS:  # a many-core host's results sit beside this machine's
         name += f"-{cpus}core"
+        tag += f"-{cpus}core"
     results = RESULTS / f"{name}.json"
     write_results(
         results,
@@ -430,7 +432,7 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
     plot(results, RESULTS / f"{name}.png")
     if not args.quick:
         text = readme_table.render(record, summary, ratios, batching_rows, scaling_rows, targets)
-        if readme_table.update(README, text):
+        if readme_table.update(README, text, tag):
             print(f"updated the Performance table in {README.name}")
 
 

@@ -26,7 +26,9 @@ from bench.plan import (
 )
 from bench.report import Summary, cell, find, ratio
 
-BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+# The table sits between <!-- TAG:begin --> and <!-- TAG:end -->: "bench" for
+# this machine kind, "bench-<N>core" for a many-core host's run beside it.
+TAG = "bench"
 LABELS = {
     "kserve-grpc": "appliance, KServe gRPC",
     "kserve-rest": "appliance, KServe REST (binary)",
@@ -265,14 +267,15 @@ def _peer_notes(record: dict[str, Any]) -> list[str]:
     return notes
 
 
-def update(readme: Path, text: str) -> bool:
-    """Replace what stands between the markers; False (and a warning) without them."""
+def update(readme: Path, text: str, tag: str = TAG) -> bool:
+    """Replace what stands between ``tag``'s markers; False (and a warning) without them."""
+    begin, end_marker = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
     body = readme.read_text()
-    start, end = body.find(BEGIN), body.find(END)
+    start, end = body.find(begin), body.find(end_marker)
     if start < 0 or end < start:
-        print(f"{readme.name} has no {BEGIN} ... {END} markers: table not written")
+        print(f"{readme.name} has no {begin} ... {end_marker} markers: table not written")
         return False
-    readme.write_text(body[: start + len(BEGIN)] + "\n" + text + "\n" + body[end:])
+    readme.write_text(body[: start + len(begin)] + "\n" + text + "\n" + body[end:])
     return True
 
 

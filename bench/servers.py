@@ -47,7 +47,14 @@ STOP_TIMEOUT_S = 20.0
 # (0.22+): pin 0.21.0 (PEERS.md §5).
 MLSERVER = ["mlserver==1.7.1", "uvloop==0.21.0"]
 UMBRIDGE = ["umbridge==1.2.10", "numpy"]
-PLOT = ["matplotlib==3.11.2"]
+# Names a site-packages directory every peer environment sees as well.
+BASE_SITE_ENV = "BENCH_BASE_SITE"
+_WRITE_BASE_PTH = (
+    "import pathlib, sys, sysconfig; "
+    "pathlib.Path(sysconfig.get_paths()['purelib'], '_base.pth').write_text(sys.argv[1] + '\\n')"
+)
+# Any recent matplotlib draws the plot; a host that has one (the bench host) uses it.
+PLOT = ["matplotlib>=3.8"]
 
 
 class PeerUnavailable(Exception):
@@ -86,6 +93,12 @@ def ensure_venv(name: str, requirements: list[str]) -> Path:
             [base, "-m", "venv", str(home)],
             [str(home / "bin/python"), "-m", "pip", "install", "--quiet", *requirements],
         ]
+        if os.environ.get(BASE_SITE_ENV):
+            # A host whose packages live in another environment (the bench
+            # host's /opt/torch/.venv, see tools/bench_host/run.sh): the
+            # peer sees them, and pip counts them as installed.
+            python = str(home / "bin/python")
+            steps.insert(1, [python, "-c", _WRITE_BASE_PTH, os.environ[BASE_SITE_ENV]])
         with log.open("w") as out:
             for step in steps:
                 try:

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Gather into .wh/ the wheels the bench host lacks, on a machine with a package index.
+#
+# The 16-core bench host has Python 3.12 in /opt/torch/.venv with torch (CUDA),
+# onnxruntime, numpy, grpcio, matplotlib and more, and no network. Its run
+# (tools/bench_host/run.sh) installs the appliance, its test and benchmark
+# clients and the benchmark's peers from these wheels only. The device tool
+# carries .wh/ with the checkout when a call names it in `carry`; the checkout
+# and the carried folders must stay under 64 MiB, so the big wheels the host is
+# known to have are left out (DROP).
+#
+#   bash tools/bench_host/prepare.sh          # then: run ... carry [".wh"]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-.venv/bin/python}
+PY_VERSION=${PY_VERSION:-3.12}
+DROP=${DROP:-numpy pandas torch}
+
+# The appliance's own dependencies, read from pyproject.toml (one list, not two).
+mapfile -t deps < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+# What run.sh installs beside it: the test and benchmark clients, the peers.
+extra=(pytest pytest-timeout "tritonclient[http,grpc]==2.73.0" umbridge==1.2.10 tomli-w requests
+       setuptools wheel "mlserver==1.7.1" "uvloop==0.21.0")
+
+rm -rf .wh
+mkdir .wh
+"$PY" -m pip download --quiet --only-binary=:all: --python-version "$PY_VERSION" \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux_2_28_x86_64 --platform any -d .wh "${deps[@]}" "${extra[@]}"
+for name in $DROP; do
+    rm -f .wh/"$name"-*.whl
+done
+echo "wheels for Python $PY_VERSION in .wh/: $(ls .wh | wc -l) files, $(du -sh .wh | cut -f1) (left out: $DROP)"

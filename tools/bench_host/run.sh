@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Run phases of the benchmark and the GPU tests on the 16-core bench host.
+#
+# The host: 16 CPU cores, one H100, Python 3.12 in /opt/torch/.venv (torch with
+# CUDA, onnxruntime, numpy, grpcio, ...), no network. Each device call runs in
+# a fresh copy of the checkout; a warm machine keeps ignored folders (.venv,
+# bench/.peers) between calls, a fresh one starts bare. So every phase first
+# makes the environment if it is missing, offline, from .wh/ (prepare.sh):
+# .venv is a venv of the host's Python that sees /opt/torch/.venv's packages
+# through a .pth file (a venv of a venv does not see them otherwise), and the
+# benchmark's peers get the same (BENCH_BASE_SITE, bench/servers.py).
+#
+# From the development machine, one device call per few phases (each call
+# has at most 10 minutes; logs and results come back under $OUT):
+#
+#   bash tools/bench_host/prepare.sh
+#   run: bash tools/bench_host/run.sh gpu peers      carry: [".wh"]
+#   run: bash tools/bench_host/run.sh scaling        carry: [".wh"]
+#   run: bash tools/bench_host/run.sh full           carry: [".wh"]   (README's 16-core table)
+#
+# Phases: setup (only the environment), gpu (tests/system/test_gpu.py and
+# bench/bench_gpu.py), peers (bench_peers --quick --no-scaling), scaling
+# (bench_peers --scaling-only), full (bench_peers, bounded to fit one call).
+# Then commit what came back: bench/results/*-16core.json, gpu.json, README.md.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+BASE=${BASE_PYTHON:-/opt/torch/.venv/bin/python3}
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+export PIP_NO_INDEX=1 PIP_FIND_LINKS="$ROOT/.wh" PIP_DISABLE_PIP_VERSION_CHECK=1
+BENCH_BASE_SITE=$("$BASE" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+export BENCH_BASE_SITE
+PY=$ROOT/.venv/bin/python
+README_BEFORE=$(cksum < README.md)
+failed=0
+
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
+
+setup() {
+    if [ -f .venv/.bench-host ]; then
+        return 0
+    fi
+    log "setup: .venv from $BASE, offline from .wh"
+    rm -rf .venv
+    "$BASE" -m venv .venv || return 1
+    local site
+    site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$BENCH_BASE_SITE" > "$site/_base.pth"
+    "$PY" -m pip install -q "setuptools>=77" wheel &&
+        "$PY" -m pip install -q --no-build-isolation -e . pytest pytest-timeout \
+            "tritonclient[http,grpc]==2.73.0" umbridge==1.2.10 tomli-w requests || return 1
+    touch .venv/.bench-host
+    "$PY" - <<'PYTHON' | tee "$OUT/host.txt"
+import os, platform, sys
+import numpy, grpc, zmq
+print(f"host: {platform.node()}, {len(os.sched_getaffinity(0))} CPUs, Python {sys.version.split()[0]}")
+print(f"numpy {numpy.__version__}, grpcio {grpc.__version__}, pyzmq {zmq.__version__}")
+try:
+    import torch
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no usable GPU"
+    print(f"torch {torch.__version__}: {gpu}")
+except ImportError:
+    print("torch: not importable")
+PYTHON
+}
+
+# Run a command with its output in $OUT/NAME.log; a failure is noted, not fatal.
+step() {
+    local name=$1
+    shift
+    log "$name: $*"
+    "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    log "$name: exit $rc (last lines below)"
+    tail -n 15 "$OUT/$name.log" | tee -a "$OUT/run.log"
+    [ "$rc" -eq 0 ] || failed=1
+}
+
+collect() {
+    cp bench/results/*core*.json bench/results/*core*.png bench/results/gpu.json "$OUT"/ 2>/dev/null
+    [ "$(cksum < README.md)" = "$README_BEFORE" ] || cp README.md "$OUT"/README.md
+    cp bench/.peers/*.log "$OUT"/ 2>/dev/null
+    return 0
+}
+
+if ! setup > "$OUT/setup.log" 2>&1; then
+    log "setup failed:"
+    tail -n 30 "$OUT/setup.log" | tee -a "$OUT/run.log"
+    exit 1
+fi
+for phase in "$@"; do
+    case $phase in
+        setup) ;;
+        gpu)
+            step gpu-tests "$PY" -m pytest -q -p no:cacheprovider tests/system/test_gpu.py -rs
+            step bench-gpu "$PY" bench/bench_gpu.py
+            ;;
+        peers) step peers "$PY" bench/bench_peers.py --quick --no-scaling ;;
+        scaling) step scaling timeout 560 "$PY" bench/bench_peers.py --scaling-only ;;
+        full) step full timeout 560 "$PY" bench/bench_peers.py --budget-min 8 ;;
+        *)
+            log "unknown phase $phase (setup gpu peers scaling full)"
+            failed=1
+            ;;
+    esac
+    collect
+done
+log "done; results and logs in $OUT"
+exit "$failed"
