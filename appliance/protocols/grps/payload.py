@@ -258,12 +258,14 @@ def fit_numbers(where: str, raw: Array, dtype: DType) -> Array:
             bad = raw[(raw < low) | (raw > high)][0]
             raise bad_request(f"{where}: {bad} is out of range for {dtype.value} [{low}, {high}]")
         return raw.astype(target)
-    limit = _FLOAT_MAX.get(dtype)
-    if limit is not None and raw.size:
-        finite = raw[np.isfinite(raw)]
-        if finite.size and np.abs(finite).max() > limit:
-            raise bad_request(f"{where}: a value is out of range for {dtype.value} (max {limit})")
-    return raw.astype(target)
+    # A value fits when it rounds to a finite one: FP32's largest written in
+    # its shortest form (3.4028235e+38) is a hair above it and must pass.
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = raw.astype(target)
+    if dtype in _FLOAT_MAX and np.any(np.isinf(cast) & np.isfinite(raw)):
+        limit = _FLOAT_MAX[dtype]
+        raise bad_request(f"{where}: a value is out of range for {dtype.value} (max {limit})")
+    return cast
 
 
 def strings_to_array(where: str, values: object) -> Array:
