@@ -12,7 +12,9 @@ gunicorn's ASGI worker:
   bytes (``timeout``, set to ``http.io_timeout_s``), not a request that never
   completes.
 - A client that stops reading its reply for ``http.io_timeout_s`` is cut
-  off, so an unread reply does not stay in memory.
+  off, so an unread reply does not stay in memory (also where a large
+  reply goes out through ``writelines``, whose flow control Python lacks
+  before 3.12.9 and 3.13.2).
 - On SIGTERM the worker stops accepting at once (the master's socket keeps
   queueing connections for the other workers or the next arbiter), closes
   its idle keep-alive connections and finishes the requests in flight.
@@ -77,6 +79,16 @@ class _Connection(ASGIProtocol):  # type: ignore[misc]
             self._arm_deadline()
         fed: bool = super()._feed_callback_parser(data)
         return fed
+
+    def _send_body(self, *args: Any, **kwargs: Any) -> None:
+        super()._send_body(*args, **kwargs)
+        # PATCH: large bodies go out through transport.writelines(), which
+        # before CPython 3.12.9 and 3.13.2 never pauses the protocol
+        # (gh-127655): a client that stops reading would have its whole reply
+        # buffered here and never be cut off. This is the check the fix added.
+        pause = getattr(self.transport, "_maybe_pause_protocol", None)
+        if pause is not None:
+            pause()
 
     def pause_writing(self) -> None:
         # The client stopped reading its reply: it gets io_timeout_s to go on.
