@@ -28,6 +28,8 @@ Configured as ``appliance.frontends.httpworker.HttpWorker``.
 from __future__ import annotations
 
 import asyncio
+import sys
+from asyncio import selector_events
 from typing import Any
 
 from gunicorn.asgi.protocol import ASGIProtocol
@@ -35,6 +37,12 @@ from gunicorn.workers import gasgi
 from gunicorn.workers.gasgi import ASGIWorker
 
 from appliance.process import die_with_parent
+
+# The plain socket transport's writelines() lacks flow control before CPython
+# 3.12.9 and 3.13.2 (gh-127655; 3.11 has no writelines of its own).
+_VERSION = sys.version_info[:3]
+_WRITELINES_NEVER_PAUSES = (3, 12) <= _VERSION < (3, 12, 9) or (3, 13) <= _VERSION < (3, 13, 2)
+_SOCKET_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport", type(None))
 
 # Bodies up to this size must arrive within http.read_timeout_s; larger ones
 # may take longer, each wait for more bytes bounded by http.io_timeout_s.
@@ -82,13 +90,14 @@ class _Connection(ASGIProtocol):  # type: ignore[misc]
 
     def _send_body(self, *args: Any, **kwargs: Any) -> None:
         super()._send_body(*args, **kwargs)
-        # PATCH: large bodies go out through transport.writelines(), which
-        # before CPython 3.12.9 and 3.13.2 never pauses the protocol
-        # (gh-127655): a client that stops reading would have its whole reply
-        # buffered here and never be cut off. This is the check the fix added.
-        pause = getattr(self.transport, "_maybe_pause_protocol", None)
-        if pause is not None:
-            pause()
+        transport: Any = self.transport
+        if _WRITELINES_NEVER_PAUSES and isinstance(transport, _SOCKET_TRANSPORT):
+            # PATCH: large bodies go out through transport.writelines(), which
+            # on these Pythons never pauses the protocol (CPython gh-127655):
+            # a client that stops reading would have its whole reply buffered
+            # here and never be cut off. This is the check the fix added. (TLS
+            # transports write through write(), whose flow control works.)
+            transport._maybe_pause_protocol()
 
     def pause_writing(self) -> None:
         # The client stopped reading its reply: it gets io_timeout_s to go on.
