@@ -18,15 +18,17 @@ DROP=${DROP:-numpy pandas torch}
 
 # The appliance's own dependencies, read from pyproject.toml (one list, not two).
 mapfile -t deps < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
-# What run.sh installs beside it: the test and benchmark clients, the peers.
-extra=(pytest pytest-timeout "tritonclient[http,grpc]==2.73.0" umbridge==1.2.10 tomli-w requests
-       setuptools wheel "mlserver==1.7.1" "uvloop==0.21.0")
+# The test and benchmark clients run.sh installs beside it (it reads them
+# from .wh/clients.txt), and what the build and the benchmark's peers need.
+clients=(pytest pytest-timeout "tritonclient[http,grpc]==2.73.0" umbridge==1.2.10 tomli-w requests)
+extra=(setuptools wheel "mlserver==1.7.1" "uvloop==0.21.0")
 
 rm -rf .wh
 mkdir .wh
 "$PY" -m pip download --quiet --only-binary=:all: --python-version "$PY_VERSION" \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux_2_28_x86_64 --platform any -d .wh "${deps[@]}" "${extra[@]}"
+    --platform manylinux_2_28_x86_64 --platform any -d .wh "${deps[@]}" "${clients[@]}" "${extra[@]}"
+printf '%s\n' "${clients[@]}" > .wh/clients.txt
 for name in $DROP; do
     rm -f .wh/"$name"-*.whl
 done

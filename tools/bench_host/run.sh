@@ -48,10 +48,13 @@ setup() {
     site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "$BENCH_BASE_SITE" > "$site/_base.pth"
     "$PY" -m pip install -q "setuptools>=77" wheel &&
-        "$PY" -m pip install -q --no-build-isolation -e . pytest pytest-timeout \
-            "tritonclient[http,grpc]==2.73.0" umbridge==1.2.10 tomli-w requests || return 1
+        "$PY" -m pip install -q --no-build-isolation -e . -r .wh/clients.txt || return 1
     touch .venv/.bench-host
-    "$PY" - <<'PYTHON' | tee "$OUT/host.txt"
+}
+
+# What the results were measured on, with every call's results.
+describe_host() {
+    "$PY" - <<'PYTHON' > "$OUT/host.txt" 2>&1
 import os, platform, sys
 import numpy, grpc, zmq
 print(f"host: {platform.node()}, {len(os.sched_getaffinity(0))} CPUs, Python {sys.version.split()[0]}")
@@ -89,6 +92,8 @@ if ! setup > "$OUT/setup.log" 2>&1; then
     tail -n 30 "$OUT/setup.log" | tee -a "$OUT/run.log"
     exit 1
 fi
+describe_host
+cat "$OUT/host.txt" >> "$OUT/run.log"
 for phase in "$@"; do
     case $phase in
         setup) ;;
