@@ -36,3 +36,25 @@ def onnx_cuda_missing() -> str:
     if CUDA not in ort.get_available_providers():
         return f"no CUDA for ONNX Runtime: onnxruntime {ort.__version__} has no {CUDA}"
     return ""
+
+
+@functools.cache
+def cudashm_missing() -> str:
+    """Return why tritonclient's CUDA shared-memory helpers cannot run here, "" when they can."""
+    try:
+        importlib.import_module("tritonclient.utils.cuda_shared_memory")
+    except Exception as ex:  # it raises its own error when cuda-python is missing
+        return f"tritonclient's CUDA shared-memory helpers do not import here: {ex}"
+    return ""
+
+
+@functools.cache
+def cuda_driver_missing() -> str:
+    """Return why the CUDA driver cannot reach a GPU here, "" when it can."""
+    from appliance.protocols.kserve import cuda
+
+    try:
+        count = cuda.driver().device_count()
+    except cuda.CudaError as ex:
+        return str(ex)
+    return "" if count else "the CUDA driver sees no GPU"

@@ -21,6 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from appliance.client.api import ModelClient
+from tests.gpu import cuda_driver_missing
 from tests.system.harness import Appliance, demo_models, eventually, running
 
 MODELS = [
@@ -495,6 +496,8 @@ def test_repeat_int32_answers_each_element_then_flags_the_final_response(
 
 
 def test_cuda_shared_memory_on_a_cpu_only_server(client: grpcclient.InferenceServerClient) -> None:
+    if not cuda_driver_missing():
+        pytest.skip("a GPU is usable here: tests/system/test_cuda_shm.py covers CUDA shm")
     client.unregister_cuda_shared_memory()
     client.unregister_cuda_shared_memory("anything")
     assert len(client.get_cuda_shared_memory_status().regions) == 0

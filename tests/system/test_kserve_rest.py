@@ -15,6 +15,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from tests.gpu import cuda_driver_missing
 from tests.system.harness import Appliance, demo_models, running
 
 MODELS = [
@@ -462,6 +463,8 @@ def test_unserved_endpoints_answer_in_kserve_form(
 
 
 def test_cuda_shared_memory_on_a_cpu_only_server(client: httpclient.InferenceServerClient) -> None:
+    if not cuda_driver_missing():
+        pytest.skip("a GPU is usable here: tests/system/test_cuda_shm.py covers CUDA shm")
     client.unregister_cuda_shared_memory()
     client.unregister_cuda_shared_memory("anything")
     assert client.get_cuda_shared_memory_status() == []

@@ -29,6 +29,15 @@ mkdir .wh
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux_2_28_x86_64 --platform any -d .wh "${deps[@]}" "${clients[@]}" "${extra[@]}"
 printf '%s\n' "${clients[@]}" > .wh/clients.txt
+# Triton's CUDA shared-memory example clients, for test_cuda_shm.py there
+# (the Triton client mirror is not reachable from the host).
+MIRROR=${TRITON_CLIENT_REPO:-/work/.mirror/triton-inference-server+client/repo}
+if [ -d "$MIRROR" ]; then
+    mkdir .wh/triton-examples
+    for example in simple_grpc_cudashm_client.py simple_http_cudashm_client.py; do
+        git -C "$MIRROR" show "HEAD:src/python/examples/$example" > .wh/triton-examples/$example
+    done
+fi
 for name in $DROP; do
     rm -f .wh/"$name"-*.whl
 done

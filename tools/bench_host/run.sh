@@ -18,8 +18,8 @@
 #   run: bash tools/bench_host/run.sh scaling        carry: [".wh"]
 #   run: bash tools/bench_host/run.sh full           carry: [".wh"]   (README's 16-core table)
 #
-# Phases: setup (only the environment), gpu (tests/system/test_gpu.py and
-# bench/bench_gpu.py), peers (bench_peers --quick --no-scaling), scaling
+# Phases: setup (only the environment), gpu (test_gpu.py, test_cuda_shm.py,
+# test_kserve_shm.py and bench/bench_gpu.py), peers (bench_peers --quick --no-scaling), scaling
 # (bench_peers --scaling-only), full (bench_peers, bounded to fit one call).
 # Then commit what came back: bench/results/*-16core.json, gpu.json, README.md.
 set -uo pipefail
@@ -98,7 +98,9 @@ for phase in "$@"; do
     case $phase in
         setup) ;;
         gpu)
-            step gpu-tests "$PY" -m pytest -q -p no:cacheprovider tests/system/test_gpu.py -rs
+            step gpu-tests env TRITON_EXAMPLES_DIR="$ROOT/.wh/triton-examples" \
+                "$PY" -m pytest -q -p no:cacheprovider -rs tests/system/test_gpu.py \
+                tests/system/test_cuda_shm.py tests/system/test_kserve_shm.py
             step bench-gpu "$PY" bench/bench_gpu.py
             ;;
         peers) step peers "$PY" bench/bench_peers.py --quick --no-scaling ;;

@@ -232,17 +232,24 @@ class InferenceServicer:
 
     @rpc
     def CudaSharedMemoryStatus(self, request: Any, context: Context) -> Any:
-        service.cuda_status(request.name)
-        return pb.CudaSharedMemoryStatusResponse()
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self.regions.cuda_status(request.name or None):
+            response.regions[region.name].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(**region.status())
+            )
+        return response
 
     @rpc
     def CudaSharedMemoryRegister(self, request: Any, context: Context) -> Any:
-        service.cuda_register(request.name)
+        self.regions.register_cuda(
+            request.name, request.raw_handle, request.device_id, request.byte_size
+        )
         return pb.CudaSharedMemoryRegisterResponse()
 
     @rpc
     def CudaSharedMemoryUnregister(self, request: Any, context: Context) -> Any:
-        # SPEC: PROTOCOL-FACTS §2.7 — must succeed on a CPU-only server.
+        # SPEC: PROTOCOL-FACTS §2.7 — succeeds with none registered (a CPU-only server).
+        self.regions.unregister(request.name or None, "cuda")
         return pb.CudaSharedMemoryUnregisterResponse()
 
 

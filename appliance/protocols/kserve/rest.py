@@ -23,6 +23,8 @@ Routes (``{v}`` parts are optional; the demo models serve version "1")::
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from typing import Any
 
@@ -211,24 +213,36 @@ class SystemSharedMemoryResource(Resource):
 
 
 class CudaSharedMemoryResource(Resource):
-    """CUDA shared memory on a CPU-only server: nothing to list or remove."""
-
     @responder
     def on_get_status(self, _req: falcon.Request, resp: falcon.Response, name: str = "") -> None:
-        _json(resp, service.cuda_status(name))
+        regions = self.regions.cuda_status(name or None)
+        _json(resp, [region.status() for region in regions])
 
     @responder
     def on_post_register(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
-        self.body(req)
-        service.cuda_register(name)
+        body = self.json_body(req)
+        handle, size = body.get("raw_handle"), body.get("byte_size")
+        device = body.get("device_id", 0)
+        encoded = handle.get("b64") if isinstance(handle, dict) else None
+        if not isinstance(encoded, str) or not isinstance(device, int) or not isinstance(size, int):
+            raise DecodeError(
+                'register needs {"raw_handle": {"b64": str}, "device_id": int, "byte_size": int}'
+            )
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except binascii.Error:
+            raise DecodeError("raw_handle.b64 is not base64") from None
+        self.regions.register_cuda(name, raw, device, size)
+        _json(resp, {})
 
     @responder
     def on_post_unregister(
         self, req: falcon.Request, resp: falcon.Response, name: str = ""
     ) -> None:
         # SPEC: PROTOCOL-FACTS §2.7 — the shm examples unregister CUDA regions
-        # first and need that to succeed on a CPU-only server.
+        # first; with none registered (a CPU-only server) that succeeds too.
         self.body(req)
+        self.regions.unregister(name or None, "cuda")
         _json(resp, {})
 
 

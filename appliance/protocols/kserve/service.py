@@ -20,14 +20,15 @@ from appliance.core.dtypes import DType
 from appliance.core.metadata import ModelMetadata
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor, TensorSpec
-from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Unsupported
+from appliance.errors import ApplianceError, BadRequest, ModelNotFound
+from appliance.protocols.kserve import cuda
 from appliance.protocols.kserve.inference import (
     InferRequest,
     OutputData,
     RequestedOutput,
     tensor_from_buffer,
 )
-from appliance.protocols.kserve.shm import RegionTable
+from appliance.protocols.kserve.shm import RegionTable, Target
 
 # SPEC: PROTOCOL-FACTS §2.7 — Triton's simple_*_health_metadata examples
 # require the server name "triton"; the version says what is really serving.
@@ -42,11 +43,14 @@ EXTENSIONS = (
     "system_shared_memory",
     "model_repository",
 )
+# Advertised only where a CUDA driver is installed (shm.py, cuda.py).
+CUDA_EXTENSION = "cuda_shared_memory"
 _STAT_KEYS = ("compute_input", "compute_output", "cache_hit", "cache_miss")
 
 
 def server_metadata() -> dict[str, Any]:
-    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
+    extensions = [*EXTENSIONS, CUDA_EXTENSION] if cuda.installed() else list(EXTENSIONS)
+    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": extensions}
 
 
 def served_name(client: ModelClient, model: str, version: str) -> str:
@@ -195,20 +199,6 @@ def _statistics(client: ModelClient, model: str) -> dict[str, Any]:
     }
 
 
-def cuda_status(name: str) -> list[dict[str, Any]]:
-    """No CUDA region is ever registered on this CPU-only server."""
-    if name:
-        raise BadRequest(f"no CUDA shared memory region named {name!r} is registered")
-    return []
-
-
-def cuda_register(name: str) -> None:
-    raise Unsupported(
-        f"cannot register CUDA shared memory region {name!r}: this server is CPU-only; "
-        "use system shared memory"
-    )
-
-
 # -- inference -------------------------------------------------------------------
 
 
@@ -228,7 +218,7 @@ async def infer_async(
         call.model, call.inputs, call.names, call.parameters, timeout_s
     )
     with result:
-        yield _outputs(request, result.outputs, call.views)
+        yield _outputs(request, result.outputs, call.targets)
 
 
 @dataclass(slots=True)
@@ -237,7 +227,7 @@ class _Call:
 
     model: str
     inputs: dict[str, Tensor]
-    views: dict[str, memoryview]
+    targets: dict[str, Target]
     names: list[str] | None
     parameters: dict[str, Any]
 
@@ -249,7 +239,7 @@ def _prepare(client: ModelClient, regions: RegionTable, request: InferRequest) -
     return _Call(
         model,
         _inputs(regions, request),
-        _output_views(regions, request),
+        _output_targets(regions, request),
         None if request.outputs is None else [o.name for o in request.outputs],
         request.model_parameters(),
     )
@@ -284,7 +274,7 @@ def _inputs(regions: RegionTable, request: InferRequest) -> dict[str, Tensor]:
             tensors[item.name] = item.data
             continue
         assert item.shm is not None
-        view = regions.view(item.shm, f"input {item.name}")
+        view = regions.read(item.shm, f"input {item.name}")
         if item.dtype is DType.BYTES:
             view = view[: _packed_length(item.name, view, dtypes.element_count(item.shape))]
         tensors[item.name] = tensor_from_buffer(item.name, item.dtype, item.shape, view)
@@ -305,16 +295,16 @@ def _packed_length(name: str, view: memoryview, count: int) -> int:
     return at
 
 
-def _output_views(regions: RegionTable, request: InferRequest) -> dict[str, memoryview]:
+def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, Target]:
     return {
-        output.name: regions.view(output.shm, f"output {output.name}")
+        output.name: regions.target(output.shm, f"output {output.name}")
         for output in request.outputs or ()
         if output.shm is not None
     }
 
 
 def _outputs(
-    request: InferRequest, produced: dict[str, Tensor], views: dict[str, memoryview]
+    request: InferRequest, produced: dict[str, Tensor], targets: dict[str, Target]
 ) -> list[OutputData]:
     wanted = request.outputs
     if wanted is None:
@@ -325,18 +315,18 @@ def _outputs(
         if tensor is None:
             raise BadRequest(f"model {request.model} did not produce output {output.name!r}")
         if output.shm is not None:
-            _write(output, tensor, views[output.name])
+            _write(output, tensor, targets[output.name])
         binary = request.binary_output if output.binary is None else output.binary
         outputs.append(OutputData(output.name, tensor, binary, output.shm))
     return outputs
 
 
-def _write(output: RequestedOutput, tensor: Tensor, view: memoryview) -> None:
+def _write(output: RequestedOutput, tensor: Tensor, target: Target) -> None:
     raw = tensor.raw()
-    if raw.nbytes > len(view):
+    if raw.nbytes > target.nbytes:
         assert output.shm is not None
         raise BadRequest(
             f"output {output.name} needs {raw.nbytes} bytes but its shared_memory_byte_size "
             f"is {output.shm.byte_size} (region {output.shm.region!r})"
         )
-    view[: raw.nbytes] = raw
+    target.write(raw)

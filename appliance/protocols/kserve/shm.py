@@ -1,4 +1,4 @@
-"""Triton's system shared-memory extension: the host-wide region registry.
+"""Triton's shared-memory extensions, system and CUDA: the host-wide region registry.
 
 SPEC: PROTOCOL-FACTS §2.4. A client creates a POSIX segment (key
 ``/input_simple`` is the file ``/dev/shm/input_simple``), registers it under
@@ -15,10 +15,17 @@ may unlink them), never unlinked or resized, and unmapped once unregistered:
 at once in the process that unregisters, within ``SWEEP_INTERVAL_S`` in the
 others, and when the last request still reading a mapping lets go of it.
 The appliance's own segments (``appliance-*``) cannot be registered.
+
+CUDA regions (SPEC: PROTOCOL-FACTS §2.4, the same namespace as system ones)
+are a client's device buffers, registered as CUDA IPC handles. A frontend
+process opens a handle on first use and copies the request's inputs from
+the device and its outputs back (cuda.py); it closes the handle once the
+region is unregistered, as it unmaps a system one.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import mmap
@@ -26,15 +33,19 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
 from appliance.core.segment import SHM_DIR
 from appliance.core.tree import PREFIX
-from appliance.errors import BadRequest
+from appliance.errors import BadRequest, Unsupported
+from appliance.protocols.kserve import cuda
 from appliance.protocols.kserve.errors import RegionExists
 from appliance.protocols.kserve.inference import ShmRef
 
@@ -63,6 +74,38 @@ class Region:
             "offset": self.offset,
             "byte_size": self.byte_size,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class CudaRegion:
+    """A registered CUDA region: a client's device buffer, by its IPC handle."""
+
+    name: str
+    raw_handle: str  # base64 of the handle's 64 bytes
+    device_id: int
+    byte_size: int
+    serial: int
+
+    def status(self) -> dict[str, Any]:
+        """Return the region as the status call reports it."""
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one output goes: ``nbytes`` of a region, written by ``write``."""
+
+    nbytes: int
+    write: Callable[[memoryview], None]
+
+
+@dataclass(slots=True)
+class _Opened:
+    """A CUDA region's handle, opened in this process."""
+
+    serial: int
+    device: int
+    pointer: int
 
 
 @dataclass(slots=True)
@@ -117,6 +160,8 @@ class RegionTable:
         self._regions: dict[str, Region] = {}
         self._maps: dict[str, _Mapping] = {}
         self._retired: list[mmap.mmap] = []
+        self._cuda: dict[str, CudaRegion] = {}
+        self._opened: dict[str, _Opened] = {}
         self._sweeper: threading.Thread | None = None
 
     # -- the registry ---------------------------------------------------------
@@ -143,25 +188,99 @@ class RegionTable:
                 f"{offset} + byte_size {byte_size} of region {name!r}"
             )
         with self._exclusive() as data:
-            regions = data["regions"]
-            if name in regions:
-                raise RegionExists(
-                    f"shared memory region {name!r} is already registered (key "
-                    f"{regions[name]['key']!r}); unregister it first"
-                )
+            _check_free(data, name)
             data["serial"] += 1
             region = Region(name, key, offset, byte_size, info.st_dev, info.st_ino, data["serial"])
-            regions[name] = asdict(region)
+            data["regions"][name] = asdict(region)
 
-    def unregister(self, name: str | None) -> None:
-        """Forget one region (or every one when ``name`` is None); unknown names are fine."""
-        with self._exclusive() as data:
-            if name is None:
-                data["regions"].clear()
-            else:
-                data["regions"].pop(name, None)
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Register a client's device buffer, by its CUDA IPC handle, as ``name``.
+
+        The handle is opened here, which checks that it is one and that the
+        buffer holds ``byte_size`` bytes; other processes open it on first use.
+
+        Raises:
+            Unsupported: no usable CUDA driver on this host.
+            BadRequest: not a handle, no such GPU, or a buffer under byte_size.
+            RegionExists: ``name`` is already registered (either kind).
+        """
+        what = f"cannot register CUDA shared memory region {name!r}"
+        if not name:
+            raise BadRequest("a shared memory region needs a name")
+        if byte_size <= 0:
+            raise BadRequest(f"{what}: byte_size must be > 0 (got {byte_size})")
+        try:
+            driver = cuda.driver()
+        except cuda.CudaError as ex:
+            raise Unsupported(
+                f"{what}: this server is CPU-only ({ex}); use system shared memory"
+            ) from None
+        if len(raw_handle) != cuda.IPC_HANDLE_SIZE:
+            raise BadRequest(
+                f"{what}: raw_handle must be the {cuda.IPC_HANDLE_SIZE} bytes of a "
+                f"cudaIpcMemHandle_t, got {len(raw_handle)}"
+            )
+        try:
+            count = driver.device_count()
+            if not 0 <= device_id < count:
+                raise BadRequest(
+                    f"{what}: device_id {device_id} is not one of this host's {count} GPU(s)"
+                )
+            pointer, allocated = driver.open(raw_handle, device_id)
+        except cuda.CudaError as ex:
+            raise BadRequest(
+                f"{what}: the handle does not open on GPU {device_id} ({ex})"
+            ) from None
+        try:
+            if allocated < byte_size:
+                raise BadRequest(
+                    f"{what}: its device buffer holds {allocated} bytes, fewer than "
+                    f"byte_size {byte_size}"
+                )
+            with self._exclusive() as data:
+                _check_free(data, name)
+                data["serial"] += 1
+                encoded = base64.b64encode(raw_handle).decode()
+                region = CudaRegion(name, encoded, device_id, byte_size, data["serial"])
+                data["cuda"][name] = asdict(region)
+        except BaseException:
+            driver.close(device_id, pointer)
+            raise
         with self._lock:
             self._refresh()
+            stale = self._opened.pop(name, None)
+            self._opened[name] = _Opened(region.serial, device_id, pointer)
+        if stale is not None:
+            self._close(stale)
+        self._start_sweeper()
+
+    def unregister(self, name: str | None, kind: str = "regions") -> None:
+        """Forget one region (or every one when ``name`` is None); unknown names are fine.
+
+        ``kind`` is "regions" for system regions, "cuda" for CUDA ones.
+        """
+        with self._exclusive() as data:
+            if name is None:
+                data[kind].clear()
+            else:
+                data[kind].pop(name, None)
+        with self._lock:
+            self._refresh()
+
+    def cuda_status(self, name: str | None) -> list[CudaRegion]:
+        """Return the registered CUDA regions, or the one named.
+
+        Raises:
+            BadRequest: ``name`` is not registered as a CUDA region.
+        """
+        with self._lock:
+            self._refresh()
+            if name is None:
+                return sorted(self._cuda.values(), key=lambda region: region.name)
+            region = self._cuda.get(name)
+        if region is None:
+            raise BadRequest(f"no CUDA shared memory region named {name!r} is registered")
+        return [region]
 
     def status(self, name: str | None) -> list[Region]:
         """Return the registered regions, or the one named.
@@ -176,6 +295,43 @@ class RegionTable:
             return [self._region(name)]
 
     # -- the data ---------------------------------------------------------------
+
+    def read(self, ref: ShmRef, what: str) -> memoryview:
+        """Return the bytes of an input in a region of either kind.
+
+        A system region's bytes are a view of the client's segment; a CUDA
+        region's are copied from the device into a new host buffer.
+
+        Raises:
+            BadRequest: as :meth:`view`, or the copy from the device failed.
+        """
+        opened = self._cuda_place(ref, what)
+        if opened is None:
+            return self.view(ref, what)
+        host = np.empty(ref.byte_size, np.uint8)
+        self._copy(what, opened, ref, host, to_device=False)
+        return host.data
+
+    def target(self, ref: ShmRef, what: str) -> Target:
+        """Return where an output goes in a region of either kind.
+
+        Raises:
+            BadRequest: as :meth:`view` (now, before the model runs).
+        """
+        opened = self._cuda_place(ref, what)
+        if opened is None:
+            view = self.view(ref, what)
+
+            def to_segment(raw: memoryview) -> None:
+                view[: raw.nbytes] = raw
+
+            return Target(len(view), to_segment)
+        place = opened
+
+        def to_device(raw: memoryview) -> None:
+            self._copy(what, place, ref, np.frombuffer(raw, np.uint8), to_device=True)
+
+        return Target(ref.byte_size, to_device)
 
     def view(self, ref: ShmRef, what: str) -> memoryview:
         """Return the bytes of a tensor in a region, as a writable view.
@@ -208,10 +364,72 @@ class RegionTable:
         return memoryview(held.map)[start : start + ref.byte_size]
 
     def close(self) -> None:
-        """Unmap everything this process mapped (at exit)."""
+        """Unmap everything this process mapped, and close its CUDA handles (at exit)."""
         with self._lock:
             for name in list(self._maps):
                 self._forget(self._maps.pop(name))
+            for name in list(self._opened):
+                self._close(self._opened.pop(name))
+
+    def _cuda_place(self, ref: ShmRef, what: str) -> _Opened | None:
+        """Return the opened handle of a CUDA region, None for a system region.
+
+        Raises:
+            BadRequest: the tensor runs past the region, or the handle no longer opens.
+        """
+        with self._lock:
+            self._refresh()
+            region = self._cuda.get(ref.region)
+            if region is None:
+                return None
+            if ref.offset + ref.byte_size > region.byte_size:
+                raise BadRequest(
+                    f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
+                    f"{ref.byte_size} exceed the {region.byte_size} bytes of CUDA region "
+                    f"{region.name!r}"
+                )
+            opened = self._opened.get(region.name)
+            if opened is not None and opened.serial == region.serial:
+                return opened
+            try:
+                handle = base64.b64decode(region.raw_handle)
+                pointer, _ = cuda.driver().open(handle, region.device_id)
+            except cuda.CudaError as ex:
+                raise BadRequest(
+                    f"{what}: CUDA region {region.name!r} does not open in this process ({ex}); "
+                    "was its buffer freed? register it again"
+                ) from None
+            if opened is not None:
+                self._close(opened)
+            fresh = _Opened(region.serial, region.device_id, pointer)
+            self._opened[region.name] = fresh
+        self._start_sweeper()
+        return fresh
+
+    def _copy(
+        self, what: str, opened: _Opened, ref: ShmRef, host: npt.NDArray[np.uint8], to_device: bool
+    ) -> None:
+        """Copy ``host`` to a tensor's place in a CUDA region, or from it into ``host``.
+
+        SAFETY: under the lock, so that no unregister closes the handle mid-copy.
+        """
+        with self._lock:
+            if self._opened.get(ref.region) is not opened:
+                raise BadRequest(f"{what}: CUDA region {ref.region!r} was unregistered meanwhile")
+            driver, pointer = cuda.driver(), opened.pointer + ref.offset
+            try:
+                if to_device:
+                    driver.to_device(opened.device, pointer, host.ctypes.data, host.nbytes)
+                else:
+                    driver.to_host(opened.device, host.ctypes.data, pointer, host.nbytes)
+            except cuda.CudaError as ex:
+                raise BadRequest(
+                    f"{what}: copy with CUDA region {ref.region!r} failed ({ex})"
+                ) from None
+
+    def _close(self, opened: _Opened) -> None:
+        with contextlib.suppress(cuda.CudaError):
+            cuda.driver().close(opened.device, opened.pointer)
 
     def _region(self, name: str) -> Region:
         region = self._regions.get(name)
@@ -259,15 +477,20 @@ class RegionTable:
         except FileNotFoundError:
             seen = (0, 0, 0)
         if seen != self._seen:
-            self._regions = {
-                name: Region(**fields) for name, fields in _read(self._path)["regions"].items()
-            }
+            data = _read(self._path)
+            self._regions = {name: Region(**fields) for name, fields in data["regions"].items()}
+            self._cuda = {name: CudaRegion(**fields) for name, fields in data["cuda"].items()}
             self._seen = seen
         for name, held in list(self._maps.items()):
             current = self._regions.get(name)
             if current is None or current.serial != held.serial:
                 del self._maps[name]
                 self._forget(held)
+        for name, opened in list(self._opened.items()):
+            known = self._cuda.get(name)
+            if known is None or known.serial != opened.serial:
+                del self._opened[name]
+                self._close(opened)
         self._retired = [m for m in self._retired if not _try_close(m)]
 
     def _forget(self, held: _Mapping) -> None:
@@ -293,7 +516,7 @@ class RegionTable:
             time.sleep(SWEEP_INTERVAL_S)
             with self._lock:
                 self._refresh()
-                if not self._maps and not self._retired:
+                if not self._maps and not self._retired and not self._opened:
                     self._sweeper = None
                     return
 
@@ -315,8 +538,23 @@ def _read(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         data = {}
     data.setdefault("regions", {})
+    data.setdefault("cuda", {})
     data.setdefault("serial", 0)
     return dict(data)
+
+
+def _check_free(data: dict[str, Any], name: str) -> None:
+    """Refuse a name either kind already holds: they share one namespace.
+
+    Raises:
+        RegionExists: ``name`` is taken.
+    """
+    for kind, label in (("regions", "system"), ("cuda", "CUDA")):
+        if name in data[kind]:
+            raise RegionExists(
+                f"shared memory region {name!r} is already registered (as a {label} "
+                "region); unregister it first"
+            )
 
 
 def _try_close(mapping: mmap.mmap) -> bool:
