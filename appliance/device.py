@@ -8,8 +8,11 @@ it was (torch and onnxruntime are optional extras).
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import re
+import sys
 from typing import Any
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
@@ -75,15 +78,19 @@ def require_torch_cuda(device: str) -> Any:
     return torch
 
 
-def memory_allocated(device: str) -> int:
-    """Return the bytes torch holds on ``device``; 0 on the CPU or without torch.
+def memory_in_use(device: str) -> int:
+    """Return the GPU memory this process holds on ``device``; 0 on the CPU.
 
-    Only reads torch when the worker already imported it for CUDA.
+    NVML's count where nvidia-ml-py is installed: everything the process
+    holds there (its CUDA context, torch's and ONNX Runtime's allocations).
+    Without it, or where NVML cannot see this process, the bytes torch has
+    allocated. Reads torch only when the worker already imported it.
     """
     if not is_cuda(device):
         return 0
-    import sys
-
+    used = _nvml_used(device)
+    if used is not None:
+        return used
     torch = sys.modules.get("torch")
     if torch is None:
         return 0
@@ -91,6 +98,41 @@ def memory_allocated(device: str) -> int:
         return int(torch.cuda.memory_allocated(device))
     except Exception:
         return 0
+
+
+@functools.cache
+def _nvml() -> Any:
+    """Return pynvml, initialised, or None without nvidia-ml-py or a driver."""
+    nvml = _optional("pynvml")
+    if nvml is None:
+        return None
+    try:
+        nvml.nvmlInit()
+    except Exception:
+        return None
+    return nvml
+
+
+def _nvml_used(device: str) -> int | None:
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    index = int(device.partition(":")[2] or 0)
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None:
+            # CUDA's numbering can differ from NVML's (CUDA_VISIBLE_DEVICES,
+            # CUDA_DEVICE_ORDER); the UUID names the same GPU in both.
+            uuid = torch.cuda.get_device_properties(index).uuid
+            handle = nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        else:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if process.pid == os.getpid() and process.usedGpuMemory is not None:
+                return int(process.usedGpuMemory)
+    except Exception:
+        return None
+    return None
 
 
 def _optional(package: str) -> Any:

@@ -213,7 +213,7 @@ class WorkerServer:
     def _publish_device_memory(self) -> None:
         device = self.model.device
         if devices.is_cuda(device):
-            self.status.set_device_memory(self.slot, devices.memory_allocated(device))
+            self.status.set_device_memory(self.slot, devices.memory_in_use(device))
 
     # -- messages -------------------------------------------------------------
 
