@@ -46,6 +46,7 @@ import contextlib
 import itertools
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -127,15 +128,27 @@ def main() -> int:
     record["scaling_note"] = scaling.note
     size = BATCHING_CLIENTS if args.no_scaling else max(BATCHING_CLIENTS, *scaling.clients)
     clients = ClientPool(size, callers.make_call, preload=callers.PRELOAD, method="forkserver")
-    with clients as pool:
-        print(f"{pool.size} client processes up ({time.monotonic() - began:.0f} s)")
-        if not args.scaling_only:
-            main_phase(pool, args, record)
-        if not args.no_scaling:
-            scaling_phase(pool, args, record, scaling)
+    # A run stopped from outside (`timeout`, a device call's limit) still
+    # writes what it measured, marked as cut short.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with clients as pool:
+            print(f"{pool.size} client processes up ({time.monotonic() - began:.0f} s)")
+            if not args.scaling_only:
+                main_phase(pool, args, record)
+            if not args.no_scaling:
+                scaling_phase(pool, args, record, scaling)
+    except KeyboardInterrupt:
+        record["cut_short"] = True
+        log("stopped: writing what was measured so far")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     record["elapsed_s"] = time.monotonic() - began
     finish(args, record)
     return 0
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def log(text: str) -> None:

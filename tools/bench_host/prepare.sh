@@ -29,6 +29,8 @@ mkdir .wh
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux_2_28_x86_64 --platform any -d .wh "${deps[@]}" "${clients[@]}" "${extra[@]}"
 printf '%s\n' "${clients[@]}" > .wh/clients.txt
+# GraphPipe's client pins versions that break; it goes in without them (as in the Makefile).
+"$PY" -m pip download --quiet --no-deps -d .wh graphpipe==1.0.4
 # Triton's CUDA shared-memory example clients, for test_cuda_shm.py there
 # (the Triton client mirror is not reachable from the host).
 MIRROR=${TRITON_CLIENT_REPO:-/work/.mirror/triton-inference-server+client/repo}
