@@ -124,7 +124,7 @@ def main() -> int:
         "grid_repeat_s": 0.0,
     }
     began = time.monotonic()
-    scaling = scaling_plan(sorted(os.sched_getaffinity(0)))
+    scaling = scaling_plan(sorted(os.sched_getaffinity(0)), os.environ.get("BENCH_SCALING_GRID", ""))
     record["scaling_note"] = scaling.note
     size = BATCHING_CLIENTS if args.no_scaling else max(BATCHING_CLIENTS, *scaling.clients)
     clients = ClientPool(size, callers.make_call, preload=callers.PRELOAD, method="forkserver")

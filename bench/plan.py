@@ -194,14 +194,23 @@ class ScalingPlan:
     note: str
 
 
-def scaling_plan(cpus: Sequence[int]) -> ScalingPlan:
-    """The full grid with server and load generator on separate CPUs, or a smaller one."""
+def scaling_plan(cpus: Sequence[int], grid: str = "") -> ScalingPlan:
+    """The full grid with server and load generator on separate CPUs, or a smaller one.
+
+    ``grid`` ("1x1,4x8": instances x frontends) replaces the many-core grid,
+    to fit a bounded run.
+    """
     ordered = sorted(cpus)
     if len(ordered) >= SCALING_SPLIT_CPUS:
         half = len(ordered) // 2
         server, load = ordered[:half], ordered[half:]
+        chosen = SCALING_FULL
+        if grid:
+            chosen = tuple(
+                (int(i), int(f)) for i, f in (cell.split("x") for cell in grid.split(","))
+            )
         return ScalingPlan(
-            SCALING_FULL,
+            chosen,
             SCALING_FULL_CLIENTS,
             frozenset(server),
             frozenset(load),

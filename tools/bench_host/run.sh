@@ -109,9 +109,9 @@ for phase in "$@"; do
             ;;
         peers) step peers "$PY" bench/bench_peers.py --quick --no-scaling ;;
         # SIGTERM at the bound: bench_peers writes what it measured (cut_short).
-        scaling) step scaling timeout -k 30 520 "$PY" bench/bench_peers.py --scaling-only \
+        scaling) step scaling timeout --foreground -k 30 "${SCALING_BOUND_S:-520}" "$PY" bench/bench_peers.py --scaling-only \
             --seconds "${SCALING_SECONDS:-0.5}" ;;
-        full) step full timeout -k 30 520 "$PY" bench/bench_peers.py --budget-min 8 ;;
+        full) step full timeout --foreground -k 30 520 "$PY" bench/bench_peers.py --budget-min 8 ;;
         *)
             log "unknown phase $phase (setup gpu peers scaling full)"
             failed=1
