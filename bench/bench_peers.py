@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import itertools
 import math
 import os
@@ -58,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import callers, readme_table, report, servers  # noqa: E402
-from bench.loadgen import ClientPool, ProcessTree, write_results  # noqa: E402
+from bench.loadgen import ClientPool, ProcessTree, machine, write_results  # noqa: E402
 from bench.plan import (  # noqa: E402
     APPLIANCE,
     BATCHING_CLIENTS,
@@ -122,9 +123,11 @@ def main() -> int:
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "grid_repeats": 0,
         "grid_repeat_s": 0.0,
+        "date": datetime.date.today().isoformat(),
     }
     began = time.monotonic()
-    scaling = scaling_plan(sorted(os.sched_getaffinity(0)), os.environ.get("BENCH_SCALING_GRID", ""))
+    grid = os.environ.get("BENCH_SCALING_GRID", "")  # "1x1,4x8": a bounded run's grid
+    scaling = scaling_plan(sorted(os.sched_getaffinity(0)), grid)
     record["scaling_note"] = scaling.note
     size = BATCHING_CLIENTS if args.no_scaling else max(BATCHING_CLIENTS, *scaling.clients)
     clients = ClientPool(size, callers.make_call, preload=callers.PRELOAD, method="forkserver")
@@ -441,6 +444,12 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
     )
     print(f"\nwrote {results.relative_to(ROOT)}")
     if args.scaling_only:
+        if cpus >= SCALING_SPLIT_CPUS:
+            text = readme_table.render_scaling(
+                record | {"machine": machine()}, scaling_rows, targets
+            )
+            if readme_table.update(README, text, tag):
+                print(f"updated the {tag} table in {README.name}")
         return
     plot(results, RESULTS / f"{name}.png")
     if not args.quick:

@@ -255,6 +255,37 @@ def render(
     return "\n".join(out)
 
 
+def render_scaling(
+    record: dict[str, Any], scaling: list[dict[str, Any]], targets: list[dict[str, Any]]
+) -> str:
+    """The markdown of a many-core host's scaling-only run (its README table)."""
+    machine, args = record["machine"], record["args"]
+    start = ", ".join(f"{x:.1f}" for x in record["load_average_start"])
+    cut = " It was stopped at its time bound; cells after that are missing." * bool(
+        record.get("cut_short")
+    )
+    out = [
+        f"Measured by `bench/bench_peers.py --scaling-only` on {record.get('date', 'n/a')}: "
+        f"{machine['cpus']} CPUs ({machine['platform']}), Python {machine['python']}, load "
+        f"average {start} at the start; {args['repeats']} repeat(s) of {args['seconds']:g} s "
+        f"per cell, medians; the run took {record['elapsed_s'] / 60:.0f} min.{cut} "
+        f"**{record.get('scaling_note', '')}**; each cell is its own appliance with that many "
+        "model instances and frontend processes per protocol (server µs/req: CPU of the "
+        "server's whole process tree per request, psutil).",
+        "",
+        *scaling_table(scaling),
+        "",
+        "The peers in the same run, on the same CPUs:",
+        "",
+        *scaling_peers_table(scaling),
+        "",
+        "Targets (issue 20):",
+        "",
+        *target_lines(targets),
+    ]
+    return "\n".join(out)
+
+
 def _peer_notes(record: dict[str, Any]) -> list[str]:
     notes = [f"- No peer for {name}: {why}." for name, why in NO_PEER.items()]
     for name, peer in record["peers"].items():
