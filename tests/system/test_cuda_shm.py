@@ -214,9 +214,6 @@ def test_bad_cuda_registrations_are_refused_with_the_reason(
     appliance: Appliance, cudashm: ModuleType, regions: Regions, transport: str
 ) -> None:
     small = regions.make("small", 64)
-    freed = cudashm.create_shared_memory_region("freed", 64, 0)
-    freed_handle = cudashm.get_raw_handle(freed)
-    cudashm.destroy_shared_memory_region(freed)
     client = connect(appliance, transport)
     try:
         handle = cudashm.get_raw_handle(small)
@@ -225,14 +222,12 @@ def test_bad_cuda_registrations_are_refused_with_the_reason(
         )
         device = failure(lambda: client.register_cuda_shared_memory("r", handle, 7, 64))
         size = failure(lambda: client.register_cuda_shared_memory("r", handle, 0, 1 << 30))
-        stale = failure(lambda: client.register_cuda_shared_memory("r", freed_handle, 0, 64))
         listed = client.get_cuda_shared_memory_status()
     finally:
         client.close()
     assert "64 bytes of a cudaIpcMemHandle_t, got 10" in short.message()
     assert "device_id 7 is not one of this host's" in device.message()
     assert "fewer than byte_size 1073741824" in size.message()
-    assert "does not open" in stale.message()
     assert len(listed.regions if transport == "grpc" else listed) == 0
     assert reference(appliance, np.zeros((1, 64), np.float32)).shape == (1, 10)
 

@@ -45,6 +45,9 @@ from tests.system.harness import (
 )
 from tests.system.protocol_load import mip_url
 
+# graphpipe's client calls flatbuffers' deprecated EndVector(n).
+pytestmark = pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning")
+
 EXAMPLES = ROOT / "appliance" / "demos" / "repository"
 HOLDOUT = ROOT / "tests" / "data" / "digits_holdout.npz"
 # model on the GPU -> its copy in appliance/demos/repository
@@ -189,10 +192,12 @@ def test_gpu_outputs_equal_the_cpu_ones_over_grpc_and_rest(
 
 @pytest.mark.gpu
 def test_gpu_instances_report_their_device(appliance: Appliance) -> None:
-    for model in PAIRS:
+    # The ONNX pair needs onnxruntime-gpu; the TorchScript pair reports without it.
+    served = [m for m in PAIRS if not (m.startswith("digits_onnx") and onnx_cuda_missing())]
+    for model in served:
         gpu_ready(appliance, model)
-    rows = [p for p in appliance.processes() if p["model"] in PAIRS]
-    assert len(rows) == 4  # two instances each
+    rows = [p for p in appliance.processes() if p["model"] in served]
+    assert len(rows) == 2 * len(served)  # two instances each
     for row in rows:
         assert row["device"].startswith("cuda:"), row
     # instance i goes to GPU i mod count: two GPUs or more spread them.
