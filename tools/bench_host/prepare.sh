@@ -20,7 +20,7 @@ DROP=${DROP:-numpy pandas torch}
 mapfile -t deps < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
 # The test and benchmark clients run.sh installs beside it (it reads them
 # from .wh/clients.txt), and what the build and the benchmark's peers need.
-clients=(pytest pytest-timeout "tritonclient[http,grpc]==2.73.0" umbridge==1.2.10 tomli-w requests)
+clients=(pytest pytest-timeout "tritonclient[http,grpc]==2.73.0" umbridge==1.2.10 kubemo==0.0.dev2 tomli-w requests)
 extra=(setuptools wheel "mlserver==1.7.1" "uvloop==0.21.0")
 
 rm -rf .wh
