@@ -7,6 +7,7 @@ plain data; bench/readme_table.py turns it into markdown.
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -173,7 +174,30 @@ def targets(
     out += _umbridge_targets(summary)
     out += _digits_latency_targets(get)
     out += _batching_targets(batching)
+    out += _shm_target(get)
     return out
+
+
+# Issue 20: the rate of tensor data through KServe system shm on a many-core host.
+SHM_TARGET_GBPS = 5.0
+SHM_TARGET_CPUS = 8
+
+
+def _shm_target(get: Any) -> list[dict[str, Any]]:
+    rps = get("kserve-shm", "1MiB", 16, "rps")
+    gbps = math.nan if rps is None else rps * 2 * (1 << 20) / 1e9
+    item = target(
+        "16 clients, 1 MiB over KServe system shm, GB/s of tensor data in and out (issue 20)",
+        gbps,
+        SHM_TARGET_GBPS,
+        False,
+        f"{_rps(rps)} req/s x 1 MiB in + 1 MiB out",
+    )
+    cpus = len(os.sched_getaffinity(0))
+    if cpus < SHM_TARGET_CPUS and item["met"] is not None:
+        item["met"] = None
+        item["detail"] += f"; no verdict: the target is for a 16-core host, this one has {cpus}"
+    return [item]
 
 
 def _paced_targets(paced: list[dict[str, Any]]) -> list[dict[str, Any]]:
