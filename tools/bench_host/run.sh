@@ -10,17 +10,25 @@
 # through a .pth file (a venv of a venv does not see them otherwise), and the
 # benchmark's peers get the same (BENCH_BASE_SITE, bench/servers.py).
 #
-# From the development machine, one device call per few phases (each call
-# has at most 10 minutes; logs and results come back under $OUT):
+# From the development machine, one device call per phase or two (each call
+# has at most 10 minutes; logs and results come back under $OUT, at most 8
+# files). Times seen on the H100 host (2026-11-25): setup 30 s, gpu 2-3 min,
+# scaling 9.5 min for the whole grid (4.5 min for BENCH_SCALING_GRID=1x1,4x1,1x8,4x8),
+# the load grid of `full` 7 min per repeat, so `full` does not fit one call:
 #
 #   bash tools/bench_host/prepare.sh
-#   run: bash tools/bench_host/run.sh gpu peers      carry: [".wh"]
-#   run: bash tools/bench_host/run.sh scaling        carry: [".wh"]
-#   run: bash tools/bench_host/run.sh full           carry: [".wh"]   (README's 16-core table)
+#   run: bash tools/bench_host/run.sh gpu            carry: [".wh"]
+#   run: bash tools/bench_host/run.sh scaling        carry: [".wh"]   (README's 16-core table)
+#   run: bash tools/bench_host/run.sh peers          carry: [".wh"]
+#
+# A device session has 30 minutes in all: issue the next call within 30 s of
+# the last one's return and the machine stays warm (no new start, no setup).
 #
 # Phases: setup (only the environment), gpu (test_gpu.py, test_cuda_shm.py,
-# test_kserve_shm.py and bench/bench_gpu.py), peers (bench_peers --quick --no-scaling), scaling
-# (bench_peers --scaling-only), full (bench_peers, bounded to fit one call).
+# test_kserve_shm.py and bench/bench_gpu.py), peers (bench_peers --quick
+# --no-scaling), scaling (bench_peers --scaling-only, SCALING_BOUND_S, default
+# 520 s; BENCH_SCALING_GRID picks a smaller grid), full (bench_peers, bounded).
+# A phase stopped at its bound still writes what it measured (cut_short).
 # Then commit what came back: bench/results/*-16core.json, gpu.json, README.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
