@@ -5,16 +5,19 @@ Two RegionTable objects over one directory stand for two frontend processes.
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from appliance.errors import BadRequest
+from appliance.errors import BadRequest, Unsupported
 from appliance.protocols.kserve.errors import RegionExists
 from appliance.protocols.kserve.inference import ShmRef
-from appliance.protocols.kserve.shm import RegionTable
+from appliance.protocols.kserve.shm import CudaRegion, RegionTable
+from tests.gpu import cuda_driver_missing
 
 TAG = f"ksunit{os.getpid()}"
 
@@ -157,3 +160,33 @@ def test_names_are_unique_and_views_stay_inside_their_region(
         second.view(ShmRef("r", 64, 40), "input x")
     with pytest.raises(BadRequest, match="no system shared memory region named 'q'"):
         second.status("q")
+
+
+def test_cuda_regions_share_the_namespace_and_fail_with_the_reason_without_a_gpu(
+    tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
+) -> None:
+    """A CUDA region another process registered, on a host where none opens."""
+    if not cuda_driver_missing():
+        pytest.skip("a GPU is usable here: tests/system/test_cuda_shm.py covers CUDA regions")
+    first, second = tables
+    with first._exclusive() as data:  # what register_cuda writes on a GPU host
+        data["serial"] += 1
+        handle = base64.b64encode(bytes(64)).decode()
+        data["cuda"]["gpu"] = asdict(CudaRegion("gpu", handle, 0, 256, data["serial"]))
+    assert [r.status() for r in second.cuda_status(None)] == [
+        {"name": "gpu", "device_id": 0, "byte_size": 256}
+    ]
+    with pytest.raises(RegionExists, match="already registered \\(as a CUDA region\\)"):
+        second.register("gpu", segment("s", 64), 0, 64)
+    with pytest.raises(BadRequest, match="exceed the 256 bytes of CUDA region 'gpu'"):
+        second.target(ShmRef("gpu", 64, 200), "output y")
+    with pytest.raises(BadRequest, match="CUDA region 'gpu' does not open in this process"):
+        second.read(ShmRef("gpu", 16), "input x")
+    with pytest.raises(Unsupported, match="this server is CPU-only"):
+        second.register_cuda("other", bytes(64), 0, 64)
+    second.unregister("gpu")  # the system kind: the CUDA region stays
+    assert [r.name for r in first.cuda_status(None)] == ["gpu"]
+    first.unregister("gpu", "cuda")
+    assert first.cuda_status(None) == []
+    with pytest.raises(BadRequest, match="no CUDA shared memory region named 'gpu'"):
+        second.cuda_status("gpu")
