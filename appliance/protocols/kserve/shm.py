@@ -187,11 +187,11 @@ class RegionTable:
                 f"shared memory key {key!r} holds {info.st_size} bytes, fewer than offset "
                 f"{offset} + byte_size {byte_size} of region {name!r}"
             )
-        with self._exclusive() as data:
-            _check_free(data, name)
-            data["serial"] += 1
-            region = Region(name, key, offset, byte_size, info.st_dev, info.st_ino, data["serial"])
-            data["regions"][name] = asdict(region)
+        self._add(
+            "regions",
+            name,
+            lambda serial: Region(name, key, offset, byte_size, info.st_dev, info.st_ino, serial),
+        )
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         """Register a client's device buffer, by its CUDA IPC handle, as ``name``.
@@ -237,22 +237,35 @@ class RegionTable:
                     f"{what}: its device buffer holds {allocated} bytes, fewer than "
                     f"byte_size {byte_size}"
                 )
-            with self._exclusive() as data:
-                _check_free(data, name)
-                data["serial"] += 1
-                encoded = base64.b64encode(raw_handle).decode()
-                region = CudaRegion(name, encoded, device_id, byte_size, data["serial"])
-                data["cuda"][name] = asdict(region)
+            encoded = base64.b64encode(raw_handle).decode()
+            serial = self._add(
+                "cuda", name, lambda serial: CudaRegion(name, encoded, device_id, byte_size, serial)
+            ).serial
         except BaseException:
             driver.close(device_id, pointer)
             raise
         with self._lock:
             self._refresh()
             stale = self._opened.pop(name, None)
-            self._opened[name] = _Opened(region.serial, device_id, pointer)
+            self._opened[name] = _Opened(serial, device_id, pointer)
         if stale is not None:
             self._close(stale)
         self._start_sweeper()
+
+    def _add(
+        self, kind: str, name: str, make: Callable[[int], Region | CudaRegion]
+    ) -> Region | CudaRegion:
+        """Write a new region of ``kind`` ("regions" or "cuda") under the next serial.
+
+        Raises:
+            RegionExists: ``name`` is taken by a region of either kind.
+        """
+        with self._exclusive() as data:
+            _check_free(data, name)
+            data["serial"] += 1
+            region = make(data["serial"])
+            data[kind][name] = asdict(region)
+        return region
 
     def unregister(self, name: str | None, kind: str = "regions") -> None:
         """Forget one region (or every one when ``name`` is None); unknown names are fine.
