@@ -473,6 +473,22 @@ def test_cuda_shared_memory_on_a_cpu_only_server(client: httpclient.InferenceSer
     assert "CPU-only" in error.message()
 
 
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b'{"raw_handle": "aGFuZGxl", "byte_size": 64}', 'register needs {"raw_handle": {"b64"'),
+        (b'{"raw_handle": {"b64": "not base64!"}, "byte_size": 64}', "not base64"),
+        (b'{"raw_handle": {"b64": "aGFuZGxl"}, "device_id": "0", "byte_size": 64}', "register"),
+    ],
+)
+def test_a_malformed_cuda_registration_is_a_400_that_says_what_is_expected(
+    conn: http.client.HTTPConnection, body: bytes, words: str
+) -> None:
+    status, _response, reply = call(conn, "POST", "/v2/cudasharedmemory/region/r/register", body)
+    assert status == 400
+    assert words in orjson.loads(reply)["error"]
+
+
 def test_readiness_follows_the_master(
     appliance: Appliance, client: httpclient.InferenceServerClient
 ) -> None:
