@@ -17,9 +17,9 @@
 # the load grid of `full` 7 min per repeat, so `full` does not fit one call:
 #
 #   bash tools/bench_host/prepare.sh
-#   run: bash tools/bench_host/run.sh gpu            carry: [".wh"]
-#   run: bash tools/bench_host/run.sh scaling        carry: [".wh"]   (README's 16-core table)
-#   run: bash tools/bench_host/run.sh peers          carry: [".wh"]
+#   run: bash tools/bench_host/run.sh gpu peers      carry: [".wh"]   (about 7 min)
+#   run: SCALING_BOUND_S=560 bash tools/bench_host/run.sh scaling
+#                                                    carry: [".wh"]   (README's 16-core table)
 #
 # A device session has 30 minutes in all: issue the next call within 30 s of
 # the last one's return and the machine stays warm (no new start, no setup).
