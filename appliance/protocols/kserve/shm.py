@@ -245,12 +245,9 @@ class RegionTable:
             driver.close(device_id, pointer)
             raise
         with self._lock:
-            self._refresh()
-            stale = self._opened.pop(name, None)
+            self._refresh()  # closes a handle opened for an older region of this name
             self._opened[name] = _Opened(serial, device_id, pointer)
-        if stale is not None:
-            self._close(stale)
-        self._start_sweeper()
+            self._start_sweeper()
 
     def _add(
         self, kind: str, name: str, make: Callable[[int], Region | CudaRegion]
@@ -318,11 +315,11 @@ class RegionTable:
         Raises:
             BadRequest: as :meth:`view`, or the copy from the device failed.
         """
-        opened = self._cuda_place(ref, what)
-        if opened is None:
-            return self.view(ref, what)
+        place = self._place(ref, what)
+        if isinstance(place, memoryview):
+            return place
         host = np.empty(ref.byte_size, np.uint8)
-        self._copy(what, opened, ref, host, to_device=False)
+        self._copy(what, place, ref, host, to_device=False)
         return host.data
 
     def target(self, ref: ShmRef, what: str) -> Target:
@@ -331,18 +328,18 @@ class RegionTable:
         Raises:
             BadRequest: as :meth:`view` (now, before the model runs).
         """
-        opened = self._cuda_place(ref, what)
-        if opened is None:
-            view = self.view(ref, what)
+        place = self._place(ref, what)
+        if isinstance(place, memoryview):
+            view = place
 
             def to_segment(raw: memoryview) -> None:
                 view[: raw.nbytes] = raw
 
             return Target(len(view), to_segment)
-        place = opened
+        opened = place
 
         def to_device(raw: memoryview) -> None:
-            self._copy(what, place, ref, np.frombuffer(raw, np.uint8), to_device=True)
+            self._copy(what, opened, ref, np.frombuffer(raw, np.uint8), to_device=True)
 
         return Target(ref.byte_size, to_device)
 
@@ -355,26 +352,7 @@ class RegionTable:
         """
         with self._lock:
             self._refresh()
-            region = self._region(ref.region)
-            if ref.offset + ref.byte_size > region.byte_size:
-                raise BadRequest(
-                    f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
-                    f"{ref.byte_size} exceed the {region.byte_size} bytes of region {region.name!r}"
-                )
-            held = self._mapping(region)
-            # SAFETY: touching a mapped page past the end of a segment the
-            # client has since shrunk would kill this process with SIGBUS.
-            # Checking the size first narrows that to a client truncating
-            # the segment during this very request.
-            length = region.offset + region.byte_size
-            size = os.fstat(held.fd).st_size
-            if size < length:
-                raise BadRequest(
-                    f"shared memory key {region.key!r} shrank to {size} bytes, fewer than "
-                    f"region {region.name!r} needs ({length}); register it again"
-                )
-        start = region.offset + ref.offset
-        return memoryview(held.map)[start : start + ref.byte_size]
+            return self._view(ref, what)
 
     def close(self) -> None:
         """Unmap everything this process mapped, and close its CUDA handles (at exit)."""
@@ -384,23 +362,18 @@ class RegionTable:
             for name in list(self._opened):
                 self._close(self._opened.pop(name))
 
-    def _cuda_place(self, ref: ShmRef, what: str) -> _Opened | None:
-        """Return the opened handle of a CUDA region, None for a system region.
+    def _place(self, ref: ShmRef, what: str) -> memoryview | _Opened:
+        """Return a system region's view of a tensor, or a CUDA region's opened handle.
 
         Raises:
-            BadRequest: the tensor runs past the region, or the handle no longer opens.
+            BadRequest: as :meth:`view`, or the CUDA handle no longer opens.
         """
         with self._lock:
             self._refresh()
             region = self._cuda.get(ref.region)
             if region is None:
-                return None
-            if ref.offset + ref.byte_size > region.byte_size:
-                raise BadRequest(
-                    f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
-                    f"{ref.byte_size} exceed the {region.byte_size} bytes of CUDA region "
-                    f"{region.name!r}"
-                )
+                return self._view(ref, what)
+            _check_extent(ref, what, region.byte_size, f"CUDA region {region.name!r}")
             opened = self._opened.get(region.name)
             if opened is not None and opened.serial == region.serial:
                 return opened
@@ -416,8 +389,27 @@ class RegionTable:
                 self._close(opened)
             fresh = _Opened(region.serial, region.device_id, pointer)
             self._opened[region.name] = fresh
-        self._start_sweeper()
-        return fresh
+            self._start_sweeper()
+            return fresh
+
+    def _view(self, ref: ShmRef, what: str) -> memoryview:
+        """:meth:`view`, under the lock and after a refresh."""
+        region = self._region(ref.region)
+        _check_extent(ref, what, region.byte_size, f"region {region.name!r}")
+        held = self._mapping(region)
+        # SAFETY: touching a mapped page past the end of a segment the
+        # client has since shrunk would kill this process with SIGBUS.
+        # Checking the size first narrows that to a client truncating
+        # the segment during this very request.
+        length = region.offset + region.byte_size
+        size = os.fstat(held.fd).st_size
+        if size < length:
+            raise BadRequest(
+                f"shared memory key {region.key!r} shrank to {size} bytes, fewer than "
+                f"region {region.name!r} needs ({length}); register it again"
+            )
+        start = region.offset + ref.offset
+        return memoryview(held.map)[start : start + ref.byte_size]
 
     def _copy(
         self, what: str, opened: _Opened, ref: ShmRef, host: npt.NDArray[np.uint8], to_device: bool
@@ -554,6 +546,19 @@ def _read(path: Path) -> dict[str, Any]:
     data.setdefault("cuda", {})
     data.setdefault("serial", 0)
     return dict(data)
+
+
+def _check_extent(ref: ShmRef, what: str, byte_size: int, region: str) -> None:
+    """Refuse a tensor that runs past the ``byte_size`` bytes of ``region``.
+
+    Raises:
+        BadRequest: it does.
+    """
+    if ref.offset + ref.byte_size > byte_size:
+        raise BadRequest(
+            f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
+            f"{ref.byte_size} exceed the {byte_size} bytes of {region}"
+        )
 
 
 def _check_free(data: dict[str, Any], name: str) -> None:
