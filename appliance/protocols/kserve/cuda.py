@@ -54,10 +54,7 @@ class Driver:
     """
 
     def __init__(self) -> None:
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as ex:
-            raise CudaError(f"no CUDA driver on this host ({ex})") from None
+        lib = _library()
         u64, ptr, size = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t
         p_u64, p_int = ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_int)
         self._error_name = _fn(lib, ("cuGetErrorName",), [ctypes.c_int, ctypes.POINTER(ptr)])
@@ -144,6 +141,18 @@ class Driver:
             raise CudaError(f"{call} failed: {text}")
 
 
+def _library() -> ctypes.CDLL:
+    """Load the driver library (it comes with the NVIDIA driver, not with a toolkit).
+
+    Raises:
+        CudaError: this host has none.
+    """
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as ex:
+        raise CudaError(f"no CUDA driver on this host ({ex})") from None
+
+
 @functools.cache
 def driver() -> Driver:
     """Return this process's driver, loaded once.
@@ -158,7 +167,7 @@ def driver() -> Driver:
 def installed() -> bool:
     """Return True when this host has a CUDA driver library (it may still have no GPU)."""
     try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
+        _library()
+    except CudaError:
         return False
     return True
