@@ -1,4 +1,4 @@
-"""Bearer-token auth on every protocol: falcon middleware, a gRPC interceptor, MIP's rule.
+"""Bearer-token auth on every protocol: falcon middleware, a gRPC guard, MIP's rule.
 
 With ``[auth] tokens_file`` set, every request must present one of the
 file's tokens (one a line, see ``config.read_tokens``; the file may be
@@ -42,14 +42,7 @@ import grpc
 import orjson
 
 from appliance.config import ApplianceConfig, read_tokens
-from appliance.frontends.observe import (
-    Context,
-    Continuation,
-    Handler,
-    Interceptor,
-    protocol_of_path,
-    rebuild,
-)
+from appliance.frontends.observe import Context, Handler, Wrap, protocol_of_path, rebuild
 
 log = logging.getLogger("appliance.auth")
 
@@ -209,44 +202,46 @@ def grpc_token(metadata: Any) -> str | None:
     return None
 
 
-class GrpcAuth(Interceptor):
-    """A server interceptor: UNAUTHENTICATED for a call without an accepted token."""
+def grpc_guard(tokens: Tokens) -> Wrap:
+    """A wrap (see ``grpc_registry``) that ends a call without an accepted token UNAUTHENTICATED."""
 
-    def __init__(self, tokens: Tokens) -> None:
-        self.tokens = tokens
-
-    async def intercept_service(  # type: ignore[override]  # None: see Continuation
-        self, continuation: Continuation, details: grpc.HandlerCallDetails
-    ) -> Handler | None:
-        handler = await continuation(details)
-        if handler is None or details.method in OPEN_METHODS:
+    def guard(handler: Handler, method: str) -> Handler:
+        if method in OPEN_METHODS:
             return handler
-        token = grpc_token(details.invocation_metadata)
-        if self.tokens.accepts(token):
-            return handler
-        why = "no token was sent" if token is None else "the token is not accepted"
-        return _refusing(
-            handler, f"unauthorized: {why}; send metadata authorization: Bearer <token>"
-        )
+        return rebuild(handler, lambda behavior: _guarded(handler, behavior, tokens))
+
+    return guard
 
 
-def _refusing(handler: Handler, message: str) -> Handler:
-    """A handler of the same kind as ``handler`` that ends every call UNAUTHENTICATED."""
+def _refusal(tokens: Tokens, context: Context) -> str | None:
+    """Why the call's metadata is refused, or None when its token is accepted."""
+    token = grpc_token(context.invocation_metadata())
+    if tokens.accepts(token):
+        return None
+    why = "no token was sent" if token is None else "the token is not accepted"
+    return f"unauthorized: {why}; send metadata authorization: Bearer <token>"
 
-    async def refuse(_request: Any, context: Context) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    async def refuse_stream(_request: Any, context: Context) -> AsyncIterator[Any]:
-        nothing: tuple[Any, ...] = ()
-        for item in nothing:  # makes this an async generator, as streams are
+def _guarded(handler: Handler, behavior: Any, tokens: Tokens) -> Any:
+    """``behavior``, run only when the call's token is accepted."""
+
+    async def guarded(request: Any, context: Context) -> Any:
+        refusal = _refusal(tokens, context)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal)
+        return await behavior(request, context)
+
+    async def guarded_stream(request: Any, context: Context) -> AsyncIterator[Any]:
+        refusal = _refusal(tokens, context)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal)
+        async for item in behavior(request, context):
             yield item
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    behavior = refuse_stream if handler.response_streaming else refuse
-    return rebuild(handler, lambda _behavior: behavior)
+    return guarded_stream if handler.response_streaming else guarded
 
 
-def grpc_interceptors(config: ApplianceConfig) -> list[Any]:
-    """The interceptors to install: [GrpcAuth] when auth is on, else none."""
+def grpc_wraps(config: ApplianceConfig) -> list[Wrap]:
+    """The per-call layers auth adds to every gRPC method: its guard when auth is on, else none."""
     tokens = load(config)
-    return [] if tokens is None else [GrpcAuth(tokens)]
+    return [] if tokens is None else [grpc_guard(tokens)]

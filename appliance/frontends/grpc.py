@@ -29,7 +29,8 @@ from appliance.core.status import SlotState
 from appliance.exitcodes import ExitCode
 from appliance.frontends import auth
 from appliance.frontends.context import FrontendContext
-from appliance.frontends.observe import GrpcObserver
+from appliance.frontends.grpc_registry import Registry, chain
+from appliance.frontends.observe import observe_grpc
 from appliance.process import become_child
 from appliance.protocols import health_grpc
 from appliance.protocols.grps import grpc as grps_grpc
@@ -60,7 +61,6 @@ async def _serve(context: FrontendContext, slot: int, port: int) -> int:
     threads = Threads(config.grpc.threads, "grpc")
     limit = config.grpc.max_message_bytes
     server = grpc.aio.server(
-        interceptors=[GrpcObserver(), *auth.grpc_interceptors(config)],
         options=[
             ("grpc.so_reuseport", 1),
             ("grpc.max_receive_message_length", limit),
@@ -68,8 +68,10 @@ async def _serve(context: FrontendContext, slot: int, port: int) -> int:
         ],
     )
     try:
+        # The observer outermost: it counts and logs the calls auth refuses too.
+        registry = Registry(server, chain(*auth.grpc_wraps(config), observe_grpc))
         for protocol in PROTOCOLS:
-            protocol.add_to_server(server, client, threads)
+            protocol.add_to_server(registry, client, threads)
         address = f"{config.server.host}:{port}"
         if config.tls.enabled:
             bound = server.add_secure_port(address, _credentials(config))

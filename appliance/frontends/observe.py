@@ -9,7 +9,7 @@ line (logger ``appliance.access``, on by default, ``server.access_log``).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import falcon
@@ -59,33 +59,23 @@ class HttpObserver:
 if TYPE_CHECKING:
     Handler: TypeAlias = grpc.RpcMethodHandler[Any, Any]
     Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
-    Interceptor: TypeAlias = grpc.aio.ServerInterceptor[Any, Any]
 else:
     Handler = grpc.RpcMethodHandler
     Context = grpc.aio.ServicerContext
-    Interceptor = grpc.aio.ServerInterceptor
-# grpc-stubs says a handler is always found; for an unknown method it is None.
-Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]]
+# Makes a method's handler into another (the method's full name: /package.Service/Method).
+Wrap = Callable[[Handler, str], Handler]
 
 
-class GrpcObserver(Interceptor):
-    """A server interceptor: tag, count and log every RPC.
+def observe_grpc(handler: Handler, method: str) -> Handler:
+    """``handler``, its calls tagged, counted and logged under ``method``.
 
     Every behaviour on the grpc.aio server is a coroutine (unary answers)
     or an async generator (streamed answers); the observer wraps it in one
     of the same kind.
     """
-
-    async def intercept_service(  # type: ignore[override]  # None: see Continuation
-        self, continuation: Continuation, details: grpc.HandlerCallDetails
-    ) -> Handler | None:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        method = details.method
-        protocol = next((p for prefix, p in _SERVICES if method.startswith(prefix)), "grpc")
-        wrap = _unary if not handler.response_streaming else _streaming
-        return rebuild(handler, lambda behavior: wrap(behavior, protocol, method))
+    protocol = next((p for prefix, p in _SERVICES if method.startswith(prefix)), "grpc")
+    wrap = _unary if not handler.response_streaming else _streaming
+    return rebuild(handler, lambda behavior: wrap(behavior, protocol, method))
 
 
 _KINDS = (

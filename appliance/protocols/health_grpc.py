@@ -15,6 +15,7 @@ import grpc
 
 from appliance._generated import health_pb2, health_pb2_grpc
 from appliance.client.api import ModelClient
+from appliance.protocols.grpc_server import GrpcServer
 from appliance.protocols.threads import Threads
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -48,5 +49,5 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
             await asyncio.sleep(WATCH_INTERVAL_S)
 
 
-def add_to_server(server: grpc.aio.Server, client: ModelClient, _threads: Threads) -> None:
+def add_to_server(server: GrpcServer, client: ModelClient, _threads: Threads) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(client), server)

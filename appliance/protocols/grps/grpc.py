@@ -22,6 +22,7 @@ import grpc
 
 from appliance._generated import grps_pb2_grpc
 from appliance.client.api import ModelClient
+from appliance.protocols.grpc_server import GrpcServer
 from appliance.protocols.grps import service
 from appliance.protocols.grps.errors import OK, bad_request
 from appliance.protocols.grps.pbcodec import (
@@ -136,7 +137,7 @@ def _parameters(metadata: Iterable[Any] | None) -> dict[str, Any]:
     return service.parameters(pairs, ())
 
 
-def add_to_server(server: grpc.aio.Server, client: ModelClient, threads: Threads) -> None:
+def add_to_server(server: GrpcServer, client: ModelClient, threads: Threads) -> None:
     """Register grps.protos.v1.GrpsService."""
     grps_pb2_grpc.add_GrpsServiceServicer_to_server(GrpsServicer(client, threads), server)
 

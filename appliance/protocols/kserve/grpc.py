@@ -25,6 +25,7 @@ from google.protobuf import json_format
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, DeadlineExceeded
+from appliance.protocols.grpc_server import GrpcServer
 from appliance.protocols.kserve import pbcodec, repository, service
 from appliance.protocols.kserve.errors import grpc_status
 from appliance.protocols.kserve.inference import InferRequest, OutputData
@@ -279,7 +280,7 @@ def _as_is(message: bytes) -> bytes:
     return message
 
 
-def add_to_server(server: grpc.aio.Server, client: ModelClient, threads: Threads) -> None:
+def add_to_server(server: GrpcServer, client: ModelClient, threads: Threads) -> None:
     """Register the KServe service."""
     servicer = InferenceServicer(client, RegionTable(client.tree.dir), threads)
     handler = grpc.method_handlers_generic_handler(
