@@ -42,7 +42,8 @@ import grpc
 import orjson
 
 from appliance.config import ApplianceConfig, read_tokens
-from appliance.frontends.observe import Context, Handler, Wrap, protocol_of_path, rebuild
+from appliance.frontends.observe import Context, Wrap, protocol_of_path, rebuild
+from appliance.protocols.grpc_server import Handler
 
 log = logging.getLogger("appliance.auth")
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import grpc
 
-from appliance.frontends.observe import Handler, Wrap
-from appliance.protocols.grpc_server import GenericHandler, GrpcServer
+from appliance.frontends.observe import Wrap
+from appliance.protocols.grpc_server import GenericHandler, GrpcServer, Handler
 
 
 class _Wrapped(GenericHandler):

@@ -16,6 +16,7 @@ import falcon
 import grpc
 
 from appliance.metrics import MODEL, PROTOCOL, log_access
+from appliance.protocols.grpc_server import Handler
 
 # UM-Bridge's routes are the only ones that start with a capital letter.
 _PREFIXES = (("/v2", "kserve"), ("/grps/", "grps"), ("/graphpipe", "graphpipe"))
@@ -55,12 +56,10 @@ class HttpObserver:
             log_access(req.context.protocol, status, started, f"{req.method} {req.path}")
 
 
-# grpc-stubs makes these generic; at run time they are plain classes.
+# grpc-stubs makes it generic; at run time it is a plain class.
 if TYPE_CHECKING:
-    Handler: TypeAlias = grpc.RpcMethodHandler[Any, Any]
     Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 else:
-    Handler = grpc.RpcMethodHandler
     Context = grpc.aio.ServicerContext
 # Makes a method's handler into another (the method's full name: /package.Service/Method).
 Wrap = Callable[[Handler, str], Handler]
