@@ -7,12 +7,16 @@ tree lands in one journal, and in a terminal in one stream.
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import os
 import sys
+import time
+from collections.abc import Mapping
+
+import orjson
 
 _FORMAT = "%(asctime)s %(levelname)-7s %(role)s[%(process)d] %(name)s: %(message)s"
+_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 _ACCESS = "appliance.access"
 # The role setup() was last given: JSON access lines name it too.
 _role = "appliance"
@@ -28,41 +32,82 @@ class _RoleFilter(logging.Filter):
         return True
 
 
-class JsonLines(logging.Formatter):
-    """One JSON object per record; access records (see metrics.log_access) by field."""
+class _AccessLines:
+    """Writes access lines (one per request) straight to stderr.
 
-    def format(self, record: logging.LogRecord) -> str:
-        created = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
-        line: dict[str, object] = {
-            "time": created.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            "role": getattr(record, "role", _role),
-            "pid": record.process,
-        }
-        fields = getattr(record, "access", None)
-        if isinstance(fields, dict):
-            line.update(fields)
+    PERF: a line through the logging module (a LogRecord with its caller
+    lookup, the filters, the formatter) cost ~16 us of a frontend's CPU;
+    built here it costs ~3 us. The text line is the one the logging format
+    gives (see ``_FORMAT``), and it is written under the stderr handler's
+    lock, so it never interleaves with other records.
+    """
+
+    def __init__(self) -> None:
+        self.form: bool | str = True
+        # (second, its text): one tuple, so threads never pair one's second with another's text.
+        self._stamp = (-1, "")
+
+    def write(self, fields: Mapping[str, object], text: str) -> None:
+        """Write one access line: ``fields`` as JSON, or ``text`` after the usual prefix."""
+        now = time.time()
+        if self.form == "json":
+            created = datetime.datetime.fromtimestamp(now, datetime.UTC)
+            head = {
+                "time": created.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "role": _role,
+                "pid": os.getpid(),
+            }
+            line = orjson.dumps({**head, **fields}).decode() + "\n"
         else:
-            line.update(logger=record.name, level=record.levelname, message=record.getMessage())
-        return json.dumps(line)
+            line = f"{self._asctime(now)} INFO    {_role}[{os.getpid()}] {_ACCESS}: {text}\n"
+        # The handler setup() installed, wherever it writes now.
+        handlers = logging.root.handlers
+        handler = handlers[0] if handlers else None
+        if not isinstance(handler, logging.StreamHandler):
+            sys.stderr.write(line)
+            return
+        handler.acquire()
+        try:
+            handler.stream.write(line)
+            handler.stream.flush()
+        finally:
+            handler.release()
+
+    def _asctime(self, now: float) -> str:
+        second, text = self._stamp
+        if int(now) != second:
+            second = int(now)
+            text = time.strftime(_DATE_FORMAT, time.localtime(second))
+            self._stamp = (second, text)
+        return text
+
+
+_access = _AccessLines()
 
 
 def set_access_log(setting: bool | str) -> None:
-    """Set the access log (logger ``appliance.access``, one record per request).
+    """Set the access log (one line per request, see :func:`access`).
 
     Args:
         setting: ``server.access_log``: True or "text" for text lines in the
             common format, "json" for JSON lines, False for none.
     """
-    logger = logging.getLogger(_ACCESS)
-    logger.setLevel(logging.INFO if setting else logging.WARNING)
-    for old in list(logger.handlers):
-        logger.removeHandler(old)
-    logger.propagate = setting != "json"
-    if setting == "json":
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JsonLines())
-        handler.addFilter(_RoleFilter(_role))
-        logger.addHandler(handler)
+    _access.form = setting
+
+
+def access_enabled() -> bool:
+    return bool(_access.form)
+
+
+def access(fields: Mapping[str, object], text: str) -> None:
+    """Write one access line, if the access log is on.
+
+    Args:
+        fields: the line's fields, for JSON lines.
+        text: the line's message, for text lines.
+    """
+    if _access.form:
+        _access.write(fields, text)
 
 
 def setup(role: str, level: str = "info") -> None:
@@ -76,7 +121,7 @@ def setup(role: str, level: str = "info") -> None:
     _role = role
     level = os.environ.get("APPLIANCE_LOG_LEVEL", level)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(_FORMAT, "%Y-%m-%d %H:%M:%S"))
+    handler.setFormatter(logging.Formatter(_FORMAT, _DATE_FORMAT))
     handler.addFilter(_RoleFilter(role))
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -51,7 +51,7 @@ from appliance.errors import (
     Overloaded,
     Unsupported,
 )
-from appliance.metrics import record_batch
+from appliance.metrics import flush_batches, record_batch
 from appliance.process import pid_alive
 from appliance.worker import methods
 from appliance.worker.batcher import (
@@ -219,6 +219,7 @@ class WorkerServer:
 
     def _flush_counts(self, now: float) -> None:
         self.status.add_all(self.slot, self._counts)
+        flush_batches()
         self._counts = [0] * N_COUNTERS
         self._counts_dirty = False
         self._counts_at = now + COUNTERS_S

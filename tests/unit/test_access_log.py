@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from typing import Any
@@ -32,14 +33,9 @@ def test_other_settings_are_refused_with_the_key(setting: Any, message: str) -> 
         from_dict({"server": {"access_log": setting}, "models": MODELS}, "c.toml")
 
 
-def test_json_lines_carry_every_field() -> None:
+def test_json_lines_carry_every_field(capsys: pytest.CaptureFixture[str]) -> None:
     logs.set_access_log("json")
-    logger = logging.getLogger("appliance.access")
     try:
-        [handler] = logger.handlers
-        assert not logger.propagate
-        seen: list[str] = []
-        handler.emit = lambda record: seen.append(handler.format(record))  # type: ignore[method-assign]
         token = metrics.MODEL.set("simple")
         try:
             metrics.log_access("kserve", "200", time.perf_counter(), "POST /v2/models/simple/infer")
@@ -47,7 +43,7 @@ def test_json_lines_carry_every_field() -> None:
             metrics.MODEL.reset(token)
     finally:
         logs.set_access_log(True)
-    [line] = [json.loads(text) for text in seen]
+    [line] = [json.loads(text) for text in capsys.readouterr().err.splitlines()]
     assert line["protocol"] == "kserve"
     assert line["model"] == "simple"
     assert line["status"] == "200"
@@ -58,21 +54,36 @@ def test_json_lines_carry_every_field() -> None:
     assert line["time"].endswith("Z")
 
 
-def test_text_lines_stay_as_they_were(caplog: pytest.LogCaptureFixture) -> None:
+def test_text_lines_stay_as_they_were(capsys: pytest.CaptureFixture[str]) -> None:
     logs.set_access_log("json")
     logs.set_access_log(True)
-    logger = logging.getLogger("appliance.access")
-    assert logger.handlers == []
-    assert logger.propagate
     token = metrics.MODEL.set("")  # a call made earlier in this thread may have set it
     try:
-        with caplog.at_level(logging.INFO, logger="appliance.access"):
-            metrics.log_access("grps", "503", time.perf_counter())
+        metrics.log_access("grps", "503", time.perf_counter())
     finally:
         metrics.MODEL.reset(token)
-    assert "grps model=- status=503 latency_ms=" in caplog.text
+    line = capsys.readouterr().err
+    pattern = (
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO    \S+\[\d+\] appliance\.access: "
+        r"grps model=- status=503 latency_ms=\d+\.\d\d\n"
+    )
+    assert re.fullmatch(pattern, line), line
     logs.set_access_log(False)
-    caplog.clear()
     metrics.log_access("grps", "503", time.perf_counter())
-    assert caplog.text == ""
+    assert capsys.readouterr().err == ""
     logs.set_access_log(True)
+
+
+def test_text_lines_look_like_the_other_records(capsys: pytest.CaptureFixture[str]) -> None:
+    """Same prefix as a logging record of the same process, and never interleaved with one."""
+    logs.setup("tester")
+    try:
+        logging.getLogger("appliance.test").info("a record")
+        metrics.log_access("kserve", "200", time.perf_counter(), "POST /v2/models/m/infer")
+    finally:
+        logging.getLogger().handlers.clear()
+    record, access = capsys.readouterr().err.splitlines()
+    assert record.endswith(f" INFO    tester[{os.getpid()}] appliance.test: a record")
+    assert f" INFO    tester[{os.getpid()}] appliance.access: kserve model=" in access
+    assert access.endswith(" POST /v2/models/m/infer")
+    assert record[:19].count(":") == access[:19].count(":") == 2

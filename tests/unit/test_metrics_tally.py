@@ -1,0 +1,53 @@
+"""A tallied histogram exposes what observing each value one by one exposes."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from appliance.metrics import Tally
+
+# Binary fractions: sums in any order are exact, so expositions compare as text.
+BOUNDS = (0.125, 0.25, 0.5, 1.0, 2.0, 8.0)
+
+
+def exposition(values: list[float], tallied: bool, flushes: int = 1) -> str:
+    """The histogram's exposition text, less its creation time."""
+    registry = CollectorRegistry()
+    histogram = Histogram("h", "help", ["model"], buckets=BOUNDS, registry=registry)
+    child = histogram.labels("m")
+    if not tallied:
+        for value in values:
+            child.observe(value)
+        return _without_created(registry)
+    tally = Tally(child)
+    step = max(1, len(values) // flushes)
+    for start in range(0, len(values), step):
+        for value in values[start : start + step]:
+            tally.observe(value)
+        tally.flush()
+    tally.flush()  # a flush with nothing new adds nothing
+    return _without_created(registry)
+
+
+def _without_created(registry: CollectorRegistry) -> str:
+    lines = generate_latest(registry).decode().splitlines()
+    return "\n".join(line for line in lines if not line.startswith("h_created"))
+
+
+values = st.lists(st.sampled_from([0.0, *BOUNDS, 0.0625, 0.75, 3.0, 1e6, -1.0]), max_size=60)
+
+
+@given(values, st.integers(1, 5))
+def test_tallied_and_observed_expose_the_same(observed: list[float], flushes: int) -> None:
+    assert exposition(observed, True, flushes) == exposition(observed, False)
+
+
+def test_values_on_a_bound_count_in_that_bucket() -> None:
+    text = exposition([0.25, 0.25, 8.0, 9.0], True)
+    assert 'h_bucket{le="0.125",model="m"} 0.0' in text
+    assert 'h_bucket{le="0.25",model="m"} 2.0' in text
+    assert 'h_bucket{le="8.0",model="m"} 3.0' in text
+    assert 'h_bucket{le="+Inf",model="m"} 4.0' in text
+    assert 'h_count{model="m"} 4.0' in text
