@@ -11,8 +11,9 @@ for a stream.
 
 ZeroMQ's descriptor is edge-triggered: it signals that the socket's state
 may have changed, not that a message is there. So the callback drains until
-``EVENTS`` shows no message, and every send looks once more, since any
-operation on a socket can consume the edge of a reply that arrived meanwhile.
+``EVENTS`` shows no message. Only operations on the PULL socket itself (the
+drain's) can spend its edge: sends go out on the PUSH sockets, which have
+mailboxes of their own, so a send need not look again.
 
 One watchdog task per loop looks at every waiting request each slice and
 fails it with WorkerLost when its instance died, or with DeadlineExceeded
@@ -75,12 +76,6 @@ class AsyncChannel(ReplySockets[_Box]):
         replies = self._replies
         while cast(int, replies.getsockopt(_EVENTS)) & _POLLIN:
             self._route(replies.recv(zmq.NOBLOCK))
-
-    def send(self, target: Target, message: Message, flags: int = 0) -> None:
-        super().send(target, message, flags)
-        # Look once more: the descriptor's edge may have been spent meanwhile.
-        if cast(int, self._replies.getsockopt(_EVENTS)) & _POLLIN:
-            self._loop.call_soon(self._drain)
 
     def expect(self, request_id: int) -> None:
         self._inbox[request_id] = _Box()
