@@ -418,18 +418,17 @@ class WorkerServer:
         self._count(batch, started, compute_ns)
 
     def _count(self, batch: list[Pending], started: float, compute_ns: int) -> None:
+        waits = [started - p.arrived for p in batch]
+        rows = sum(max(p.rows, 1) for p in batch)
         counts = self._counts
         # A piece of a larger request counts once its whole request is answered.
         counts[Counter.SUCCESS] += sum(1 for p in batch if p.whole is None)
         counts[Counter.BATCHES] += 1
-        counts[Counter.BATCH_ROWS] += sum(max(p.rows, 1) for p in batch)
-        counts[Counter.QUEUE_NS] += max(0, sum(int((started - p.arrived) * 1e9) for p in batch))
+        counts[Counter.BATCH_ROWS] += rows
+        counts[Counter.QUEUE_NS] += max(0, int(sum(waits) * 1e9))
         counts[Counter.COMPUTE_NS] += compute_ns
         self._counts_dirty = True
-        rows = sum(max(p.rows, 1) for p in batch)
-        record_batch(
-            self.metadata.name, rows, [started - p.arrived for p in batch], compute_ns / 1e9
-        )
+        record_batch(self.metadata.name, rows, waits, compute_ns / 1e9)
 
     def _finish(self, pending: Pending, compute: Any) -> None:
         started = time.monotonic()
