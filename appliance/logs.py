@@ -6,6 +6,7 @@ tree lands in one journal, and in a terminal in one stream.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -63,15 +64,18 @@ class _AccessLines:
         # The handler setup() installed, wherever it writes now.
         handlers = logging.root.handlers
         handler = handlers[0] if handlers else None
-        if not isinstance(handler, logging.StreamHandler):
-            sys.stderr.write(line)
-            return
-        handler.acquire()
-        try:
-            handler.stream.write(line)
-            handler.stream.flush()
-        finally:
-            handler.release()
+        # As a logging handler would, a stream that cannot take the line (a
+        # closed pipe, a full disk) loses the line, never the request.
+        with contextlib.suppress(OSError, ValueError):
+            if not isinstance(handler, logging.StreamHandler):
+                sys.stderr.write(line)
+                return
+            handler.acquire()
+            try:
+                handler.stream.write(line)
+                handler.stream.flush()
+            finally:
+                handler.release()
 
     def _asctime(self, now: float) -> str:
         second, text = self._stamp

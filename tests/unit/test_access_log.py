@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -87,3 +88,25 @@ def test_text_lines_look_like_the_other_records(capsys: pytest.CaptureFixture[st
     assert f" INFO    tester[{os.getpid()}] appliance.access: kserve model=" in access
     assert access.endswith(" POST /v2/models/m/infer")
     assert record[:19].count(":") == access[:19].count(":") == 2
+
+
+class _Broken(io.StringIO):
+    def write(self, _text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("setting", [True, "json"])
+def test_a_stream_that_fails_loses_the_line_not_the_request(setting: Any) -> None:
+    logs.setup("tester")
+    logs.set_access_log(setting)
+    try:
+        [handler] = logging.getLogger().handlers
+        assert isinstance(handler, logging.StreamHandler)
+        handler.setStream(_Broken())
+        metrics.log_access("kserve", "200", time.perf_counter(), "POST /v2/models/m/infer")
+        handler.setStream(io.StringIO())
+        handler.stream.close()  # a closed file raises ValueError
+        metrics.log_access("kserve", "200", time.perf_counter(), "POST /v2/models/m/infer")
+    finally:
+        logging.getLogger().handlers.clear()
+        logs.set_access_log(True)
