@@ -225,7 +225,14 @@ class WorkerServer:
         self._counts_at = now + COUNTERS_S
 
     def _receive(self, ready: bool = False) -> None:
-        """Take the waiting messages; ``ready``: poll has just seen one."""
+        """Take the waiting messages; ``ready``: poll has just seen one.
+
+        All of them, before the next batch runs, even for a model whose
+        requests run one by one: besides joining batches, requests taken
+        into the queue meet ``max_queue`` and are refused with Overloaded.
+        Left in the socket, they would fill ZeroMQ's queues until the
+        frontends' sends block.
+        """
         socket = self.socket
         for _ in range(MAX_RECEIVE_PER_TURN):
             # PERF: ask EVENTS instead of receiving until zmq.Again; an
