@@ -3,7 +3,9 @@
 Starts the appliance as bench_peers.py configures it, drives one system and
 payload from client processes (bench/loadgen.py), and meanwhile samples every
 appliance process with ``py-spy record --subprocesses``. Prints the row the
-load measured, then per process its share of the samples and the functions
+load measured, CPU per request of each process and each thread (psutil: the
+native threads py-spy does not see, ZeroMQ's I/O threads and grpcio's,
+included), then per process its share of the samples and the functions
 that dominate it: by self time (the frame on top) and inclusive time (the
 frame anywhere on the stack). Not run by ``make bench``. Usage::
 
@@ -66,9 +68,9 @@ def main() -> int:
                 spy = start_py_spy(appliance.process.pid, args, Path(raw.name))
                 tree = ProcessTree(appliance.process.pid)
                 tree.refresh()
-                before = per_process(tree)
+                before, threads_before = per_process(tree), per_thread(tree)
                 row = pool.measure(spec, args.clients, args.seconds, tree)
-                after = per_process(tree)
+                after, threads_after = per_process(tree), per_thread(tree)
                 spy.wait(args.seconds + 60)
                 stacks = Path(raw.name).read_text()
             if args.svg:
@@ -88,6 +90,11 @@ def main() -> int:
         used = seconds - before.get(pid, (name, 0.0))[1]
         if used > 0.005:
             print(f"  {used / max(1, row['requests']) * 1e6:8.0f}  {name} ({pid})")
+    print("\nCPU µs per request by thread (psutil; 3 µs and up):")
+    for key, (name, seconds) in sorted(threads_after.items(), key=lambda item: -item[1][1]):
+        used = (seconds - threads_before.get(key, (name, 0.0))[1]) / max(1, row["requests"]) * 1e6
+        if used >= 3:
+            print(f"  {used:8.0f}  {name}")
     summarise(stacks, args.top, row["requests"])
     return 0
 
@@ -99,6 +106,23 @@ def per_process(tree: ProcessTree) -> dict[int, tuple[str, float]]:
         with contextlib.suppress(psutil.Error):
             times = process.cpu_times()
             out[process.pid] = (" ".join(process.cmdline())[:60], times.user + times.system)
+    return out
+
+
+def per_thread(tree: ProcessTree) -> dict[tuple[int, int], tuple[str, float]]:
+    """CPU seconds so far of each thread in the tree, named "process title: thread name".
+
+    py-spy sees only Python threads; ZeroMQ's and grpcio's native threads show here.
+    """
+    out = {}
+    for process in tree.processes:
+        with contextlib.suppress(psutil.Error, OSError):
+            title = " ".join(process.cmdline())[:45].strip()
+            for thread in process.threads():
+                comm = Path(f"/proc/{process.pid}/task/{thread.id}/comm")
+                name = comm.read_text().strip() if comm.exists() else str(thread.id)
+                seconds = thread.user_time + thread.system_time
+                out[(process.pid, thread.id)] = (f"{title}: {name}", seconds)
     return out
 
 
