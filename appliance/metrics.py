@@ -176,16 +176,5 @@ def log_access(protocol: str, status: str, started: float, detail: str = "") -> 
     if child is None:
         child = _FRONTEND[key] = FRONTEND.labels(protocol, status)
     child.inc()
-    if not logs.access_enabled():
-        return
-    model = MODEL.get()
     latency_ms = (time.perf_counter() - started) * 1000
-    fields = {
-        "protocol": protocol,
-        "model": model or None,
-        "status": status,
-        "latency_ms": round(latency_ms, 3),
-        "request": detail or None,
-    }
-    text = f"{protocol} model={model or '-'} status={status} latency_ms={latency_ms:.2f}"
-    logs.access(fields, f"{text} {detail}" if detail else text)
+    logs.access(protocol, MODEL.get(), status, latency_ms, detail)
