@@ -49,6 +49,13 @@ _SOCKET_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport", ty
 BODY_DEADLINE_BYTES = 1 << 20
 
 
+# PATCH: gunicorn caches whether its C parser (gunicorn_h1c) can be used on
+# the class it is asked from, but reads the answer from ASGIProtocol: asked
+# from a subclass, it picks the pure-Python parser on every connection.
+# Asking ASGIProtocol itself first fills in what gunicorn reads.
+ASGIProtocol._check_h1c_protocol_available()
+
+
 class _Connection(ASGIProtocol):  # type: ignore[misc]
     """gunicorn's connection, with a deadline for each request to arrive."""
 

@@ -10,6 +10,7 @@
 # known to have are left out (DROP).
 #
 #   bash tools/bench_host/prepare.sh          # then: run ... carry [".wh"]
+#   WHEEL_PYTHON=/path/to/python3.12 bash tools/bench_host/prepare.sh  # one not on PATH
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
@@ -29,6 +30,15 @@ mkdir .wh
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux_2_28_x86_64 --platform any -d .wh "${deps[@]}" "${clients[@]}" "${extra[@]}"
 printf '%s\n' "${clients[@]}" > .wh/clients.txt
+# The [fast-http] extra is published as source only: built here into a wheel
+# for the host's Python when this machine has that version and a C compiler
+# (else the host's HTTP frontend parses in Python, the floor likewise).
+mapfile -t fast < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["fast-http"]))')
+WHEEL_PYTHON=${WHEEL_PYTHON:-python$PY_VERSION}
+if "$WHEEL_PYTHON" -c '' 2> /dev/null; then
+    "$WHEEL_PYTHON" -m pip wheel --quiet --no-deps -w .wh "${fast[@]}" ||
+        echo "no wheel of ${fast[*]} for Python $PY_VERSION: the host parses HTTP in Python"
+fi
 # GraphPipe's client pins versions that break; it goes in without them (as in the Makefile).
 "$PY" -m pip download --quiet --no-deps -d .wh graphpipe==1.0.4
 # Triton's CUDA shared-memory example clients, for test_cuda_shm.py there

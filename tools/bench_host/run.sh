@@ -58,6 +58,8 @@ setup() {
     "$PY" -m pip install -q "setuptools>=77" wheel &&
         "$PY" -m pip install -q --no-build-isolation -e . -r .wh/clients.txt &&
         "$PY" -m pip install -q --no-deps graphpipe==1.0.4 || return 1
+    "$PY" -m pip install -q --no-build-isolation -e '.[fast-http]' ||
+        echo "no gunicorn-h1c wheel in .wh: HTTP is parsed in Python"
     touch .venv/.bench-host
 }
 
