@@ -2,8 +2,14 @@
 
 The CPUs are those of the process's affinity mask (``taskset``, systemd's
 CPUAffinity, a container's cpuset), capped by a cgroup v2 CPU quota where one
-is set (``cpu.max``, as a container's CPU limit). Each frontend transport runs
-at least two processes, so that one of them dying never closes its port.
+is set (``cpu.max``, as a container's CPU limit). gRPC and MIP run at least
+two processes each, so that one of them dying never closes their ports (each
+process binds the port itself, with SO_REUSEPORT). HTTP may run one worker:
+its port is the master's, passed to gunicorn, so while gunicorn replaces a
+worker that died new connections wait in the port's queue. On a small host
+a second HTTP worker costs more than it serves: with 2 CPUs, REST at 16
+clients took about 1.5x the CPU per request with two workers as with one
+(bench/profiles/README.md).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
 # setting -> (CPUs per process, fewest processes, most processes).
 RULES: dict[str, tuple[int, int, int]] = {
-    "http.workers": (2, 2, 16),
+    "http.workers": (2, 1, 16),
     "grpc.workers": (4, 2, 8),
     "mip.workers": (8, 2, 4),
     "instances": (4, 1, 16),

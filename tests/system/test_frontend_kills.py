@@ -1,8 +1,11 @@
 """kill -9 of every kind of frontend under load, with the default process counts.
 
-By default ("auto") every transport runs at least two processes on its port,
-so killing one never closes the port: a prober opens new connections to
-every port throughout and none may be refused. Several threads per protocol
+By default ("auto") gRPC and MIP run at least two processes on their ports,
+and HTTP's port is the master's (gunicorn gets it passed), so killing any
+one frontend never closes a port: a prober opens new connections to every
+port throughout and none may be refused. On a small host HTTP has one
+worker, and new connections wait in the port's queue while gunicorn
+replaces it. Several threads per protocol
 call ``faulty`` (y = 2x) with stock clients that reconnect after an error;
 only calls on the killed process's connections may fail (at most one per
 client thread of that transport), none on other transports, and none hang.
@@ -115,7 +118,8 @@ def test_killing_any_frontend_keeps_its_port_open_and_fails_only_its_calls(
         assert eventually(lambda: traffic.all_succeeded_since(loops, 0.0), WAIT_S)
         for transport, (role, kinds) in VICTIMS.items():
             before = live_pids(served, role)
-            assert len(before) >= 2, f"{transport}: expected >= 2 processes, got {before}"
+            fewest = 1 if transport == "http" else 2
+            assert len(before) >= fewest, f"{transport}: expected >= {fewest}, got {before}"
             since = time.monotonic()
             victim = min(before)
             os.kill(victim, signal.SIGKILL)

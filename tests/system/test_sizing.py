@@ -18,14 +18,16 @@ def roles(status: dict[str, Any]) -> Counter[str]:
 
 
 @pytest.mark.parametrize("cpus", [{0}, {0, 1}])
-def test_auto_gives_each_transport_two_processes_on_a_small_host(cpus: set[int]) -> None:
+def test_auto_on_a_small_host_runs_one_http_worker_and_two_grpc_and_mip_processes(
+    cpus: set[int],
+) -> None:
     models = demo_models("echo", echo={"instances": "auto"})
     with running(models, affinity=cpus, http=AUTO, grpc=AUTO, mip=AUTO) as appliance:
         status = appliance.ctl("status")
         sizing = status["sizing"]
         assert sizing["cpus"] == len(cpus)
         assert sizing["counts"] == {
-            "http.workers": 2,
+            "http.workers": 1,
             "grpc.workers": 2,
             "mip.workers": 2,
             "models.echo.instances": 1,
@@ -37,10 +39,10 @@ def test_auto_gives_each_transport_two_processes_on_a_small_host(cpus: set[int])
             "models.echo.instances",
         }
         running_roles = roles(status)
-        assert running_roles["http worker"] == 2
+        assert running_roles["http worker"] == 1
         assert running_roles["grpc"] == 2
         assert running_roles["mip"] == 2
-        assert f"sized for {len(cpus)} CPUs: http.workers 2 (auto)" in format_status(status)
+        assert f"sized for {len(cpus)} CPUs: http.workers 1 (auto)" in format_status(status)
 
 
 def test_server_cpus_and_numbers_override_what_is_found() -> None:

@@ -27,9 +27,17 @@ def test_usable_cpus_is_the_affinity_capped_by_the_quota(
 
 @pytest.mark.parametrize(
     ("cpus", "http", "grpc", "mip", "instances"),
-    [(1, 2, 2, 2, 1), (2, 2, 2, 2, 1), (8, 4, 2, 2, 2), (16, 8, 4, 2, 4), (128, 16, 8, 4, 16)],
+    [
+        (1, 1, 2, 2, 1),
+        (2, 1, 2, 2, 1),
+        (3, 1, 2, 2, 1),
+        (4, 2, 2, 2, 1),
+        (8, 4, 2, 2, 2),
+        (16, 8, 4, 2, 4),
+        (128, 16, 8, 4, 16),
+    ],
 )
-def test_every_transport_runs_two_processes_at_least_and_more_on_big_hosts(
+def test_grpc_and_mip_run_two_processes_at_least_and_every_count_grows_with_the_host(
     cpus: int, http: int, grpc: int, mip: int, instances: int
 ) -> None:
     got = [sizing.auto(setting, cpus) for setting in sizing.RULES]
