@@ -5,12 +5,12 @@ and HTTP's port is the master's (gunicorn gets it passed), so killing any
 one frontend never closes a port: a prober opens new connections to every
 port throughout and none may be refused. On a small host HTTP has one
 worker, and new connections wait in the port's queue while gunicorn
-replaces it. Several threads per protocol
-call ``faulty`` (y = 2x) with stock clients that reconnect after an error;
-only calls on the killed process's connections may fail (at most one per
-client thread of that transport), none on other transports, and none hang.
-The master (or gunicorn's arbiter) restarts the killed child. The counts
-per protocol are printed.
+replaces it. Several threads per protocol call ``faulty`` (y = 2x) with
+stock clients that reconnect after an error; only calls on the killed
+process's connections may fail (at most one per client thread of that
+transport), none on other transports, and none hang. The master (or
+gunicorn's arbiter) restarts the killed child. The counts per protocol are
+printed.
 """
 
 from __future__ import annotations
