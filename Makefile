@@ -33,26 +33,27 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,onnx,torch]'
+	$(call install_editable,)
 	# graphpipe 1.0.4 pins requests 2.18 and flatbuffers 1.9, which break on
 	# Python 3.11; its client works with current ones (PROTOCOL-FACTS §1.4).
 	$(PY) -m pip install --quiet --no-deps graphpipe==1.0.4
-	$(FAST_HTTP)
 	@touch $(STAMP)
 
-# gunicorn's C HTTP parser builds from source: where it cannot (no C
-# compiler), the HTTP frontend runs with gunicorn's pure-Python parser.
-FAST_HTTP = $(PY) -m pip install --quiet -e '.[fast-http]' \
-	|| echo "gunicorn-h1c did not build: HTTP requests are parsed in Python (about 20 µs more each)"
+# The package with its extras, $(1) the pip options. gunicorn's C HTTP parser
+# (fast-http) builds from source: where it cannot (no C compiler), the rest is
+# installed without it and the HTTP frontend parses requests in Python.
+EXTRAS := dev,onnx,torch
+install_editable = $(PY) -m pip install --quiet $(1) -e '.[$(EXTRAS),fast-http]' \
+	|| { echo "gunicorn-h1c did not build: HTTP requests are parsed in Python (about 20 µs more each)"; \
+	     $(PY) -m pip install --quiet $(1) -e '.[$(EXTRAS)]'; }
 
 install: $(STAMP)
 
 # A venv keeps whatever once satisfied pyproject; a fresh clone (CI) gets the
 # newest releases. This makes an old venv match it.
 upgrade: $(STAMP)
-	$(PY) -m pip install --quiet --upgrade --upgrade-strategy eager -e '.[dev,onnx,torch]'
+	$(call install_editable,--upgrade --upgrade-strategy eager)
 	$(PY) -m pip install --quiet --no-deps graphpipe==1.0.4
-	$(FAST_HTTP)
 	@touch $(STAMP)
 
 run: $(STAMP)
