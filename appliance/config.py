@@ -110,6 +110,10 @@ class ShmConfig:
     inline_threshold_bytes: int = 16 * 1024
     max_tensor_bytes: int = 1 << 30
     spill_limit_bytes: int = 2 << 30
+    # Who reads and writes KServe CUDA shared memory: "model_worker" (on its
+    # GPU, device to device) or "frontend" (through host memory; each
+    # frontend process then holds a CUDA context on every GPU it serves).
+    cuda_copies: str = "model_worker"
 
 
 @dataclass(frozen=True, slots=True)

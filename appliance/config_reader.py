@@ -158,6 +158,9 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
     return config
 
 
+CUDA_COPIES = ("model_worker", "frontend")
+
+
 def _check(config: ApplianceConfig, reader: Reader) -> None:
     names = [model.name for model in config.models]
     for name in names:
@@ -179,6 +182,11 @@ def _check(config: ApplianceConfig, reader: Reader) -> None:
             "shm.inline_threshold_bytes",
             f"must be at most {MAX_INLINE_BYTES} (tensor bytes above 64 KiB never "
             "travel through a socket)",
+        )
+    if config.shm.cuda_copies not in CUDA_COPIES:
+        reader.fail(
+            "shm.cuda_copies",
+            f'expected "model_worker" or "frontend", got {config.shm.cuda_copies!r}',
         )
     ports = [("http.port", config.http.port), ("grpc.port", config.grpc.port)]
     ports += [

@@ -60,6 +60,14 @@ class Model:
         device: where this instance runs, set before :meth:`load` from the
             config's ``device`` ("cpu", or "cuda:N" once ``cuda`` is spread
             over the GPUs); a model that uses torch moves itself there.
+        device_inputs: True when :meth:`predict` takes inputs that lie on
+            the model's GPU. An input a client sent in CUDA shared memory
+            then arrives as an object with ``__cuda_array_interface__``
+            over the client's memory (``torch.as_tensor`` views it without
+            a copy), and the model may return its outputs on the GPU (any
+            object with that interface): the worker writes them into the
+            client's CUDA region, or copies them to the host for the other
+            protocols. False (the default): every input is a numpy array.
         sequence_batching: serve stateful sequences (the config's
             ``sequence_batching`` may turn it on or off): every request
             carries a ``sequence_id``, all steps of a sequence run on one
@@ -84,6 +92,7 @@ class Model:
     version: str = "1"
     description: str = ""
     device: str = "cpu"
+    device_inputs: bool = False
     sequence_batching: bool = False
     sequence_state: Sequence[State] = ()
     sequence_controls: Mapping[str, str] = {}

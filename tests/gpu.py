@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import subprocess
 
 CUDA = "CUDAExecutionProvider"
 
@@ -51,10 +52,33 @@ def cudashm_missing() -> str:
 @functools.cache
 def cuda_driver_missing() -> str:
     """Return why the CUDA driver cannot reach a GPU here, "" when it can."""
-    from appliance.protocols.kserve import cuda
+    from appliance.core import cuda
 
     try:
         count = cuda.driver().device_count()
     except cuda.CudaError as ex:
         return str(ex)
     return "" if count else "the CUDA driver sees no GPU"
+
+
+def gpu_processes() -> dict[int, int] | None:
+    """Return MiB of GPU memory by pid of every process with a CUDA context, per nvidia-smi.
+
+    None where nvidia-smi is missing or fails.
+    """
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    held: dict[int, int] = {}
+    for line in done.stdout.splitlines():
+        pid, _, used = line.partition(",")
+        if pid.strip().isdigit():
+            held[int(pid)] = held.get(int(pid), 0) + int(used.strip() or 0)
+    return held

@@ -55,8 +55,9 @@ from appliance.client.restarts import RestartWaits
 from appliance.client.routing import Router, Target
 from appliance.config import ApplianceConfig, ConfigError, ModelConfig
 from appliance.config_reader import read_snapshot
+from appliance.core.device_tensors import OPEN_REGION, CudaPlace
 from appliance.core.metadata import ModelMetadata
-from appliance.core.status import Counter, StatusTable
+from appliance.core.status import Counter, SlotState, StatusTable
 from appliance.core.tree import Tree
 from appliance.errors import ApplianceError, ErrorCode, ModelNotFound, ModelNotReady
 from appliance.metrics import record_call
@@ -166,20 +167,24 @@ class ModelClient:
         outputs: Sequence[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
+        targets: Mapping[str, CudaPlace] | None = None,
     ) -> Run[InferResult]:
         """Run ``model`` on named inputs; return its (requested) outputs.
 
         Args:
             model: the model's name.
-            inputs: tensors or numpy arrays by input name.
+            inputs: tensors or numpy arrays by input name; a DeviceTensor
+                names an input in a client's GPU memory.
             outputs: the outputs wanted, all when None.
             parameters: request parameters passed to the model.
             timeout_s: give up after this long (DeadlineExceeded).
+            targets: outputs the worker writes into a client's GPU memory;
+                the result holds them as placeholders without bytes.
 
         Raises:
             ApplianceError: any subclass, with a message for the user.
         """
-        body = request_body(model, "predict", outputs, parameters, None)
+        body = request_body(model, "predict", outputs, parameters, None, targets)
         return self._unary(channel, body, inputs, timeout_s)
 
     infer = in_thread(_infer)
@@ -236,6 +241,40 @@ class ModelClient:
 
     derivative = in_thread(_derivative)
     derivative_async = in_loop(_derivative)
+
+    def _open_region(
+        self, channel: Outbox, place: CudaPlace, timeout_s: float | None = 30.0
+    ) -> Run[int | None]:
+        """Have a model worker on the region's GPU open it, as it will to serve it.
+
+        Returns the bytes its device buffer holds from ``place.offset`` on,
+        or None when no ready instance runs on that GPU (then nothing opened it).
+
+        Raises:
+            BadRequest: the handle does not open there.
+        """
+        target = self._instance_on(f"cuda:{place.device}")
+        if target is None:
+            yield None
+            return
+        model, picked = target
+        body = {"model": model, "method": OPEN_REGION, "region": place.to_body()}
+        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
+        call = self._flight.send(channel, picked, deadline, body, {})
+        yield call
+        with self._flight.settle(call) as result:
+            yield int(result.array(OPEN_REGION)[0])
+
+    open_region = in_thread(_open_region)
+
+    def _instance_on(self, device: str) -> tuple[str, Target] | None:
+        """A ready instance (of any model) whose worker runs on ``device``."""
+        for model, slots in self.router.slots.items():
+            for slot in slots:
+                info = self.status.read(slot)
+                if info.device == device and info.state == SlotState.READY:
+                    return model, Target(slot, info.generation, info.pid)
+        return None
 
     def _unary(
         self,

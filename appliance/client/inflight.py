@@ -36,6 +36,7 @@ from appliance.core.descriptor import (
     read_tensors,
     ring_blocks,
 )
+from appliance.core.device_tensors import CudaPlace, DeviceTensor
 from appliance.core.ring import Block, Ring
 from appliance.core.segment import Segment
 from appliance.core.status import StatusTable
@@ -44,7 +45,8 @@ from appliance.core.tree import owner_pid
 from appliance.errors import BadRequest, error_from_code
 from appliance.process import pid_alive
 
-TensorLike = Tensor | npt.NDArray[Any]
+# A DeviceTensor is an input in a client's GPU memory (KServe CUDA shared memory).
+TensorLike = Tensor | DeviceTensor | npt.NDArray[Any]
 
 
 class Outbox(Protocol):
@@ -353,8 +355,12 @@ def request_body(
     outputs: Sequence[str] | None,
     parameters: Mapping[str, Any] | None,
     args: dict[str, Any] | None,
+    targets: Mapping[str, CudaPlace] | None = None,
 ) -> dict[str, Any]:
-    """A request descriptor's body, less its tensors (see :meth:`InFlight.send`)."""
+    """A request descriptor's body, less its tensors (see :meth:`InFlight.send`).
+
+    ``targets``: outputs the worker writes into a client's GPU memory.
+    """
     body: dict[str, Any] = {"model": model, "method": method}
     if parameters:
         body["params"] = dict(parameters)
@@ -362,6 +368,8 @@ def request_body(
         body["outputs"] = list(outputs)
     if args is not None:
         body["args"] = args
+    if targets:
+        body["targets"] = {name: place.to_body() for name, place in targets.items()}
     return body
 
 
@@ -378,8 +386,8 @@ def _raise_for(reply: Message) -> None:
         raise error_from_code(reply.code, reply.error_message)
 
 
-def _tensor(name: str, value: TensorLike) -> Tensor:
-    if isinstance(value, Tensor):
+def _tensor(name: str, value: TensorLike) -> Tensor | DeviceTensor:
+    if isinstance(value, Tensor | DeviceTensor):
         return value
     try:
         return Tensor.from_array(value)

@@ -23,9 +23,10 @@ non-zero code carries ``{"message": ...}`` as its body.
 
 In a body, each tensor is ``[name, dtype, shape, place]`` where ``place`` is
 an int (the index of its inline payload; the body's ``"inline"`` lists the
-payloads' lengths) or ``[segment, offset, nbytes]`` (its bytes in a
-shared-memory segment). Tensor bytes above the inline threshold never travel
-through a socket.
+payloads' lengths), ``[segment, offset, nbytes]`` (its bytes in a
+shared-memory segment) or ``{"cuda": [...]}`` (in a client's GPU memory; see
+:mod:`appliance.core.device_tensors`). Tensor bytes above the inline
+threshold never travel through a socket.
 
 SAFETY: payloads are sent with copying sends; a view of a ring is never
 handed to ``send(copy=False)``, where libzmq would hold it while the ring
@@ -43,6 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
+from appliance.core.device_tensors import CudaPlace, DeviceTensor, empty_like, is_cuda_place
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.ring import Block
 from appliance.core.tensor import Tensor
@@ -162,7 +164,7 @@ class Allocator(Protocol):
 
 
 def place_tensors(
-    tensors: Mapping[str, Tensor],
+    tensors: Mapping[str, Tensor | DeviceTensor],
     ring: Allocator,
     inline_threshold: int,
     payloads: list[Any],
@@ -178,6 +180,10 @@ def place_tensors(
     """
     entries: list[list[Any]] = []
     for name, tensor in tensors.items():
+        if type(tensor) is DeviceTensor:
+            entries.append([name, tensor.dtype.value, list(tensor.shape), tensor.place.to_body()])
+            continue
+        assert isinstance(tensor, Tensor)
         raw = tensor.raw()
         nbytes = raw.nbytes
         place: Any
@@ -250,6 +256,11 @@ def read_tensors(
 ) -> dict[str, Tensor]:
     """Rebuild tensors from body entries; ring data is viewed, not copied.
 
+    A tensor in a client's GPU memory comes as a placeholder of its shape
+    and dtype that holds no bytes: the model worker puts the data in its
+    place (appliance/worker/cuda_regions.py), and a reply's output that the
+    worker wrote into the client's region needs none.
+
     Raises:
         BadRequest: an entry is malformed or its bytes do not fit its shape.
     """
@@ -262,6 +273,9 @@ def read_tensors(
                 if place < 0:
                     raise IndexError(f"inline payload {place} does not exist")
                 data: Any = payloads[place]
+            elif is_cuda_place(place):
+                tensors[str(name)] = _placeholder(dtype, shape, place)
+                continue
             else:
                 data = reader.view(str(place[0]), int(place[1]), int(place[2]))
             tensors[str(name)] = _tensor(dtype, shape, data)
@@ -270,9 +284,21 @@ def read_tensors(
     return tensors
 
 
-def _tensor(dtype: DType, shape: Sequence[int], data: Any) -> Tensor:
+def _placeholder(dtype: DType, shape: Sequence[int], place: Any) -> Tensor:
+    _check_shape(shape)
+    if dtype is DType.BYTES:
+        raise ValueError("BYTES tensors cannot lie in GPU memory")
+    CudaPlace.from_body(place)  # raises ValueError for a malformed place
+    return Tensor(dtype, tuple(shape), empty_like(shape, dtype))
+
+
+def _check_shape(shape: Sequence[int]) -> None:
     if not all(type(dim) is int and dim >= 0 for dim in shape):
         raise ValueError(f"shape {shape!r} must hold integers >= 0")
+
+
+def _tensor(dtype: DType, shape: Sequence[int], data: Any) -> Tensor:
+    _check_shape(shape)
     if dtype is DType.BYTES:
         return Tensor(dtype, shape, memoryview(data).cast("B"))
     array = np.frombuffer(data, dtype=to_numpy(dtype))
@@ -295,5 +321,5 @@ def blocks_from(entries: Iterable[Sequence[Any]]) -> list[Block]:
 
 
 def ring_blocks(entries: Iterable[Sequence[Any]]) -> list[Block]:
-    """Return the ring blocks (not inline payloads) named by tensor entries."""
-    return blocks_from(entry[3] for entry in entries if not isinstance(entry[3], int))
+    """Return the ring blocks (not inline payloads, not GPU places) named by tensor entries."""
+    return blocks_from(entry[3] for entry in entries if type(entry[3]) is list)

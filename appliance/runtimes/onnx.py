@@ -18,6 +18,10 @@ spinning thread pool, so an idle instance takes no CPU from its neighbours.
 Request arrays go to ``run()`` as they are (ONNX Runtime reads contiguous
 CPU arrays in place, read-only ones included); BYTES elements are decoded
 to str, which is what ONNX Runtime's string tensors take.
+
+On a GPU, inputs a client sent in CUDA shared memory are bound where they
+are (IOBinding: no copy), and the outputs of such a call are left on the
+GPU for the model worker to write into the client's output region.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ import numpy as np
 import numpy.typing as npt
 
 from appliance import device as devices
-from appliance.core.dtypes import DType
+from appliance.core.device_tensors import DeviceArray, on_device
+from appliance.core.dtypes import DType, to_numpy
 from appliance.core.tensor import TensorSpec
 from appliance.model import Arrays, Outputs
 from appliance.runtimes.interface import (
@@ -98,6 +103,11 @@ class OnnxModel(RuntimeModel):
         self._session = session
         self._output_names = [spec.name for spec in outputs]
         self._strings = {spec.name for spec in inputs if spec.dtype is DType.BYTES}
+        # String tensors never live on a GPU: such a model takes host inputs only.
+        self.device_inputs = devices.is_cuda(self.device) and not any(
+            spec.dtype is DType.BYTES for spec in (*inputs, *outputs)
+        )
+        self._gpu = int(self.device.partition(":")[2] or 0) if self.device_inputs else 0
         if not self.description:
             meta = session.get_modelmeta()
             producer = f" from {meta.producer_name}" if meta.producer_name else ""
@@ -159,12 +169,42 @@ class OnnxModel(RuntimeModel):
         Raises:
             ValueError: a BYTES element is not UTF-8 text.
         """
+        if self.device_inputs and any(map(on_device, inputs.values())):
+            return self._run_bound(inputs)
         feeds = {
             name: _strings(name, array) if name in self._strings else array
             for name, array in inputs.items()
         }
         results = self._session.run(self._output_names, feeds)
         return dict(zip(self._output_names, results, strict=True))
+
+    def _run_bound(self, inputs: Arrays) -> Outputs:
+        """Run on inputs in GPU memory, in place (IOBinding); the outputs stay on the GPU."""
+        binding = self._session.io_binding()
+        for name, value in inputs.items():
+            if on_device(value):
+                interface = getattr(value, "__cuda_array_interface__")  # noqa: B009
+                binding.bind_input(
+                    name,
+                    "cuda",
+                    self._gpu,
+                    np.dtype(interface["typestr"]).type,
+                    list(interface["shape"]),
+                    interface["data"][0],
+                )
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in self._output_names:
+            binding.bind_output(name, "cuda", self._gpu)
+        self._session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        outputs: dict[str, Any] = {}
+        for name, value in zip(self._output_names, binding.get_outputs(), strict=True):
+            dtype = to_numpy(ONNX_DTYPES[value.data_type()])
+            outputs[name] = DeviceArray(
+                value.data_ptr(), value.shape(), np.dtype(dtype), self._gpu, value
+            )
+        return outputs
 
 
 def _strings(name: str, array: npt.NDArray[Any]) -> npt.NDArray[np.object_]:

@@ -28,6 +28,10 @@ Device. With ``device = "cuda"`` (or ``"cuda:N"``) the module is moved to
 that GPU; each input is copied there once from the request ring, and each
 output back once into a numpy array, which the worker writes into its
 response ring. Without a usable GPU the model fails to load and says so.
+An input a client sent in CUDA shared memory on that GPU comes as a view of
+the client's memory (``device_inputs``): torch reads it in place, and the
+outputs of such a call stay on the GPU for the worker to write into the
+client's output region (appliance/worker/cuda_regions.py).
 
 Copies (on the CPU). Outputs are returned as numpy views of torch's tensors (the worker
 then writes them once into its response ring). Request inputs are read-only
@@ -50,6 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from appliance import device as devices
+from appliance.core.device_tensors import on_device
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.tensor import TensorSpec
 from appliance.model import Arrays, Outputs
@@ -108,6 +113,7 @@ class TorchScriptModel(RuntimeModel):
         self._torch, self._module = torch, module
         self.declare(inputs, outputs)
         self.zero_copy = not writes_in_place(module)
+        self.device_inputs = devices.is_cuda(self.device)
         # SAFETY: from_numpy warns on read-only arrays; they are wrapped only
         # when the graph was found to write into no tensor (see the docstring).
         warnings.filterwarnings("ignore", "The given NumPy array is not writable")
@@ -123,13 +129,24 @@ class TorchScriptModel(RuntimeModel):
         """
         return self._run(inputs)
 
-    def _run(self, inputs: Arrays) -> dict[str, npt.NDArray[Any]]:
-        args = [self._tensor(inputs[spec.name]) for spec in self.inputs or ()]
+    def _run(self, inputs: Arrays) -> dict[str, Any]:
+        values = [inputs[spec.name] for spec in self.inputs or ()]
+        on_gpu = any(map(on_device, values))
+        args = [self._tensor(value) for value in values]
         with self._torch.inference_mode():
             result = self._module(*args)
-        return self._outputs(result)
+        outputs = self._outputs(result, on_gpu)
+        if on_gpu:
+            # The worker copies the outputs with the driver, outside torch's streams.
+            self._torch.cuda.current_stream(self.device).synchronize()
+        return outputs
 
-    def _tensor(self, array: npt.NDArray[Any]) -> Any:
+    def _tensor(self, array: Any) -> Any:
+        if on_device(array):
+            # A view of the client's GPU memory, no copy (a clone when the
+            # graph may write into its inputs: the buffer is the client's).
+            tensor = self._torch.as_tensor(array, device=self.device)
+            return tensor if self.zero_copy else tensor.clone()
         if devices.is_cuda(self.device):
             # The one copy: from the request ring straight to the GPU.
             return self._torch.from_numpy(array).to(self.device, non_blocking=False)
@@ -137,7 +154,7 @@ class TorchScriptModel(RuntimeModel):
             array = array.copy()
         return self._torch.from_numpy(array)
 
-    def _outputs(self, result: Any) -> dict[str, npt.NDArray[Any]]:
+    def _outputs(self, result: Any, on_gpu: bool = False) -> dict[str, Any]:
         names = [spec.name for spec in self.outputs or ()]
         if isinstance(result, Mapping):
             missing = [name for name in names if name not in result]
@@ -154,7 +171,8 @@ class TorchScriptModel(RuntimeModel):
                     f"forward returned {len(values)} tensor(s); config.toml declares "
                     f"{len(names)} output(s): {', '.join(names)}"
                 )
-        return {name: _array(name, value) for name, value in zip(names, values, strict=True)}
+        convert = _on_gpu if on_gpu else _array
+        return {name: convert(name, value) for name, value in zip(names, values, strict=True)}
 
     def _trial_run(self, where: str) -> None:
         """Run once on zeros when the declared shapes fix every size but the batch."""
@@ -244,6 +262,13 @@ def _array(name: str, value: Any) -> npt.NDArray[Any]:
     # .cpu() is the one copy back from a GPU, and no copy on the CPU.
     array: npt.NDArray[Any] = value.detach().cpu().numpy()
     return array
+
+
+def _on_gpu(name: str, value: Any) -> Any:
+    """An output left where torch made it: on the GPU, contiguous, for the worker to place."""
+    if not getattr(value, "is_cuda", False):
+        return _array(name, value)
+    return value.detach().contiguous()
 
 
 def _first_sentence(error: Exception) -> str:

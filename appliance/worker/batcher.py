@@ -24,6 +24,7 @@ import numpy.typing as npt
 import orjson
 
 from appliance.core.descriptor import Message
+from appliance.core.device_tensors import CudaPlace
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.metadata import ModelMetadata
 from appliance.core.sequences import SEQUENCE_PARAMETERS, carries_sequence
@@ -62,6 +63,10 @@ class Pending:
     step: Step | None = None
     # The request's sequence parameters, kept apart from the model's.
     sequence: dict[str, Any] | None = None
+    # Outputs to write into a client's GPU memory, and those already written
+    # there (see cuda_regions.py).
+    targets: dict[str, CudaPlace] | None = None
+    written: set[str] | None = None
 
     @property
     def request_id(self) -> int:

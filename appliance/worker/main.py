@@ -26,6 +26,7 @@ from appliance.core.tree import Tree
 from appliance.errors import ModelFailed
 from appliance.exitcodes import ExitCode
 from appliance.process import become_child
+from appliance.worker.cuda_regions import CudaRegions
 from appliance.worker.loader import Loaded, LoadError, load_model
 from appliance.worker.sequences import settings_for
 from appliance.worker.server import WorkerServer
@@ -101,6 +102,7 @@ def run(
         model_config.passthrough,
         model_config.max_queue,
         sequences,
+        CudaRegions(tree.dir),
     )
 
     def handle_term(_signum: int, _frame: types.FrameType | None) -> None:

@@ -28,7 +28,7 @@ def input_spans(entries: Iterable[Sequence[Any]], reader: SegmentReader) -> list
     """Where each input that lives in shared memory is, in this process's mappings."""
     spans = []
     for _name, dtype, _shape, place in entries:
-        if isinstance(place, int) or dtype == "BYTES":
+        if type(place) is not list or dtype == "BYTES":
             continue
         segment, offset, nbytes = str(place[0]), int(place[1]), int(place[2])
         start = reader.base(segment) + offset

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from appliance.core.device_tensors import CudaPlace
 from appliance.errors import BadRequest, Unsupported
 from appliance.protocols.kserve.errors import RegionExists
 from appliance.protocols.kserve.inference import ShmRef
 from appliance.protocols.kserve.shm import CudaRegion, RegionTable
+from appliance.worker.cuda_regions import CudaRegions
 from tests.gpu import cuda_driver_missing
 
 TAG = f"ksunit{os.getpid()}"
@@ -163,7 +165,9 @@ def test_names_are_unique_and_views_stay_inside_their_region(
 
 
 def test_cuda_regions_share_the_namespace_and_fail_with_the_reason_without_a_gpu(
-    tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
+    tables: tuple[RegionTable, RegionTable],
+    segment: Callable[[str, int], str],
+    tmp_path: Path,
 ) -> None:
     """A CUDA region another process registered, on a host where none opens."""
     if not cuda_driver_missing():
@@ -180,8 +184,21 @@ def test_cuda_regions_share_the_namespace_and_fail_with_the_reason_without_a_gpu
         second.register("gpu", segment("s", 64), 0, 64)
     with pytest.raises(BadRequest, match="exceed the 256 bytes of CUDA region 'gpu'"):
         second.target(ShmRef("gpu", 64, 200), "output y")
-    with pytest.raises(BadRequest, match="CUDA region 'gpu' does not open in this process"):
-        second.read(ShmRef("gpu", 16), "input x")
+    # The frontend does not open it: it names the place for the model worker.
+    assert second.read(ShmRef("gpu", 16, 32), "input x") == CudaPlace(
+        "gpu", data["serial"], handle, 0, 32, 16
+    )
+    assert second.target(ShmRef("gpu", 64, 64), "output y") == CudaPlace(
+        "gpu", data["serial"], handle, 0, 64, 64
+    )
+    with pytest.raises(BadRequest, match="region 'gpu' does not open on GPU 0"):
+        CudaRegions(tmp_path).open(CudaPlace("gpu", data["serial"], handle, 0, 16, 16))
+    copying = RegionTable(tmp_path, cuda_copies="frontend")
+    try:
+        with pytest.raises(BadRequest, match="CUDA region 'gpu' does not open in this process"):
+            copying.read(ShmRef("gpu", 16), "input x")
+    finally:
+        copying.close()
     with pytest.raises(Unsupported, match="this server is CPU-only"):
         second.register_cuda("other", bytes(64), 0, 64)
     second.unregister("gpu")  # the system kind: the CUDA region stays

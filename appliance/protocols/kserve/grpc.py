@@ -282,7 +282,11 @@ def _as_is(message: bytes) -> bytes:
 
 def add_to_server(server: GrpcServer, client: ModelClient, threads: Threads) -> None:
     """Register the KServe service."""
-    servicer = InferenceServicer(client, RegionTable(client.tree.dir), threads)
+    servicer = InferenceServicer(
+        client,
+        RegionTable(client.tree.dir, client.config.shm.cuda_copies, client.open_region),
+        threads,
+    )
     handler = grpc.method_handlers_generic_handler(
         f"inference.{SERVICE_NAME}", method_handlers(servicer)
     )

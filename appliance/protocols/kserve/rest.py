@@ -258,7 +258,7 @@ async def unknown_endpoint(
 
 def add_routes(app: App, client: ModelClient) -> None:
     """Mount the KServe v2 REST routes."""
-    regions = RegionTable(client.tree.dir)
+    regions = RegionTable(client.tree.dir, client.config.shm.cuda_copies, client.open_region)
     metadata = ServerMetadataResource(client, regions)
     app.add_route("/v2", metadata)
     app.add_route("/v2/", metadata)  # SPEC: the OIP REST yaml spells it with the slash

@@ -15,13 +15,13 @@ from typing import Any
 
 import appliance
 from appliance.client.api import ModelClient
-from appliance.core import dtypes
+from appliance.core import cuda, dtypes
+from appliance.core.device_tensors import CudaPlace, DeviceTensor
 from appliance.core.dtypes import DType
 from appliance.core.metadata import ModelMetadata
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import ApplianceError, BadRequest, ModelNotFound
-from appliance.protocols.kserve import cuda
 from appliance.protocols.kserve.inference import (
     InferRequest,
     OutputData,
@@ -208,14 +208,16 @@ async def infer_async(
 ) -> AsyncIterator[list[OutputData]]:
     """Run a request; yield its outputs, valid until the block ends.
 
-    Inputs in shared memory are read from the client's region (the model
-    client copies them once into its ring); outputs asked for in shared
-    memory are written into the client's region and carry no data back.
-    The call waits in the event loop, without a thread.
+    Inputs in system shared memory are read from the client's region (the
+    model client copies them once into its ring); outputs asked for in
+    shared memory are written into the client's region and carry no data
+    back. Tensors in CUDA regions are the model worker's to read and write
+    (their places travel in the descriptor). The call waits in the event
+    loop, without a thread.
     """
     call = _prepare(client, regions, request)
     result = await client.infer_async(
-        call.model, call.inputs, call.names, call.parameters, timeout_s
+        call.model, call.inputs, call.names, call.parameters, timeout_s, call.on_device
     )
     with result:
         yield _outputs(request, result.outputs, call.targets)
@@ -226,10 +228,16 @@ class _Call:
     """A request made ready for the model client."""
 
     model: str
-    inputs: dict[str, Tensor]
-    targets: dict[str, Target]
+    inputs: dict[str, Tensor | DeviceTensor]
+    targets: dict[str, Target | CudaPlace]
     names: list[str] | None
     parameters: dict[str, Any]
+
+    @property
+    def on_device(self) -> dict[str, CudaPlace] | None:
+        """The outputs the model worker writes into a client's CUDA region."""
+        places = {n: t for n, t in self.targets.items() if isinstance(t, CudaPlace)}
+        return places or None
 
 
 def _prepare(client: ModelClient, regions: RegionTable, request: InferRequest) -> _Call:
@@ -267,18 +275,43 @@ def decoupled(client: ModelClient, model: str) -> bool:
     return bool(client.metadata(model).supports.get("predict_stream"))
 
 
-def _inputs(regions: RegionTable, request: InferRequest) -> dict[str, Tensor]:
-    tensors = {}
+def _inputs(regions: RegionTable, request: InferRequest) -> dict[str, Tensor | DeviceTensor]:
+    tensors: dict[str, Tensor | DeviceTensor] = {}
     for item in request.inputs:
         if item.data is not None:
             tensors[item.name] = item.data
             continue
         assert item.shm is not None
         view = regions.read(item.shm, f"input {item.name}")
+        if isinstance(view, CudaPlace):
+            tensors[item.name] = _device_input(item.name, item.dtype, item.shape, view)
+            continue
         if item.dtype is DType.BYTES:
             view = view[: _packed_length(item.name, view, dtypes.element_count(item.shape))]
         tensors[item.name] = tensor_from_buffer(item.name, item.dtype, item.shape, view)
     return tensors
+
+
+def _device_input(
+    name: str, dtype: DType, shape: tuple[int, ...], place: CudaPlace
+) -> DeviceTensor:
+    """An input the model worker reads from a client's CUDA region.
+
+    Raises:
+        BadRequest: BYTES, or its byte size does not match its shape.
+    """
+    if dtype is DType.BYTES:
+        raise BadRequest(
+            f"input {name}: BYTES tensors cannot be read from CUDA shared memory; "
+            "use system shared memory or send them in the request"
+        )
+    expected = dtypes.element_count(shape) * dtypes.item_size(dtype)
+    if place.nbytes != expected:
+        raise BadRequest(
+            f"input {name}: shared_memory_byte_size {place.nbytes} does not match shape "
+            f"{list(shape)} of {dtype.value} ({expected} bytes expected)"
+        )
+    return DeviceTensor(dtype, shape, place)
 
 
 def _packed_length(name: str, view: memoryview, count: int) -> int:
@@ -295,7 +328,7 @@ def _packed_length(name: str, view: memoryview, count: int) -> int:
     return at
 
 
-def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, Target]:
+def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, Target | CudaPlace]:
     return {
         output.name: regions.target(output.shm, f"output {output.name}")
         for output in request.outputs or ()
@@ -304,7 +337,7 @@ def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, Ta
 
 
 def _outputs(
-    request: InferRequest, produced: dict[str, Tensor], targets: dict[str, Target]
+    request: InferRequest, produced: dict[str, Tensor], targets: dict[str, Target | CudaPlace]
 ) -> list[OutputData]:
     wanted = request.outputs
     if wanted is None:
@@ -315,7 +348,9 @@ def _outputs(
         if tensor is None:
             raise BadRequest(f"model {request.model} did not produce output {output.name!r}")
         if output.shm is not None:
-            _write(output, tensor, targets[output.name])
+            target = targets[output.name]
+            if isinstance(target, Target):  # else the model worker has written it
+                _write(output, tensor, target)
         binary = request.binary_output if output.binary is None else output.binary
         outputs.append(OutputData(output.name, tensor, binary, output.shm))
     return outputs

@@ -17,10 +17,19 @@ others, and when the last request still reading a mapping lets go of it.
 The appliance's own segments (``appliance-*``) cannot be registered.
 
 CUDA regions (SPEC: PROTOCOL-FACTS §2.4, the same namespace as system ones)
-are a client's device buffers, registered as CUDA IPC handles. A frontend
-process opens a handle on first use and copies the request's inputs from
-the device and its outputs back (cuda.py); it closes the handle once the
-region is unregistered, as it unmaps a system one.
+are a client's device buffers, registered as CUDA IPC handles. No frontend
+opens them: a request names its tensors' places (core/device_tensors.py),
+and the model worker that serves it opens the handle on its GPU, feeds its
+model from it and writes the outputs into it (worker/cuda_regions.py).
+Registration asks a model worker on that GPU to open the handle, so a bad
+handle or a short buffer is refused then, as Triton does; where no model
+runs on that GPU, the first request that uses the region finds out.
+
+With ``shm.cuda_copies = "frontend"`` a frontend process opens the handle
+itself, on first use, and copies the inputs from the device and the outputs
+back through host memory (the way before; each such process holds a CUDA
+context). It closes the handle once the region is unregistered, as it
+unmaps a system one.
 """
 
 from __future__ import annotations
@@ -42,13 +51,15 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from appliance.core import cuda
+from appliance.core.device_tensors import CudaPlace
 from appliance.core.segment import SHM_DIR
 from appliance.core.tree import PREFIX
-from appliance.errors import BadRequest, Unsupported
-from appliance.protocols.kserve import cuda
+from appliance.errors import ApplianceError, BadRequest, Unsupported
 from appliance.protocols.kserve.errors import RegionExists
 from appliance.protocols.kserve.inference import ShmRef
 
+# The model workers read it too (worker/cuda_regions.py).
 REGISTRY_FILE = "kserve-shm.json"
 LOCK_FILE = "kserve-shm.lock"
 SWEEP_INTERVAL_S = 1.0
@@ -145,14 +156,25 @@ def _open_segment(key: str) -> tuple[int, os.stat_result]:
     return fd, info
 
 
+# Opens a CUDA region in a model worker on its GPU: the bytes its buffer
+# holds, None when no model runs there (ModelClient.open_region).
+Opener = Callable[[CudaPlace], int | None]
+
+
 class RegionTable:
     """This process's view of the registry, and its mappings of the regions.
 
     Args:
         directory: the tree's private directory (``client.tree.dir``).
+        cuda_copies: who copies CUDA regions' bytes, "model_worker" or "frontend".
+        opener: checks a CUDA registration in a model worker (model_worker copies).
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self, directory: Path, cuda_copies: str = "model_worker", opener: Opener | None = None
+    ) -> None:
+        self._in_frontend = cuda_copies == "frontend"
+        self._opener = opener
         self._path = directory / REGISTRY_FILE
         self._lock_path = directory / LOCK_FILE
         self._lock = threading.Lock()
@@ -196,7 +218,8 @@ class RegionTable:
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         """Register a client's device buffer, by its CUDA IPC handle, as ``name``.
 
-        The handle is opened here, which checks that it is one and that the
+        The handle is opened by a model worker on that GPU (or here, when
+        this process copies), which checks that it is one and that the
         buffer holds ``byte_size`` bytes; other processes open it on first use.
 
         Raises:
@@ -221,11 +244,18 @@ class RegionTable:
                 f"cudaIpcMemHandle_t, got {len(raw_handle)}"
             )
         try:
+            # cuInit and a count make no CUDA context: this process stays off the GPU.
             count = driver.device_count()
-            if not 0 <= device_id < count:
-                raise BadRequest(
-                    f"{what}: device_id {device_id} is not one of this host's {count} GPU(s)"
-                )
+        except cuda.CudaError as ex:
+            raise Unsupported(f"{what}: the CUDA driver does not answer ({ex})") from None
+        if not 0 <= device_id < count:
+            raise BadRequest(
+                f"{what}: device_id {device_id} is not one of this host's {count} GPU(s)"
+            )
+        if not self._in_frontend:
+            self._register_for_workers(name, raw_handle, device_id, byte_size)
+            return
+        try:
             pointer, allocated = driver.open(raw_handle, device_id)
         except cuda.CudaError as ex:
             raise BadRequest(
@@ -248,6 +278,44 @@ class RegionTable:
             self._refresh()  # closes a handle opened for an older region of this name
             self._opened[name] = _Opened(serial, device_id, pointer)
             self._start_sweeper()
+
+    def _register_for_workers(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        """Register a CUDA region, then have a model worker on its GPU open it.
+
+        Raises:
+            BadRequest: the handle does not open there, or its buffer is too small.
+            RegionExists: ``name`` is already registered (either kind).
+        """
+        what = f"cannot register CUDA shared memory region {name!r}"
+        encoded = base64.b64encode(raw_handle).decode()
+        serial = self._add(
+            "cuda", name, lambda serial: CudaRegion(name, encoded, device_id, byte_size, serial)
+        ).serial
+        try:
+            allocated = None
+            if self._opener is not None:
+                allocated = self._opener(CudaPlace(name, serial, encoded, device_id, 0, 0))
+            if allocated is not None and allocated < byte_size:
+                raise BadRequest(
+                    f"{what}: its device buffer holds {allocated} bytes, fewer than "
+                    f"byte_size {byte_size}"
+                )
+        except ApplianceError as ex:
+            self._drop("cuda", name, serial)
+            if isinstance(ex, BadRequest) and ex.message.startswith(what):
+                raise
+            raise BadRequest(f"{what}: {ex.message}") from None
+        except BaseException:
+            self._drop("cuda", name, serial)
+            raise
+
+    def _drop(self, kind: str, name: str, serial: int) -> None:
+        """Forget region ``name`` of ``kind`` if it is still the one numbered ``serial``."""
+        with self._exclusive() as data:
+            if data[kind].get(name, {}).get("serial") == serial:
+                del data[kind][name]
 
     def _add(
         self, kind: str, name: str, make: Callable[[int], Region | CudaRegion]
@@ -306,29 +374,34 @@ class RegionTable:
 
     # -- the data ---------------------------------------------------------------
 
-    def read(self, ref: ShmRef, what: str) -> memoryview:
-        """Return the bytes of an input in a region of either kind.
+    def read(self, ref: ShmRef, what: str) -> memoryview | CudaPlace:
+        """Return the bytes of an input in a region of either kind, or where they are.
 
         A system region's bytes are a view of the client's segment; a CUDA
-        region's are copied from the device into a new host buffer.
+        region's are where the model worker finds them, or (copied here)
+        a new host buffer.
 
         Raises:
             BadRequest: as :meth:`view`, or the copy from the device failed.
         """
         place = self._place(ref, what)
-        if isinstance(place, memoryview):
+        if isinstance(place, memoryview | CudaPlace):
             return place
         host = np.empty(ref.byte_size, np.uint8)
         self._copy(what, place, ref, host, to_device=False)
         return host.data
 
-    def target(self, ref: ShmRef, what: str) -> Target:
+    def target(self, ref: ShmRef, what: str) -> Target | CudaPlace:
         """Return where an output goes in a region of either kind.
+
+        A CUDA place is written by the model worker, a Target here.
 
         Raises:
             BadRequest: as :meth:`view` (now, before the model runs).
         """
         place = self._place(ref, what)
+        if isinstance(place, CudaPlace):
+            return place
         if isinstance(place, memoryview):
             view = place
 
@@ -362,8 +435,8 @@ class RegionTable:
             for name in list(self._opened):
                 self._close(self._opened.pop(name))
 
-    def _place(self, ref: ShmRef, what: str) -> memoryview | _Opened:
-        """Return a system region's view of a tensor, or a CUDA region's opened handle.
+    def _place(self, ref: ShmRef, what: str) -> memoryview | CudaPlace | _Opened:
+        """Return a system region's view of a tensor, a CUDA one's place or its opened handle.
 
         Raises:
             BadRequest: as :meth:`view`, or the CUDA handle no longer opens.
@@ -374,6 +447,15 @@ class RegionTable:
             if region is None:
                 return self._view(ref, what)
             _check_extent(ref, what, region.byte_size, f"CUDA region {region.name!r}")
+            if not self._in_frontend:
+                return CudaPlace(
+                    region.name,
+                    region.serial,
+                    region.raw_handle,
+                    region.device_id,
+                    ref.offset,
+                    ref.byte_size,
+                )
             opened = self._opened.get(region.name)
             if opened is not None and opened.serial == region.serial:
                 return opened

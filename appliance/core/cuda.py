@@ -1,10 +1,12 @@
 """The few CUDA driver calls that KServe's CUDA shared-memory extension needs.
 
 A client allocates device memory, exports it with ``cudaIpcGetMemHandle``
-and registers the 64 handle bytes; a frontend process opens the handle in
-its own CUDA context and copies a request's inputs from the device into host
-memory and its outputs back (so the model worker, wherever its model runs,
-sees host tensors as for every other protocol).
+and registers the 64 handle bytes. The model worker that serves a request
+opens the handle in the primary context of that GPU (the one torch and ONNX
+Runtime use too), feeds its model from it and writes the outputs into the
+client's buffers; a frontend only counts GPUs (``cuInit`` and
+``cuDeviceGetCount`` make no context), unless ``cuda_shm_copies`` is
+"frontend" (appliance/worker/cuda_regions.py, kserve/shm.py).
 
 Why the driver API through ctypes: ``libcuda.so.1`` comes with the NVIDIA
 driver on every GPU host, whatever CUDA toolkit and Python packages are
@@ -74,6 +76,8 @@ class Driver:
         )
         self._to_host = _fn(lib, ("cuMemcpyDtoH_v2", "cuMemcpyDtoH"), [ptr, u64, size])
         self._to_device = _fn(lib, ("cuMemcpyHtoD_v2", "cuMemcpyHtoD"), [u64, ptr, size])
+        self._on_device = _fn(lib, ("cuMemcpyDtoD_v2", "cuMemcpyDtoD"), [u64, u64, size])
+        self._synchronize = _fn(lib, ("cuCtxSynchronize",), [])
         self._check(init(0), "cuInit")
         self._contexts: dict[int, ctypes.c_void_p] = {}
         self._lock = threading.Lock()
@@ -119,6 +123,19 @@ class Driver:
         """Copy ``nbytes`` from host address ``host`` to device memory at ``pointer``."""
         self._use(device)
         self._check(self._to_device(pointer, host, nbytes), "cuMemcpyHtoD")
+
+    def device_to_device(self, device: int, pointer: int, source: int, nbytes: int) -> None:
+        """Copy ``nbytes`` from device memory at ``source`` to device memory at ``pointer``.
+
+        On the legacy default stream, so it starts after the work queued on
+        every blocking stream of the context (a model's kernels). A copy
+        between device buffers may return before it is done, and the
+        client, in another process, reads the buffer as soon as it has the
+        reply: so the context is synchronized before this returns.
+        """
+        self._use(device)
+        self._check(self._on_device(pointer, source, nbytes), "cuMemcpyDtoD")
+        self._check(self._synchronize(), "cuCtxSynchronize")
 
     def _use(self, device: int) -> None:
         """Make GPU ``device``'s primary context current in this thread."""
