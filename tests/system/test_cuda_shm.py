@@ -2,9 +2,12 @@
 
 The client allocates device buffers with ``tritonclient.utils.cuda_shared_memory``
 (cuda-python underneath), registers their IPC handles over gRPC or REST, and
-names them in requests; the frontend that serves a request copies its inputs
-from the device and its outputs back. One appliance serves the TorchScript
-digits model on the GPU, the numpy ``digits`` on the CPU as the reference,
+names them in requests. The model worker that serves a request opens them:
+a model on that GPU reads its inputs in place and its outputs are copied
+device to device into the client's buffer; a model on the CPU gets host
+copies made by its worker. No frontend process ever holds the GPU. One
+appliance serves digits as TorchScript and (where ONNX Runtime has CUDA)
+as ONNX on the GPU, the numpy ``digits`` on the CPU, also the reference,
 and ``simple`` for Triton's own CUDA-shm example clients. Without a usable
 GPU, or without cuda-python for the client's helpers, every test here skips
 (the CPU-only answers are in test_kserve_rest.py and test_kserve_grpc.py).
@@ -23,13 +26,14 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as sysshm
 from tritonclient.utils import InferenceServerException
 
-from tests.gpu import cuda_missing, cudashm_missing
+from tests.gpu import cuda_missing, cudashm_missing, gpu_processes, onnx_cuda_missing
 from tests.system import triton_examples
 from tests.system.harness import ROOT, Appliance, demo_models, make_config, new_run_dir, serving
 
@@ -38,6 +42,7 @@ pytestmark = pytest.mark.gpu
 EXAMPLES = ROOT / "appliance" / "demos" / "repository"
 HOLDOUT = ROOT / "tests" / "data" / "digits_holdout.npz"
 MODEL = "digits_torch_cuda"
+ONNX_MODEL = "digits_onnx_cuda"
 ROWS = 60
 PIXELS = ROWS * 64 * 4
 PROBABILITIES = ROWS * 10 * 4
@@ -57,10 +62,14 @@ def cudashm() -> ModuleType:
 @pytest.fixture(scope="module")
 def appliance(cudashm: ModuleType) -> Iterator[Appliance]:
     repository = Path(tempfile.mkdtemp(prefix="repo-", dir="/tmp"))
-    shutil.copytree(EXAMPLES / "digits_torch", repository / MODEL)
-    config_file = repository / MODEL / "config.toml"
-    text = config_file.read_text() if config_file.exists() else ""
-    config_file.write_text(f'device = "cuda"\n{text}')
+    on_gpu = {MODEL: "digits_torch"}
+    if not onnx_cuda_missing():
+        on_gpu[ONNX_MODEL] = "digits_onnx"
+    for name, source in on_gpu.items():
+        shutil.copytree(EXAMPLES / source, repository / name)
+        config_file = repository / name / "config.toml"
+        text = config_file.read_text() if config_file.exists() else ""
+        config_file.write_text(f'device = "cuda"\n{text}')
     config = make_config(new_run_dir(), demo_models("simple", "digits"))
     config["repositories"] = [{"path": str(repository)}]
     try:
@@ -132,13 +141,18 @@ def reference(appliance: Appliance, rows: npt.NDArray[np.float32]) -> npt.NDArra
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
-def test_gpu_model_reads_inputs_from_and_writes_outputs_to_cuda_shared_memory(
+@pytest.mark.parametrize("model", [MODEL, ONNX_MODEL, "digits"])
+def test_a_model_reads_inputs_from_and_writes_outputs_to_cuda_shared_memory(
     appliance: Appliance,
     cudashm: ModuleType,
     regions: Regions,
     pixels: npt.NDArray[np.float32],
     transport: str,
+    model: str,
 ) -> None:
+    """On the GPU in place (TorchScript, ONNX Runtime's IOBinding); on the CPU by its worker."""
+    if model == ONNX_MODEL and onnx_cuda_missing():
+        pytest.skip(onnx_cuda_missing())
     inputs, outputs = regions.make("pixels", PIXELS), regions.make("probs", PROBABILITIES)
     cudashm.set_shared_memory_region(inputs, [pixels])
     client = connect(appliance, transport)
@@ -149,7 +163,7 @@ def test_gpu_model_reads_inputs_from_and_writes_outputs_to_cuda_shared_memory(
             "probs", cudashm.get_raw_handle(outputs), 0, PROBABILITIES
         )
         status = client.get_cuda_shared_memory_status()
-        result = infer_in_cuda(client, transport, MODEL, ROWS)
+        result = infer_in_cuda(client, transport, model, ROWS)
         client.unregister_cuda_shared_memory()
         after = client.get_cuda_shared_memory_status()
     finally:
@@ -207,6 +221,72 @@ def test_a_region_registered_over_rest_serves_grpc_and_shares_names_with_system_
     assert "already registered" in taken.message()
     assert "already registered" in again.message()
     assert "region named 'pixels'" in gone.message()
+
+
+def test_no_frontend_process_holds_the_gpu(
+    appliance: Appliance,
+    cudashm: ModuleType,
+    regions: Regions,
+    pixels: npt.NDArray[np.float32],
+) -> None:
+    """After CUDA-shm requests over both transports, only model workers have a CUDA context."""
+    inputs, outputs = regions.make("pixels", PIXELS), regions.make("probs", PROBABILITIES)
+    cudashm.set_shared_memory_region(inputs, [pixels])
+    for transport in ("grpc", "http"):
+        client = connect(appliance, transport)
+        try:
+            client.unregister_cuda_shared_memory()
+            client.register_cuda_shared_memory("pixels", cudashm.get_raw_handle(inputs), 0, PIXELS)
+            client.register_cuda_shared_memory(
+                "probs", cudashm.get_raw_handle(outputs), 0, PROBABILITIES
+            )
+            for model in (MODEL, "digits"):
+                infer_in_cuda(client, transport, model, ROWS)
+            client.unregister_cuda_shared_memory()
+        finally:
+            client.close()
+    held = gpu_processes()
+    if held is None:
+        pytest.skip("nvidia-smi is not usable here: cannot see which processes hold the GPU")
+    workers, others = set(), set()
+    for process in appliance.processes():
+        pid = process["pid"]
+        if not pid:
+            continue
+        tree = {pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))}
+        (workers if process["role"].startswith("model") else others).update(tree)
+    others.add(appliance.process.pid)
+    if not held.keys() & workers:
+        pytest.skip(
+            f"nvidia-smi shows no model worker (pids {sorted(held)}): another PID namespace"
+        )
+    assert not held.keys() & others, {pid: held[pid] for pid in held.keys() & others}
+
+
+def test_an_output_region_too_small_is_refused_by_the_worker_with_the_sizes(
+    appliance: Appliance, cudashm: ModuleType, regions: Regions, pixels: npt.NDArray[np.float32]
+) -> None:
+    inputs, outputs = regions.make("pixels", PIXELS), regions.make("probs", PROBABILITIES)
+    cudashm.set_shared_memory_region(inputs, [pixels])
+    client = connect(appliance, "grpc")
+    try:
+        client.unregister_cuda_shared_memory()
+        client.register_cuda_shared_memory("pixels", cudashm.get_raw_handle(inputs), 0, PIXELS)
+        client.register_cuda_shared_memory("probs", cudashm.get_raw_handle(outputs), 0, 64)
+        small = failure(lambda: infer_in_cuda_sized(client, MODEL, 64))
+        client.unregister_cuda_shared_memory()
+    finally:
+        client.close()
+    assert f"output probabilities needs {PROBABILITIES} bytes" in small.message()
+    assert "shared_memory_byte_size is 64 (region 'probs')" in small.message()
+
+
+def infer_in_cuda_sized(client: Any, model: str, output_bytes: int) -> Any:
+    tensor = grpcclient.InferInput("pixels", [ROWS, 64], "FP32")
+    tensor.set_shared_memory("pixels", PIXELS)
+    wanted = grpcclient.InferRequestedOutput("probabilities")
+    wanted.set_shared_memory("probs", output_bytes)
+    return client.infer(model, [tensor], outputs=[wanted])
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
