@@ -196,12 +196,10 @@ def held_by_others(appliance: Appliance) -> int | None:
     held = gpu_processes()
     if held is None:
         return None
-    others = {appliance.process.pid}
-    for process in appliance.processes():
-        if process["pid"] and not process["role"].startswith("model"):
-            root = psutil.Process(process["pid"])
-            others |= {root.pid, *(child.pid for child in root.children(recursive=True))}
-    return sum(used for pid, used in held.items() if pid in others)
+    master = psutil.Process(appliance.process.pid)
+    tree = {master.pid, *(child.pid for child in master.children(recursive=True))}
+    workers = {p["pid"] for p in appliance.processes() if p["role"].startswith("model")}
+    return sum(used for pid, used in held.items() if pid in tree - workers)
 
 
 def cuda_shm(repository: Path, copies: str, requests: int) -> dict[str, Any]:

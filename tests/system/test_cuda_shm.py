@@ -248,14 +248,10 @@ def test_no_frontend_process_holds_the_gpu(
     held = gpu_processes()
     if held is None:
         pytest.skip("nvidia-smi is not usable here: cannot see which processes hold the GPU")
-    workers, others = set(), set()
-    for process in appliance.processes():
-        pid = process["pid"]
-        if not pid:
-            continue
-        tree = {pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))}
-        (workers if process["role"].startswith("model") else others).update(tree)
-    others.add(appliance.process.pid)
+    master = psutil.Process(appliance.process.pid)
+    tree = {master.pid, *(child.pid for child in master.children(recursive=True))}
+    workers = {p["pid"] for p in appliance.processes() if p["role"].startswith("model")}
+    others = tree - workers  # the master, the frontends and their workers
     if not held.keys() & workers:
         pytest.skip(
             f"nvidia-smi shows no model worker (pids {sorted(held)}): another PID namespace"
