@@ -288,7 +288,7 @@ def render(result: dict[str, Any]) -> str:
             f"{row['cuda']:,.0f} | {row['ratio']:.2f}x |"
         )
     paying = ", ".join(
-        f"{model} from batch {batch}" if batch else f"{model} at no batch measured"
+        f"{model} from batch {batch}" if batch else f"{model} at none of the batches measured"
         for model, batch in result["pays_from"].items()
     )
     lines += ["", f"The GPU pays: {paying}."]

@@ -12,7 +12,7 @@
 #
 # From the development machine, one device call per phase or two (each call
 # has at most 10 minutes; logs and results come back under $OUT, at most 8
-# files). Times seen on the H100 host (2026-11-25): setup 30 s, gpu 2-3 min,
+# files). Times seen on the H100 host (2026-11-25): setup 30 s, gpu 2.5 min (2026-11-26),
 # scaling 9.5 min for the whole grid (4.5 min for BENCH_SCALING_GRID=1x1,4x1,1x8,4x8),
 # the load grid of `full` 7 min per repeat, so `full` does not fit one call:
 #
