@@ -69,6 +69,9 @@ class HttpConfig:
     read_timeout_s: float = 30.0
     io_timeout_s: float = 60.0
     keepalive_s: int = 30
+    # KServe REST compresses a response (when the client accepts gzip or
+    # deflate) from this size on: a smaller one costs more to compress than it saves.
+    compress_min_bytes: int = 1024
     # The model GraphPipe's root URL serves ("" = server.default_model).
     graphpipe_model: str = ""
 

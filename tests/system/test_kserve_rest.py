@@ -273,16 +273,21 @@ def test_compressed_requests_and_responses(
         response_compression_algorithm=algorithm,
     )
     assert np.array_equal(result.as_numpy("OUTPUT0"), array)
-    doc = orjson.dumps(
-        {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
-    )
-    packed = gzip.compress(doc) if algorithm == "gzip" else zlib.compress(doc)
-    headers = {"Content-Encoding": algorithm, "Accept-Encoding": algorithm}
-    status, response, body = call(conn, "POST", "/v2/models/identity/infer", packed, headers)
-    assert status == 200
-    assert response.getheader("Content-Encoding") == algorithm
-    plain = gzip.decompress(body) if algorithm == "gzip" else zlib.decompress(body)
-    assert orjson.loads(plain)["outputs"][0]["data"] == [1.0, 2.0]
+    for count in (2, 400):  # a reply of about 100 bytes, and one of about 2.4 KiB
+        data = list(range(count))
+        inputs = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, count], "data": data}]
+        doc = orjson.dumps({"inputs": inputs})
+        packed = gzip.compress(doc) if algorithm == "gzip" else zlib.compress(doc)
+        headers = {"Content-Encoding": algorithm, "Accept-Encoding": algorithm}
+        status, response, body = call(conn, "POST", "/v2/models/identity/infer", packed, headers)
+        assert status == 200
+        if count == 2:  # under http.compress_min_bytes (1 KiB): sent as it is
+            assert response.getheader("Content-Encoding") is None
+            plain = body
+        else:
+            assert response.getheader("Content-Encoding") == algorithm
+            plain = gzip.decompress(body) if algorithm == "gzip" else zlib.decompress(body)
+        assert orjson.loads(plain)["outputs"][0]["data"] == [float(x) for x in data]
 
 
 def test_connection_is_kept_alive_across_errors(conn: http.client.HTTPConnection) -> None:

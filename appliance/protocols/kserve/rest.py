@@ -78,6 +78,7 @@ class Resource:
         self.client = client
         self.regions = regions
         self.limit = client.config.http.max_body_bytes
+        self.compress_min = client.config.http.compress_min_bytes
 
     def body(self, req: falcon.Request) -> bytes:
         """Read the whole (decompressed) request body, within http.max_body_bytes."""
@@ -148,7 +149,7 @@ class ModelResource(Resource):
         if json_length is not None:
             resp.set_header("Inference-Header-Content-Length", str(json_length))
         resp.content_type = BINARY if json_length is not None else JSON
-        if accepted is not None:
+        if accepted is not None and len(body) >= self.compress_min:
             body = encoding.encode_content(body, accepted)
             resp.set_header("Content-Encoding", accepted)
         resp.data = body
