@@ -58,7 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     child.add_argument("--model", default="")
     child.add_argument("--snapshot", type=Path, help="model: the config snapshot to load")
     child.add_argument("--port", type=int, default=0)
-    child.add_argument("--listen-fd", type=int, help="HTTP: the inherited listening socket")
+    child.add_argument(
+        "--listen-fd", type=int, help="HTTP and gRPC: the inherited listening socket"
+    )
+    child.add_argument("--listen-fds", default="", help="MIP: the listeners' sockets, fd,...")
     child.add_argument("--worker-slots", default="0:0")
     child.add_argument("--index", type=int, default=0)
     child.add_argument("--listeners", default="", help="MIP: port=model,...")
@@ -131,7 +134,9 @@ def _child(args: argparse.Namespace) -> int:
     if args.role == "grpc":
         from appliance.frontends import grpc
 
-        return grpc.run(*common, args.port, args.index)
+        return grpc.run(*common, args.listen_fd, args.index)
     from appliance.frontends import mip
+    from appliance.listeners import parse_fds
 
-    return mip.run(*common, mip.parse_listeners(args.listeners), args.index)
+    listeners = mip.parse_listeners(args.listeners)
+    return mip.run(*common, listeners, parse_fds(args.listen_fds), args.index)

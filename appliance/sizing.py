@@ -2,11 +2,12 @@
 
 The CPUs are those of the process's affinity mask (``taskset``, systemd's
 CPUAffinity, a container's cpuset), capped by a cgroup v2 CPU quota where one
-is set (``cpu.max``, as a container's CPU limit). gRPC and MIP run at least
-two processes each, so that one of them dying never closes their ports (each
-process binds the port itself, with SO_REUSEPORT). HTTP may run one worker:
-its port is the master's, passed to gunicorn, so while gunicorn replaces a
-worker that died new connections wait in the port's queue. On a small host
+is set (``cpu.max``, as a container's CPU limit). Every frontend port is the
+master's, passed to the processes that serve it, so while a process that
+died is replaced new connections wait in the port's queue. gRPC and MIP run
+at least two processes each, so that one serves while the other restarts
+(the master restarts them, a fresh interpreter each). HTTP may run one
+worker: gunicorn forks its replacement at once. On a small host
 a second HTTP worker costs more than it serves: with 2 CPUs, REST at 16
 clients took about 1.5x the CPU per request with two workers as with one
 (bench/profiles/README.md).

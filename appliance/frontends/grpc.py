@@ -1,9 +1,10 @@
 """The gRPC frontend: one grpc.aio server per process, sharing the port.
 
-Several of these processes bind the same port with SO_REUSEPORT and the
-kernel spreads connections over them. The server is created after the
-process started (gRPC does not survive fork). Every protocol's servicer is
-registered here; each talks to models through this process's model client.
+Every one of these processes accepts from the master's listening socket
+(``grpc_listener``), so one that dies takes no queued connection with it.
+The server is created after the process started (gRPC does not survive
+fork). Every protocol's servicer is registered here; each talks to models
+through this process's model client.
 
 PERF: an event loop rather than grpcio's thread-pool server. Inference
 waits for its reply in the loop (the model client's asyncio channel), so a
@@ -29,8 +30,10 @@ from appliance.core.status import SlotState
 from appliance.exitcodes import ExitCode
 from appliance.frontends import auth
 from appliance.frontends.context import FrontendContext
+from appliance.frontends.grpc_listener import serve_on
 from appliance.frontends.grpc_registry import Registry, chain
 from appliance.frontends.observe import observe_grpc
+from appliance.listeners import ListenerError, inherited
 from appliance.process import become_child
 from appliance.protocols import health_grpc
 from appliance.protocols.grps import grpc as grps_grpc
@@ -43,18 +46,18 @@ PROTOCOLS = (health_grpc, kserve_grpc, grps_grpc)
 log = logging.getLogger("appliance.grpc")
 
 
-def run(tree_dir: Path, master_pid: int, slot: int, port: int, index: int) -> int:
-    """Serve gRPC on ``port`` until SIGTERM, then finish what is in flight."""
+def run(tree_dir: Path, master_pid: int, slot: int, listen_fd: int, index: int) -> int:
+    """Serve gRPC on the master's socket until SIGTERM, then finish what is in flight."""
     context = FrontendContext.open(tree_dir)
     config = context.config
     title = f"grpc[{index}]"
     logs.setup(title, config.server.log_level)
     logs.set_access_log(config.server.access_log)
     become_child(title, master_pid)
-    return asyncio.run(_serve(context, slot, port))
+    return asyncio.run(_serve(context, slot, listen_fd))
 
 
-async def _serve(context: FrontendContext, slot: int, port: int) -> int:
+async def _serve(context: FrontendContext, slot: int, listen_fd: int) -> int:
     config = context.config
     # Created in the loop: the client's asyncio channel belongs to it.
     client = context.client(publish_slot=slot)
@@ -62,7 +65,8 @@ async def _serve(context: FrontendContext, slot: int, port: int) -> int:
     limit = config.grpc.max_message_bytes
     server = grpc.aio.server(
         options=[
-            ("grpc.so_reuseport", 1),
+            # Its own placeholder port is private to this process.
+            ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
         ],
@@ -72,13 +76,16 @@ async def _serve(context: FrontendContext, slot: int, port: int) -> int:
         registry = Registry(server, chain(*auth.grpc_wraps(config), observe_grpc))
         for protocol in PROTOCOLS:
             protocol.add_to_server(registry, client, threads)
-        address = f"{config.server.host}:{port}"
-        if config.tls.enabled:
-            bound = server.add_secure_port(address, _credentials(config))
-        else:
-            bound = server.add_insecure_port(address)
-        if bound != port:
-            log.error("cannot listen on %s", address)
+        try:
+            shared = inherited(listen_fd)
+            address = f"{config.server.host}:{shared.getsockname()[1]}"
+            if config.tls.enabled:
+                credentials = _credentials(config)
+                listener = serve_on(shared, lambda at: server.add_secure_port(at, credentials))
+            else:
+                listener = serve_on(shared, server.add_insecure_port)
+        except ListenerError as ex:
+            log.error("cannot serve the master's gRPC socket: %s", ex)
             return ExitCode.BOOT_ERROR
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -87,6 +94,8 @@ async def _serve(context: FrontendContext, slot: int, port: int) -> int:
         log.info("listening on %s", address)
         await stop.wait()
         context.status.set_state(slot, SlotState.STOPPING)
+        # Its siblings keep accepting from the socket; this process takes no more.
+        listener.release()
         await server.stop(grace=config.server.stop_timeout_s)
         return ExitCode.OK
     finally:

@@ -1,7 +1,9 @@
-"""The MIP frontend: asyncio TCP servers sharing their ports with SO_REUSEPORT.
+"""The MIP frontend: asyncio TCP servers on the master's listening sockets.
 
 MIP has no model field, so each configured listener (a port) serves one
-model; every MIP process listens on every port. A connection may carry one
+model; every MIP process accepts from every port's socket, which the master
+owns and passes down (``appliance.listeners``), so a MIP process that dies
+takes no queued connection with it. A connection may carry one
 request (as KubeMo's client sends) or many, pipelined: the next request may
 arrive before the last reply was read; up to PIPELINE_DEPTH of them run at
 once and the replies go back in order. A ping is answered with a pong while
@@ -24,6 +26,7 @@ import functools
 import logging
 import os
 import signal
+import socket
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +36,9 @@ from appliance.client.api import ModelClient
 from appliance.config import ApplianceConfig, MipConfig
 from appliance.core.status import SlotState
 from appliance.exitcodes import ExitCode
+from appliance.frontends.acceptor import Acceptor
 from appliance.frontends.context import FrontendContext
+from appliance.listeners import ListenerError, inherited
 from appliance.process import become_child
 from appliance.protocols.mip import codec
 from appliance.protocols.mip.codec import BadVersion, ErrorCode, Event, Frame, Kind
@@ -343,16 +348,21 @@ def parse_listeners(text: str) -> list[tuple[int, str]]:
     return listeners
 
 
-async def serve(context: FrontendContext, slot: int, listeners: list[tuple[int, str]]) -> None:
+async def serve(
+    context: FrontendContext,
+    slot: int,
+    listeners: list[tuple[int, str]],
+    sockets: list[socket.socket],
+) -> None:
     process = Process(context.client(publish_slot=slot), context.config.mip)
     host = context.config.server.host
     loop = asyncio.get_running_loop()
-    servers = []
-    for index, (port, model) in enumerate(listeners):
+    acceptors = []
+    for index, ((port, model), sock) in enumerate(zip(listeners, sockets, strict=True)):
         service = MipService(process.client, model)
         locked = auth_locked(context.config, index)
         factory = functools.partial(MipConnection, process, service, locked)
-        servers.append(await loop.create_server(factory, host, port, reuse_port=True))
+        acceptors.append(Acceptor(sock, factory))
         log.info("listening on %s:%d for model %s", host, port, model)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -361,11 +371,10 @@ async def serve(context: FrontendContext, slot: int, listeners: list[tuple[int, 
         await stop.wait()
     finally:
         context.status.set_state(slot, SlotState.STOPPING)
-        for server in servers:
-            server.close()
-            await server.wait_closed()
-        # 3.11's wait_closed does not wait for connections: close them here and
-        # let their requests finish cancelling before the client goes away.
+        for acceptor in acceptors:
+            acceptor.close()
+        # Close the connections here and let their requests finish cancelling
+        # before the client goes away.
         tasks = [task for c in process.connections for task in c.pending()]
         for connection in list(process.connections):
             connection.abort()
@@ -377,13 +386,23 @@ async def serve(context: FrontendContext, slot: int, listeners: list[tuple[int, 
 
 
 def run(
-    tree_dir: Path, master_pid: int, slot: int, listeners: list[tuple[int, str]], index: int
+    tree_dir: Path,
+    master_pid: int,
+    slot: int,
+    listeners: list[tuple[int, str]],
+    fds: list[int],
+    index: int,
 ) -> int:
-    """Serve every MIP listener until SIGTERM."""
+    """Serve every MIP listener, on the master's sockets ``fds``, until SIGTERM."""
     context = FrontendContext.open(tree_dir)
     title = f"mip[{index}]"
     logs.setup(title, context.config.server.log_level)
     logs.set_access_log(context.config.server.access_log)
     become_child(title, master_pid)
-    asyncio.run(serve(context, slot, listeners))
+    try:
+        sockets = [inherited(fd) for fd in fds]
+    except ListenerError as ex:
+        log.error("cannot serve the master's MIP sockets: %s", ex)
+        return ExitCode.BOOT_ERROR
+    asyncio.run(serve(context, slot, listeners, sockets))
     return ExitCode.OK

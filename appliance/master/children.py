@@ -40,7 +40,7 @@ class ChildSpec:
     model: str = ""
     instance: int = 0
     extra: tuple[str, ...] = ()
-    # Descriptors the child inherits under their own numbers (the HTTP listener).
+    # Descriptors the child inherits under their own numbers (its port's listeners).
     pass_fds: tuple[int, ...] = ()
 
     @property

@@ -14,6 +14,7 @@ from pathlib import Path
 from appliance.config import ApplianceConfig, ModelConfig
 from appliance.core.status import Role
 from appliance.master.children import ChildSpec
+from appliance.master.ports import Ports
 
 SPARE_SLOTS = 64
 
@@ -53,18 +54,12 @@ def model_specs(
     ]
 
 
-def make_plan(
-    config: ApplianceConfig,
-    ports: dict[str, int],
-    mip_listeners: list[tuple[int, str]],
-    snapshot: Path,
-    http_listener_fd: int,
-) -> Plan:
+def make_plan(config: ApplianceConfig, ports: Ports, snapshot: Path) -> Plan:
     """Lay out slots and child specs for ``config`` with resolved ports.
 
     Args:
-        http_listener_fd: the master's listening HTTP socket, which the
-            gunicorn arbiter inherits (see ``ports``).
+        ports: the master's listening sockets, which each frontend process
+            inherits (see ``ports``).
     """
     plan = Plan()
     slot = 0
@@ -84,20 +79,22 @@ def make_plan(
             status_role=Role.HTTP,
             extra=(
                 "--port",
-                str(ports["http"]),
+                str(ports.by_name["http"]),
                 "--listen-fd",
-                str(http_listener_fd),
+                str(ports.http_fd),
                 "--worker-slots",
                 f"{http_slot + 1}:{worker_count}",
             ),
-            pass_fds=(http_listener_fd,),
+            pass_fds=(ports.http_fd,),
         )
     )
     slot = http_slot + 1 + worker_count
-    listeners = ",".join(f"{port}={model}" for port, model in mip_listeners)
-    for role, status_role, count, where in (
-        ("grpc", Role.GRPC, config.grpc.workers, ("--port", str(ports["grpc"]))),
-        ("mip", Role.MIP, config.mip.workers, ("--listeners", listeners)),
+    listeners = ",".join(f"{port}={model}" for port, model in ports.mip_listeners)
+    mip_args = ("--listeners", listeners, "--listen-fds", ",".join(map(str, ports.mip_fds)))
+    grpc_args = ("--listen-fd", str(ports.grpc_fd))
+    for role, status_role, count, where, fds in (
+        ("grpc", Role.GRPC, config.grpc.workers, grpc_args, (ports.grpc_fd,)),
+        ("mip", Role.MIP, config.mip.workers, mip_args, tuple(ports.mip_fds)),
     ):
         for index in range(count):
             plan.specs.append(
@@ -108,6 +105,7 @@ def make_plan(
                     status_role=status_role,
                     instance=index,
                     extra=(*where, "--index", str(index)),
+                    pass_fds=fds,
                 )
             )
             slot += 1

@@ -141,7 +141,7 @@ class Supervisor:
         else:
             self._drain_wake = now + self.drain.advance(self.frontends(), self.models())
             if self.drain.step >= Step.STOP_FRONTENDS and self._held is not None:
-                self._held.close_http_listener()
+                self._held.close()
         if now >= self._housekeeping_at:
             self._housekeeping_at = now + HOUSEKEEPING_S
             self._housekeeping()
@@ -176,14 +176,7 @@ class Supervisor:
         except PortError as ex:
             raise StartError(str(ex)) from None
         self.ports = held.by_name
-        assert held.http_listener is not None
-        self.plan = make_plan(
-            self.config,
-            self.ports,
-            held.mip_listeners,
-            tree.snapshot_path,
-            held.http_listener.fileno(),
-        )
+        self.plan = make_plan(self.config, held, tree.snapshot_path)
         self._status = StatusTable.create(tree.status_name, self.plan.n_slots, os.getpid())
         self.status.online = self.config.server.start_online
         write_snapshot(self.config, tree.snapshot_path)

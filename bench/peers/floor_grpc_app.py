@@ -6,7 +6,8 @@ KServe stubs): each input comes back as an output, named as the request
 asks, raw contents as sent. No model, no process hop: what is left is what
 any grpcio frontend pays per call. ``aio`` is the appliance's stack
 (grpc.aio, calls wait in an event loop); ``sync`` is grpcio's thread pool.
-Several workers share the port with SO_REUSEPORT, as the appliance's do::
+Several workers share the port with SO_REUSEPORT (the appliance's accept from
+one socket that its master holds instead; only connecting differs, not a call)::
 
     python floor_grpc_app.py PORT aio|sync WORKERS THREADS
 """
