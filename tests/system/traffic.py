@@ -104,13 +104,18 @@ class KserveRest(Caller):
 
 class KserveGrpc(Caller):
     protocol = "kserve-grpc"
+    # None: tritonclient's own, under which every client of a process shares
+    # one connection (gRPC's global subchannel pool).
+    channel_args: list[tuple[str, Any]] | None = None
 
     def __init__(self, ep: Endpoints) -> None:
         import tritonclient.grpc as grpcclient
 
         self.lib = grpcclient
         self.model = ep.model
-        self.client = grpcclient.InferenceServerClient(f"{ep.host}:{ep.grpc}")
+        self.client = grpcclient.InferenceServerClient(
+            f"{ep.host}:{ep.grpc}", channel_args=self.channel_args
+        )
 
     def __call__(self, x: Array) -> Array:
         tensor = self.lib.InferInput("x", list(x.shape), "FP64")
