@@ -27,6 +27,7 @@ import orjson
 import tomli_w
 
 from appliance.client.api import ModelClient
+from appliance.core.status import Counter
 from appliance.ctl import request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,6 +103,25 @@ def eventually(check: Callable[[], bool], timeout_s: float, interval_s: float = 
     while not check() and time.monotonic() < deadline:
         time.sleep(interval_s)
     return check()
+
+
+def counted(
+    client: ModelClient,
+    model: str,
+    successes: int,
+    before: dict[Counter, int] | None = None,
+    timeout_s: float = 10.0,
+) -> dict[Counter, int]:
+    """``model``'s counters once ``successes`` requests are counted in them (since ``before``).
+
+    A model worker adds a batch to its counters after it sent the batch's
+    replies, and publishes them a moment later: read as soon as the replies
+    came, the counters may lack the last batches. The caller still checks
+    the counts it returns, so too many is caught as well as too few.
+    """
+    base = before[Counter.SUCCESS] if before is not None else 0
+    eventually(lambda: client.counters(model)[Counter.SUCCESS] - base >= successes, timeout_s)
+    return client.counters(model)
 
 
 @dataclass

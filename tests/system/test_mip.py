@@ -27,7 +27,7 @@ from appliance.protocols.mip.client import (
     text_item,
 )
 from appliance.protocols.mip.codec import ItemType
-from tests.system.harness import Appliance, demo_models, running
+from tests.system.harness import Appliance, counted, demo_models, running
 
 SERVED = ["echo", "simple", "simple_string", "identity", "digits", "forward", "probe", "invert"]
 
@@ -98,7 +98,7 @@ def test_kubemo_json_batches_run_digits(mip: Appliance, size: int) -> None:
         expected = result.array("probabilities").copy()
     got = np.array([row[0].decode() for row in outputs], dtype=np.float32)
     np.testing.assert_allclose(got, expected, rtol=1e-6)
-    after = mip.client().counters("digits")
+    after = counted(mip.client(), "digits", 2, before)
     # The MIP batch rode the core as one request (plus the direct call above).
     assert after[Counter.BATCH_ROWS] - before[Counter.BATCH_ROWS] == 2 * size
     assert after[Counter.SUCCESS] - before[Counter.SUCCESS] == 2

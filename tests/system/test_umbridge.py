@@ -15,7 +15,7 @@ import requests
 import umbridge
 
 from appliance.core.status import Counter
-from tests.system.harness import Appliance, demo_models, rendezvous, running
+from tests.system.harness import Appliance, counted, demo_models, rendezvous, running
 
 MODELS = "tests.umbridge_models"
 EXTRA: list[dict[str, Any]] = [
@@ -272,6 +272,6 @@ def test_concurrent_clients_get_their_own_answers_from_shared_batches(
         batch_sizes.append(batch[0])
     # SPEC: DESIGN.md "Models" — UM-Bridge evaluations ride the core's batching.
     assert max(batch_sizes) > 1
-    after = served.client().counters("probe")
+    after = counted(served.client(), "probe", threads * rounds, before)
     assert after[Counter.SUCCESS] - before[Counter.SUCCESS] == threads * rounds
     assert after[Counter.BATCHES] - before[Counter.BATCHES] < threads * rounds
