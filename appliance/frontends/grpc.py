@@ -87,15 +87,18 @@ async def _serve(context: FrontendContext, slot: int, listen_fd: int) -> int:
         except ListenerError as ex:
             log.error("cannot serve the master's gRPC socket: %s", ex)
             return ExitCode.BOOT_ERROR
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await server.start()
-        context.status.set_state(slot, SlotState.READY, os.getpid())
-        log.info("listening on %s", address)
-        await stop.wait()
-        context.status.set_state(slot, SlotState.STOPPING)
-        # Its siblings keep accepting from the socket; this process takes no more.
-        listener.release()
+        try:
+            stop = asyncio.Event()
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+            await server.start()
+            context.status.set_state(slot, SlotState.READY, os.getpid())
+            log.info("listening on %s", address)
+            await stop.wait()
+            context.status.set_state(slot, SlotState.STOPPING)
+        finally:
+            # Before any stop of the server, even one on the way out after an
+            # error: its siblings keep accepting from the socket.
+            listener.release()
         await server.stop(grace=config.server.stop_timeout_s)
         return ExitCode.OK
     finally:

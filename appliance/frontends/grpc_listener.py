@@ -85,11 +85,16 @@ def serve_on(shared: socket.socket, bind: Callable[[str], int]) -> GrpcListener:
     # grpcio accepts until EAGAIN, as from its own non-blocking socket.
     shared.setblocking(False)
     os.dup2(shared.fileno(), fd, inheritable=False)
-    _epoll_add(watch, fd)
-    if registrations(fd) != [watch]:
-        raise ListenerError("the master's socket could not take the place of gRPC's own")
     shared.close()
-    return GrpcListener(fd, watch.epoll_fd)
+    listener = GrpcListener(fd, watch.epoll_fd)
+    try:
+        _epoll_add(watch, fd)
+        if registrations(fd) != [watch]:
+            raise ListenerError("the master's socket could not take the place of gRPC's own")
+    except BaseException:
+        listener.release()  # grpcio, torn down, must not shut the master's socket
+        raise
+    return listener
 
 
 class GrpcListener:
