@@ -27,6 +27,7 @@ import numpy.typing as npt
 import zmq
 
 from appliance.client.routing import Router, Target
+from appliance.core.client_memory import ClientTensor
 from appliance.core.descriptor import (
     Kind,
     Message,
@@ -45,8 +46,9 @@ from appliance.core.tree import owner_pid
 from appliance.errors import BadRequest, error_from_code
 from appliance.process import pid_alive
 
-# A DeviceTensor is an input in a client's GPU memory (KServe CUDA shared memory).
-TensorLike = Tensor | DeviceTensor | npt.NDArray[Any]
+# A DeviceTensor is an input in a client's GPU memory (KServe CUDA shared memory),
+# a ClientTensor one in a client's file (system shared memory), read when placed.
+TensorLike = Tensor | DeviceTensor | ClientTensor | npt.NDArray[Any]
 
 
 class Outbox(Protocol):
@@ -386,8 +388,8 @@ def _raise_for(reply: Message) -> None:
         raise error_from_code(reply.code, reply.error_message)
 
 
-def _tensor(name: str, value: TensorLike) -> Tensor | DeviceTensor:
-    if isinstance(value, Tensor | DeviceTensor):
+def _tensor(name: str, value: TensorLike) -> Tensor | DeviceTensor | ClientTensor:
+    if isinstance(value, Tensor | DeviceTensor | ClientTensor):
         return value
     try:
         return Tensor.from_array(value)

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
+from appliance.core.client_memory import ClientTensor
 from appliance.core.device_tensors import CudaPlace, DeviceTensor, empty_like, is_cuda_place
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.ring import Block
@@ -164,7 +165,7 @@ class Allocator(Protocol):
 
 
 def place_tensors(
-    tensors: Mapping[str, Tensor | DeviceTensor],
+    tensors: Mapping[str, Tensor | DeviceTensor | ClientTensor],
     ring: Allocator,
     inline_threshold: int,
     payloads: list[Any],
@@ -173,15 +174,20 @@ def place_tensors(
     """Write tensors into a message: small ones inline, the rest into ``ring``.
 
     Appends inline payloads to ``payloads`` and the ring blocks used to
-    ``blocks`` (the caller releases them when the peer is done).
+    ``blocks`` (the caller releases them when the peer is done). A tensor in
+    a client's file is read straight into its block (or payload): its one copy.
 
     Raises:
         TooLarge, Overloaded: from the ring.
+        BadRequest: a client's file shrank, vanished or was replaced.
     """
     entries: list[list[Any]] = []
     for name, tensor in tensors.items():
         if type(tensor) is DeviceTensor:
             entries.append([name, tensor.dtype.value, list(tensor.shape), tensor.place.to_body()])
+            continue
+        if type(tensor) is ClientTensor:
+            entries.append(_place_client(name, tensor, ring, inline_threshold, payloads, blocks))
             continue
         assert isinstance(tensor, Tensor)
         raw = tensor.raw()
@@ -197,6 +203,28 @@ def place_tensors(
             place = [block.segment, block.offset, block.nbytes]
         entries.append([name, tensor.dtype.value, list(tensor.shape), place])
     return entries
+
+
+def _place_client(
+    name: str,
+    tensor: ClientTensor,
+    ring: Allocator,
+    inline_threshold: int,
+    payloads: list[Any],
+    blocks: list[Block],
+) -> list[Any]:
+    """:func:`place_tensors` for a tensor in a client's file."""
+    span = tensor.span
+    place: Any
+    if span.nbytes <= inline_threshold:
+        place = len(payloads)
+        payloads.append(span.read())
+    else:
+        block = ring.alloc(span.nbytes)
+        blocks.append(block)
+        span.read_into(ring.view(block))
+        place = [block.segment, block.offset, block.nbytes]
+    return [name, tensor.dtype.value, list(tensor.shape), place]
 
 
 class SegmentReader:

@@ -17,7 +17,7 @@ from appliance.core.device_tensors import CudaPlace
 from appliance.errors import BadRequest, Unsupported
 from appliance.protocols.kserve.errors import RegionExists
 from appliance.protocols.kserve.inference import ShmRef
-from appliance.protocols.kserve.shm import CudaRegion, RegionTable
+from appliance.protocols.kserve.shm import CudaRegion, RegionTable, Target
 from appliance.worker.cuda_regions import CudaRegions
 from tests.gpu import cuda_driver_missing
 
@@ -51,6 +51,17 @@ def tables(tmp_path: Path) -> Iterator[tuple[RegionTable, RegionTable]]:
     second.close()
 
 
+def read(table: RegionTable, ref: ShmRef) -> bytes:
+    """The bytes of a tensor in a system region, as the model client copies them."""
+    return bytes(table.span(ref, "input x").read())
+
+
+def write(table: RegionTable, ref: ShmRef, data: bytes) -> None:
+    target = table.target(ref, "output y")
+    assert isinstance(target, Target)
+    target.write(memoryview(data))
+
+
 def test_a_registration_is_seen_by_every_table(
     tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
 ) -> None:
@@ -60,10 +71,13 @@ def test_a_registration_is_seen_by_every_table(
     assert [r.status() for r in second.status(None)] == [
         {"name": "data", "key": key, "offset": 64, "byte_size": 128}
     ]
-    second.view(ShmRef("data", 4, 8), "input x")[:] = b"abcd"
-    assert bytes(first.view(ShmRef("data", 4, 8), "output y")) == b"abcd"
+    write(second, ShmRef("data", 4, 8), b"abcd")
+    assert read(first, ShmRef("data", 4, 8)) == b"abcd"
     raw = Path("/dev/shm", key[1:]).read_bytes()
     assert raw[64 + 8 : 64 + 12] == b"abcd"
+    destination = bytearray(4)
+    first.span(ShmRef("data", 4, 8), "input x").read_into(memoryview(destination))
+    assert destination == b"abcd"
 
 
 def test_unregister_forgets_everywhere_and_never_unlinks(
@@ -73,10 +87,10 @@ def test_unregister_forgets_everywhere_and_never_unlinks(
     key = segment("a", 64)
     first.register("a", key, 0, 64)
     first.register("b", segment("b", 64), 0, 64)
-    second.view(ShmRef("a", 64), "input x")
+    read(second, ShmRef("a", 64))
     first.unregister("a")
     with pytest.raises(BadRequest, match="no system shared memory region named 'a'"):
-        second.view(ShmRef("a", 64), "input x")
+        second.span(ShmRef("a", 64), "input x")
     assert [r.name for r in second.status(None)] == ["b"]
     first.unregister("unknown")
     second.unregister(None)
@@ -84,32 +98,36 @@ def test_unregister_forgets_everywhere_and_never_unlinks(
     assert Path("/dev/shm", key[1:]).exists()
 
 
-def test_a_mapping_in_use_is_unmapped_when_released(
+def test_a_segment_is_never_mapped_nor_held_open(
     tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
 ) -> None:
+    """Between copies nothing of a client's segment stays in this process."""
     first, second = tables
-    first.register("a", segment("a", 64), 0, 64)
-    view = second.view(ShmRef("a", 64), "input x")
+    key = segment("a", 64)
+    first.register("a", key, 0, 64)
+    span = second.span(ShmRef("a", 64), "input x")
+    write(second, ShmRef("a", 8), b"12345678")
+    assert read(first, ShmRef("a", 8)) == b"12345678"
+    path = f"/dev/shm/{key[1:]}"
+    assert path not in Path("/proc/self/maps").read_text()
+    opened = [os.readlink(f) for f in Path("/proc/self/fd").iterdir() if f.is_symlink()]
+    assert path not in opened
     first.unregister(None)
-    second.status(None)
-    assert view[0] == 0  # still readable: a request may be using it
-    del view
-    second.status(None)
-    assert second._retired == []
-    assert second._maps == {}
+    # A span already handed out still names the segment; it was never mapped.
+    assert bytes(span.read()[:8]) == b"12345678"
 
 
-def test_reregistering_a_name_maps_the_new_segment(
+def test_reregistering_a_name_uses_the_new_segment(
     tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
 ) -> None:
     first, second = tables
     old, new = segment("old", 64), segment("new", 64)
     Path("/dev/shm", new[1:]).write_bytes(b"N" * 64)
     first.register("r", old, 0, 64)
-    assert bytes(second.view(ShmRef("r", 1), "input x")) == b"\x00"
+    assert read(second, ShmRef("r", 1)) == b"\x00"
     first.unregister("r")
     first.register("r", new, 0, 64)
-    assert bytes(second.view(ShmRef("r", 1), "input x")) == b"N"
+    assert read(second, ShmRef("r", 1)) == b"N"
 
 
 def test_a_replaced_segment_must_be_registered_again(
@@ -118,10 +136,99 @@ def test_a_replaced_segment_must_be_registered_again(
     first, second = tables
     key = segment("r", 64)
     first.register("r", key, 0, 64)
+    read(second, ShmRef("r", 8))
     Path("/dev/shm", key[1:]).unlink()
+    with pytest.raises(BadRequest, match=r"cannot be opened .*; register region 'r' again"):
+        read(second, ShmRef("r", 8))
     segment("r", 64)
-    with pytest.raises(BadRequest, match="was replaced after region 'r' was registered"):
-        second.view(ShmRef("r", 8), "input x")
+    for call in (lambda: read(second, ShmRef("r", 8)), lambda: write(first, ShmRef("r", 8), b"")):
+        with pytest.raises(BadRequest) as caught:
+            call()
+        assert f"shared memory key '{key}' of region 'r' was replaced" in caught.value.message
+        assert "register region 'r' again" in caught.value.message
+
+
+def test_a_shrunken_segment_is_a_client_error_naming_both_sizes(
+    tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
+) -> None:
+    first, second = tables
+    key = segment("r", 256)
+    path = Path("/dev/shm", key[1:])
+    first.register("r", key, 64, 128)
+    span = second.span(ShmRef("r", 64, 32), "input x")
+    os.truncate(path, 100)
+    for call in (span.read, span.check, lambda: write(first, ShmRef("r", 8), b"x")):
+        with pytest.raises(BadRequest) as caught:
+            call()
+        message = caught.value.message
+        assert f"shared memory key '{key}' of region 'r' shrank to 100 bytes" in message
+        assert "needs 192" in message
+    os.truncate(path, 0)
+    with pytest.raises(BadRequest, match="shrank to 0 bytes"):
+        second.target(ShmRef("r", 8), "output y")
+    os.truncate(path, 256)
+    assert bytes(span.read()) == bytes(64)
+
+
+def test_a_segment_shrinking_during_a_copy_is_a_client_error(
+    tables: tuple[RegionTable, RegionTable],
+    segment: Callable[[str, int], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client truncates its segment between the size check and the copy.
+
+    The copy functions are the real ones; the truncation is made to land in
+    that window, where a mapping would have raised SIGBUS.
+    """
+    first, _ = tables
+    key = segment("r", 1 << 16)
+    path = Path("/dev/shm", key[1:])
+    first.register("r", key, 0, 1 << 16)
+    span = first.span(ShmRef("r", 1 << 15, 4096), "input x")
+    real_preadv, real_pwritev = os.preadv, os.pwritev
+
+    def shrinking_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        os.truncate(path, 5000)
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", shrinking_preadv)
+    with pytest.raises(BadRequest) as caught:
+        span.read_into(memoryview(bytearray(1 << 15)))
+    assert "shrank to 5000 bytes while it was read; the request needs 65536" in str(
+        caught.value.message
+    )
+    monkeypatch.setattr(os, "preadv", real_preadv)
+    os.truncate(path, 1 << 16)
+
+    def shrinking_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        os.truncate(path, 0)
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", shrinking_pwritev)
+    with pytest.raises(BadRequest) as caught:
+        write(first, ShmRef("r", 100, 4096), b"y" * 100)
+    message = caught.value.message
+    assert "changed size while it was written (65536 bytes before, 4196 after)" in message
+    # The write grew the file back no further than the region's end.
+    assert path.stat().st_size <= 1 << 16
+
+
+def test_a_fifo_is_refused_without_waiting(
+    tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
+) -> None:
+    first, _ = tables
+    key = segment("fifo", 0)
+    path = Path("/dev/shm", key[1:])
+    path.unlink()
+    os.mkfifo(path, 0o600)
+    with pytest.raises(BadRequest, match="is not a shared-memory segment"):
+        first.register("f", key, 0, 8)
+    key = segment("swap", 64)
+    first.register("s", key, 0, 64)
+    Path("/dev/shm", key[1:]).unlink()
+    os.mkfifo(Path("/dev/shm", key[1:]), 0o600)
+    with pytest.raises(BadRequest, match="is not a shared-memory segment"):
+        read(first, ShmRef("s", 8))
 
 
 @pytest.mark.parametrize(
@@ -159,7 +266,7 @@ def test_names_are_unique_and_views_stay_inside_their_region(
     with pytest.raises(RegionExists, match="already registered"):
         second.register("r", key, 0, 100)
     with pytest.raises(BadRequest, match="exceed the 100 bytes of region 'r'"):
-        second.view(ShmRef("r", 64, 40), "input x")
+        second.span(ShmRef("r", 64, 40), "input x")
     with pytest.raises(BadRequest, match="no system shared memory region named 'q'"):
         second.status("q")
 

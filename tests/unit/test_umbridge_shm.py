@@ -125,3 +125,49 @@ def test_a_directory_is_not_a_segment(tid: str) -> None:
             shm.read_segment(path.name, 1)
     finally:
         os.rmdir(path)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tid: str) -> None:
+    path = Path(f"/dev/shm/umbridge_in_{tid}_0")
+    os.mkfifo(path, 0o600)
+    with pytest.raises(UmBridgeError, match="is not a shared-memory segment"):
+        shm.read_segment(path.name, 1)
+    with pytest.raises(UmBridgeError, match="is not a shared-memory segment"):
+        shm.write_segment(path.name, np.zeros(1))
+
+
+def test_a_segment_shrinking_during_a_copy_is_invalid_input(
+    tid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client truncates its segment between the size check and the copy.
+
+    The copies are the real ones; the truncation is made to land in that
+    window, where a mapping would have raised SIGBUS.
+    """
+    name = f"umbridge_in_{tid}_0"
+    path = Path("/dev/shm", name)
+    path.write_bytes(bytes(8 * 1024))
+    real_preadv, real_pwritev = os.preadv, os.pwritev
+
+    def shrinking_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        os.truncate(path, 100)
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", shrinking_preadv)
+    with pytest.raises(UmBridgeError) as caught:
+        shm.read_segment(name, 1024)
+    assert caught.value.status == 400
+    assert "shrank to 100 bytes while it was read; the request needs 8192" in caught.value.message
+    monkeypatch.setattr(os, "preadv", real_preadv)
+
+    def shrinking_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        os.truncate(path, 0)
+        return real_pwritev(fd, buffers, offset)
+
+    path.write_bytes(bytes(8 * 1024))
+    monkeypatch.setattr(os, "pwritev", shrinking_pwritev)
+    with pytest.raises(UmBridgeError) as caught:
+        shm.write_segment(name, np.ones(4))
+    assert "changed size while it was written (8192 bytes before, 32 after)" in (
+        caught.value.message
+    )

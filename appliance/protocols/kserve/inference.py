@@ -157,14 +157,23 @@ def tensor_from_buffer(
                 f"(a 4-byte length per element), got {size}"
             )
         return Tensor(dtype, shape, buffer)
+    check_byte_size(name, dtype, shape, size)
+    array = np.frombuffer(buffer, dtype=dtypes.to_numpy(dtype)).reshape(shape)
+    return Tensor(dtype, shape, array)
+
+
+def check_byte_size(name: str, dtype: DType, shape: tuple[int, ...], size: int) -> None:
+    """Refuse ``size`` bytes of a numeric tensor that its shape and datatype do not fill.
+
+    Raises:
+        DecodeError: they do not.
+    """
     expected = dtypes.element_count(shape) * dtypes.item_size(dtype)
     if size != expected:
         raise DecodeError(
             f"input {name}: {size} bytes of data do not match shape {list(shape)} of "
             f"{dtype.value} ({expected} bytes expected)"
         )
-    array = np.frombuffer(buffer, dtype=dtypes.to_numpy(dtype)).reshape(shape)
-    return Tensor(dtype, shape, array)
 
 
 def shm_ref(parameters: Mapping[str, Any], what: str) -> ShmRef | None:

@@ -16,6 +16,7 @@ from typing import Any
 import appliance
 from appliance.client.api import ModelClient
 from appliance.core import cuda, dtypes
+from appliance.core.client_memory import ClientSpan, ClientTensor
 from appliance.core.device_tensors import CudaPlace, DeviceTensor
 from appliance.core.dtypes import DType
 from appliance.core.metadata import ModelMetadata
@@ -26,6 +27,7 @@ from appliance.protocols.kserve.inference import (
     InferRequest,
     OutputData,
     RequestedOutput,
+    check_byte_size,
     tensor_from_buffer,
 )
 from appliance.protocols.kserve.shm import RegionTable, Target
@@ -208,12 +210,13 @@ async def infer_async(
 ) -> AsyncIterator[list[OutputData]]:
     """Run a request; yield its outputs, valid until the block ends.
 
-    Inputs in system shared memory are read from the client's region (the
-    model client copies them once into its ring); outputs asked for in
-    shared memory are written into the client's region and carry no data
-    back. Tensors in CUDA regions are the model worker's to read and write
-    (their places travel in the descriptor). The call waits in the event
-    loop, without a thread.
+    Inputs in system shared memory are read from the client's segment
+    straight into the model client's ring, never through a mapping the
+    client could shrink under us (core/client_memory.py); outputs asked for
+    in shared memory are written into the client's segment the same way
+    and carry no data back. Tensors in CUDA regions are the model worker's
+    to read and write (their places travel in the descriptor). The call
+    waits in the event loop, without a thread.
     """
     call = _prepare(client, regions, request)
     result = await client.infer_async(
@@ -228,7 +231,7 @@ class _Call:
     """A request made ready for the model client."""
 
     model: str
-    inputs: dict[str, Tensor | DeviceTensor]
+    inputs: dict[str, Tensor | DeviceTensor | ClientTensor]
     targets: dict[str, Target | CudaPlace]
     names: list[str] | None
     parameters: dict[str, Any]
@@ -275,20 +278,29 @@ def decoupled(client: ModelClient, model: str) -> bool:
     return bool(client.metadata(model).supports.get("predict_stream"))
 
 
-def _inputs(regions: RegionTable, request: InferRequest) -> dict[str, Tensor | DeviceTensor]:
-    tensors: dict[str, Tensor | DeviceTensor] = {}
+def _inputs(
+    regions: RegionTable, request: InferRequest
+) -> dict[str, Tensor | DeviceTensor | ClientTensor]:
+    tensors: dict[str, Tensor | DeviceTensor | ClientTensor] = {}
     for item in request.inputs:
         if item.data is not None:
             tensors[item.name] = item.data
             continue
         assert item.shm is not None
-        view = regions.read(item.shm, f"input {item.name}")
-        if isinstance(view, CudaPlace):
-            tensors[item.name] = _device_input(item.name, item.dtype, item.shape, view)
-            continue
-        if item.dtype is DType.BYTES:
+        where = regions.read(item.shm, f"input {item.name}")
+        if isinstance(where, CudaPlace):
+            tensors[item.name] = _device_input(item.name, item.dtype, item.shape, where)
+        elif item.dtype is DType.BYTES:
+            # The elements' lengths are read to find the tensor's end: from a
+            # private copy, which the client can no longer change under us.
+            view = where if isinstance(where, memoryview) else memoryview(where.read())
             view = view[: _packed_length(item.name, view, dtypes.element_count(item.shape))]
-        tensors[item.name] = tensor_from_buffer(item.name, item.dtype, item.shape, view)
+            tensors[item.name] = tensor_from_buffer(item.name, item.dtype, item.shape, view)
+        elif isinstance(where, ClientSpan):
+            check_byte_size(item.name, item.dtype, item.shape, where.nbytes)
+            tensors[item.name] = ClientTensor(item.dtype, item.shape, where)
+        else:
+            tensors[item.name] = tensor_from_buffer(item.name, item.dtype, item.shape, where)
     return tensors
 
 

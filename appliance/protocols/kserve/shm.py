@@ -7,14 +7,21 @@ requests. Any frontend process of the host may serve those: a register over
 HTTP lands in one gunicorn worker, the inference over gRPC in another
 process. So the registry is one small JSON file in the tree's private
 directory, changed under an exclusive ``flock`` and replaced atomically by
-rename; each process caches it by (inode, mtime) and keeps its own mappings.
+rename; each process caches it by (inode, mtime).
 
-SAFETY: the segments belong to the client. They are opened with ``os.open``
-and ``mmap`` (never ``multiprocessing.shared_memory``, whose resource tracker
-may unlink them), never unlinked or resized, and unmapped once unregistered:
-at once in the process that unregisters, within ``SWEEP_INTERVAL_S`` in the
-others, and when the last request still reading a mapping lets go of it.
-The appliance's own segments (``appliance-*``) cannot be registered.
+SAFETY: the segments belong to the client, which may truncate, unlink or
+replace one at any moment, also while a request copies. They are never
+mapped: a mapping kills the process that touches a page past a shrunken end
+with SIGBUS. A request's tensor is a :class:`ClientSpan`, whose bytes are
+copied with preadv/pwritev on a descriptor opened for that copy (inputs
+straight into the request ring, outputs straight from the worker's response
+ring; see core/client_memory.py), and a segment that shrank, vanished or is
+another file than the one registered (by device and inode) makes the request
+fail with a BadRequest that names the region. Nothing stays open between
+requests, so unregistering needs no unmapping anywhere. Segments are opened
+with ``os.open`` (never ``multiprocessing.shared_memory``, whose resource
+tracker may unlink them), never unlinked or resized. The appliance's own
+segments (``appliance-*``) cannot be registered.
 
 CUDA regions (SPEC: PROTOCOL-FACTS §2.4, the same namespace as system ones)
 are a client's device buffers, registered as CUDA IPC handles. No frontend
@@ -28,8 +35,8 @@ runs on that GPU, the first request that uses the region finds out.
 With ``shm.cuda_copies = "frontend"`` a frontend process opens the handle
 itself, on first use, and copies the inputs from the device and the outputs
 back through host memory (the way before; each such process holds a CUDA
-context). It closes the handle once the region is unregistered, as it
-unmaps a system one.
+context). It closes the handle once the region is unregistered, at once in
+the process that unregisters and within ``SWEEP_INTERVAL_S`` in the others.
 """
 
 from __future__ import annotations
@@ -37,7 +44,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
-import mmap
 import os
 import stat
 import threading
@@ -52,6 +58,7 @@ import numpy.typing as npt
 import orjson
 
 from appliance.core import cuda
+from appliance.core.client_memory import ClientSpan
 from appliance.core.device_tensors import CudaPlace
 from appliance.core.segment import SHM_DIR
 from appliance.core.tree import PREFIX
@@ -119,14 +126,6 @@ class _Opened:
     pointer: int
 
 
-@dataclass(slots=True)
-class _Mapping:
-    serial: int
-    map: mmap.mmap
-    # Kept open to check the segment's size before each use (see view()).
-    fd: int
-
-
 def segment_path(key: str) -> Path:
     """Return the /dev/shm file of a client's key.
 
@@ -146,7 +145,8 @@ def segment_path(key: str) -> Path:
 def _open_segment(key: str) -> tuple[int, os.stat_result]:
     path = segment_path(key)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: opening a FIFO must not wait for its other end.
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as ex:
         raise BadRequest(f"unable to open shared memory key {key!r}: {ex.strerror}") from None
     info = os.fstat(fd)
@@ -162,7 +162,7 @@ Opener = Callable[[CudaPlace], int | None]
 
 
 class RegionTable:
-    """This process's view of the registry, and its mappings of the regions.
+    """This process's view of the registry (and, copying CUDA regions here, their handles).
 
     Args:
         directory: the tree's private directory (``client.tree.dir``).
@@ -180,8 +180,6 @@ class RegionTable:
         self._lock = threading.Lock()
         self._seen: tuple[int, int, int] | None = None
         self._regions: dict[str, Region] = {}
-        self._maps: dict[str, _Mapping] = {}
-        self._retired: list[mmap.mmap] = []
         self._cuda: dict[str, CudaRegion] = {}
         self._opened: dict[str, _Opened] = {}
         self._sweeper: threading.Thread | None = None
@@ -374,18 +372,18 @@ class RegionTable:
 
     # -- the data ---------------------------------------------------------------
 
-    def read(self, ref: ShmRef, what: str) -> memoryview | CudaPlace:
-        """Return the bytes of an input in a region of either kind, or where they are.
+    def read(self, ref: ShmRef, what: str) -> ClientSpan | CudaPlace | memoryview:
+        """Return where the bytes of an input in a region of either kind are.
 
-        A system region's bytes are a view of the client's segment; a CUDA
-        region's are where the model worker finds them, or (copied here)
-        a new host buffer.
+        A system region's bytes stay in the client's segment until the model
+        client copies them (a span); a CUDA region's are where the model
+        worker finds them, or (copied here) a new host buffer.
 
         Raises:
-            BadRequest: as :meth:`view`, or the copy from the device failed.
+            BadRequest: as :meth:`span`, or the copy from the device failed.
         """
         place = self._place(ref, what)
-        if isinstance(place, memoryview | CudaPlace):
+        if isinstance(place, ClientSpan | CudaPlace):
             return place
         host = np.empty(ref.byte_size, np.uint8)
         self._copy(what, place, ref, host, to_device=False)
@@ -397,18 +395,15 @@ class RegionTable:
         A CUDA place is written by the model worker, a Target here.
 
         Raises:
-            BadRequest: as :meth:`view` (now, before the model runs).
+            BadRequest: as :meth:`span`, or a system region's segment is
+                gone, replaced or too small now (before the model runs).
         """
         place = self._place(ref, what)
         if isinstance(place, CudaPlace):
             return place
-        if isinstance(place, memoryview):
-            view = place
-
-            def to_segment(raw: memoryview) -> None:
-                view[: raw.nbytes] = raw
-
-            return Target(len(view), to_segment)
+        if isinstance(place, ClientSpan):
+            place.check()
+            return Target(place.nbytes, place.write)
         opened = place
 
         def to_device(raw: memoryview) -> None:
@@ -416,36 +411,36 @@ class RegionTable:
 
         return Target(ref.byte_size, to_device)
 
-    def view(self, ref: ShmRef, what: str) -> memoryview:
-        """Return the bytes of a tensor in a region, as a writable view.
+    def span(self, ref: ShmRef, what: str) -> ClientSpan:
+        """Return the bytes of a tensor in a system region, as a span of its segment.
+
+        Nothing is opened here: the span's copies find a segment that is
+        gone, replaced or too small.
 
         Raises:
-            BadRequest: unknown region, the tensor runs past the region, or
-                the segment is gone or was replaced since registration.
+            BadRequest: unknown region, or the tensor runs past the region.
         """
         with self._lock:
             self._refresh()
-            return self._view(ref, what)
+            return self._span(ref, what)
 
     def close(self) -> None:
-        """Unmap everything this process mapped, and close its CUDA handles (at exit)."""
+        """Close the CUDA handles this process opened (at exit)."""
         with self._lock:
-            for name in list(self._maps):
-                self._forget(self._maps.pop(name))
             for name in list(self._opened):
                 self._close(self._opened.pop(name))
 
-    def _place(self, ref: ShmRef, what: str) -> memoryview | CudaPlace | _Opened:
-        """Return a system region's view of a tensor, a CUDA one's place or its opened handle.
+    def _place(self, ref: ShmRef, what: str) -> ClientSpan | CudaPlace | _Opened:
+        """Return a system region's span of a tensor, a CUDA one's place or its opened handle.
 
         Raises:
-            BadRequest: as :meth:`view`, or the CUDA handle no longer opens.
+            BadRequest: as :meth:`span`, or the CUDA handle no longer opens.
         """
         with self._lock:
             self._refresh()
             region = self._cuda.get(ref.region)
             if region is None:
-                return self._view(ref, what)
+                return self._span(ref, what)
             _check_extent(ref, what, region.byte_size, f"CUDA region {region.name!r}")
             if not self._in_frontend:
                 return CudaPlace(
@@ -474,24 +469,20 @@ class RegionTable:
             self._start_sweeper()
             return fresh
 
-    def _view(self, ref: ShmRef, what: str) -> memoryview:
-        """:meth:`view`, under the lock and after a refresh."""
+    def _span(self, ref: ShmRef, what: str) -> ClientSpan:
+        """:meth:`span`, under the lock and after a refresh."""
         region = self._region(ref.region)
         _check_extent(ref, what, region.byte_size, f"region {region.name!r}")
-        held = self._mapping(region)
-        # SAFETY: touching a mapped page past the end of a segment the
-        # client has since shrunk would kill this process with SIGBUS.
-        # Checking the size first narrows that to a client truncating
-        # the segment during this very request.
-        length = region.offset + region.byte_size
-        size = os.fstat(held.fd).st_size
-        if size < length:
-            raise BadRequest(
-                f"shared memory key {region.key!r} shrank to {size} bytes, fewer than "
-                f"region {region.name!r} needs ({length}); register it again"
-            )
-        start = region.offset + ref.offset
-        return memoryview(held.map)[start : start + ref.byte_size]
+        return ClientSpan(
+            str(segment_path(region.key)),
+            region.offset + ref.offset,
+            ref.byte_size,
+            region.offset + region.byte_size,
+            f"shared memory key {region.key!r} of region {region.name!r}",
+            what,
+            (region.device, region.inode),
+            f"; register region {region.name!r} again",
+        )
 
     def _copy(
         self, what: str, opened: _Opened, ref: ShmRef, host: npt.NDArray[np.uint8], to_device: bool
@@ -526,38 +517,10 @@ class RegionTable:
             )
         return region
 
-    def _mapping(self, region: Region) -> _Mapping:
-        held = self._maps.get(region.name)
-        if held is not None and held.serial == region.serial:
-            return held
-        fd, info = _open_segment(region.key)
-        try:
-            if (info.st_dev, info.st_ino) != (region.device, region.inode):
-                raise BadRequest(
-                    f"the segment behind key {region.key!r} was replaced after region "
-                    f"{region.name!r} was registered; register the region again"
-                )
-            length = region.offset + region.byte_size
-            if info.st_size < length:
-                raise BadRequest(
-                    f"shared memory key {region.key!r} shrank to {info.st_size} bytes, fewer "
-                    f"than region {region.name!r} needs ({length})"
-                )
-            mapped = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            raise
-        if held is not None:
-            self._forget(held)
-        fresh = _Mapping(region.serial, mapped, fd)
-        self._maps[region.name] = fresh
-        self._start_sweeper()
-        return fresh
-
     # -- keeping in step with the file -------------------------------------------
 
     def _refresh(self) -> None:
-        """Reload the registry if another process changed it; unmap what went."""
+        """Reload the registry if another process changed it; close what went."""
         try:
             info = os.stat(self._path)
             seen = (info.st_ino, info.st_mtime_ns, info.st_size)
@@ -568,27 +531,11 @@ class RegionTable:
             self._regions = {name: Region(**fields) for name, fields in data["regions"].items()}
             self._cuda = {name: CudaRegion(**fields) for name, fields in data["cuda"].items()}
             self._seen = seen
-        for name, held in list(self._maps.items()):
-            current = self._regions.get(name)
-            if current is None or current.serial != held.serial:
-                del self._maps[name]
-                self._forget(held)
         for name, opened in list(self._opened.items()):
             known = self._cuda.get(name)
             if known is None or known.serial != opened.serial:
                 del self._opened[name]
                 self._close(opened)
-        self._retired = [m for m in self._retired if not _try_close(m)]
-
-    def _forget(self, held: _Mapping) -> None:
-        with contextlib.suppress(OSError):
-            os.close(held.fd)
-        self._retire(held.map)
-
-    def _retire(self, mapping: mmap.mmap) -> None:
-        if not _try_close(mapping):
-            # SAFETY: a request in flight still reads it; close it later.
-            self._retired.append(mapping)
 
     def _start_sweeper(self) -> None:
         if self._sweeper is None or not self._sweeper.is_alive():
@@ -598,12 +545,12 @@ class RegionTable:
             self._sweeper.start()
 
     def _sweep(self) -> None:
-        """Unmap regions other processes unregistered, while any are mapped."""
+        """Close CUDA handles of regions other processes unregistered, while any are open."""
         while True:
             time.sleep(SWEEP_INTERVAL_S)
             with self._lock:
                 self._refresh()
-                if not self._maps and not self._retired and not self._opened:
+                if not self._opened:
                     self._sweeper = None
                     return
 
@@ -655,11 +602,3 @@ def _check_free(data: dict[str, Any], name: str) -> None:
                 f"shared memory region {name!r} is already registered (as a {label} "
                 "region); unregister it first"
             )
-
-
-def _try_close(mapping: mmap.mmap) -> bool:
-    try:
-        mapping.close()
-    except BufferError:
-        return False
-    return True

@@ -11,15 +11,17 @@ shared-memory segments and sends only their names in the JSON request::
 
     values are float64 in native byte order; shmem_name is "/umbridge".
 
-SAFETY: the segments belong to the client, which creates and unlinks them.
-The server reads and writes each one with os.pread and os.pwrite, never
-mmap: a client that shrinks its segment mid-request then makes a short read
-(an InvalidInput error), where a mapping would kill the frontend process
-with SIGBUS. It never unlinks (so no multiprocessing.shared_memory, whose
-resource tracker would), and it checks every size against the segment's
-real size before touching it. Names are confined to UM-Bridge's ``umbridge``
-prefix, so a request can never reach the appliance's own rings or any other
-file under /dev/shm.
+SAFETY: the segments belong to the client, which creates and unlinks them,
+and may shrink one while a request copies. The server reads and writes each
+one with preadv and pwritev, never mmap (core/client_memory.py): a segment
+that shrinks mid-request then makes a short read, or a write that finds the
+size changed, each an InvalidInput error, where a mapping would kill the
+frontend process with SIGBUS. It never unlinks (so no
+multiprocessing.shared_memory, whose resource tracker would), and it checks
+every size against the segment's real size before touching it. Names are
+confined to UM-Bridge's ``umbridge`` prefix, so a request can never reach
+the appliance's own rings or any other file under /dev/shm; a FIFO or
+anything else not a regular file is refused without waiting on it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from appliance.core.client_memory import preadv_all, pwritev_all
 from appliance.protocols.umbridge.codec import (
     Interface,
     Vector,
@@ -127,49 +130,73 @@ def read_segment(name: str, count: int) -> Vector:
         # SPEC: PROTOCOL-FACTS §5.5 — the client creates no segment for an empty vector.
         return np.empty(0, dtype=_ITEM)
     nbytes = count * _ITEM.itemsize
-    fd = _open(name, os.O_RDONLY, nbytes)
+    vector = np.empty(count, dtype=_ITEM)
+    fd, _ = _open(name, os.O_RDONLY, nbytes)
     try:
-        data = os.pread(fd, nbytes, 0)
+        got = preadv_all(fd, vector.data.cast("B"), 0)
+        size = os.fstat(fd).st_size
+    except OSError as ex:
+        raise invalid_input(
+            f"shared-memory segment /{name} cannot be read ({ex.strerror})"
+        ) from None
     finally:
         os.close(fd)
-    if len(data) < nbytes:
+    if got < nbytes:
         raise invalid_input(
-            f"shared-memory segment /{name} shrank to {len(data)} bytes while it was read; "
+            f"shared-memory segment /{name} shrank to {size} bytes while it was read; "
             f"the request needs {nbytes}"
         )
-    return np.frombuffer(data, dtype=_ITEM)
+    return vector
 
 
 def write_segment(name: str, vector: Vector) -> None:
     """Write a float64 vector at the start of a segment.
 
     Raises:
-        UmBridgeError: InvalidInput, the segment is missing or too small.
+        UmBridgeError: InvalidInput, the segment is missing or too small, or
+            changed size while it was written.
     """
-    data = np.ascontiguousarray(vector, dtype=_ITEM).tobytes()
-    if not data:
+    data = np.ascontiguousarray(vector, dtype=_ITEM)
+    if not data.size:
         return
-    fd = _open(name, os.O_RDWR, len(data))
+    fd, before = _open(name, os.O_RDWR, data.nbytes)
     try:
-        os.pwrite(fd, data, 0)
+        pwritev_all(fd, data.data.cast("B"), 0)
+        after = os.fstat(fd).st_size
+    except OSError as ex:
+        raise invalid_input(
+            f"shared-memory segment /{name} cannot be written ({ex.strerror})"
+        ) from None
     finally:
         os.close(fd)
+    if after != before:
+        # A write past a shrunken end grows the file back: the client's
+        # output is incomplete, and it should hear so.
+        raise invalid_input(
+            f"shared-memory segment /{name} changed size while it was written "
+            f"({before} bytes before, {after} after); the request needs {data.nbytes}"
+        )
 
 
-def _open(name: str, mode: int, nbytes: int) -> int:
+def _open(name: str, mode: int, nbytes: int) -> tuple[int, int]:
+    """Open a segment for one copy; return the descriptor and the size it has."""
     path = os.path.join(SHM_DIR, name)
     try:
-        fd = os.open(path, mode | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: opening a FIFO must not wait for its other end.
+        fd = os.open(path, mode | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as ex:
         raise invalid_input(
             f"shared-memory segment /{name} cannot be opened ({ex.strerror}); "
             "the client creates it before the request"
         ) from None
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_size < nbytes:
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise invalid_input(f"/{name} is not a shared-memory segment (a regular file)")
+    if info.st_size < nbytes:
         os.close(fd)
         raise invalid_input(
             f"shared-memory segment /{name} holds {info.st_size} bytes, fewer than the "
             f"{nbytes} bytes ({nbytes // _ITEM.itemsize} float64) the request needs"
         )
-    return fd
+    return fd, info.st_size

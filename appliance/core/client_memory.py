@@ -1,0 +1,211 @@
+"""Memory a client owns: bytes of its files, copied so that no client can fault us.
+
+KServe's system shared memory and UM-Bridge's side channel put tensors in
+files under /dev/shm that the client creates and may truncate, unlink or
+replace at any moment, also while a request copies. A mapping of such a file
+kills the process that touches a page past its new end with SIGBUS, and no
+check of the size beforehand closes that window. So client bytes are never
+mapped here: they are copied with ``preadv``/``pwritev`` on a descriptor
+opened for that one copy, where the kernel reports a file that shrank as a
+short count. The destination of a read is where the bytes are going anyway
+(a block of the request ring, see :func:`appliance.core.descriptor.place_tensors`),
+so this costs no copy more than a mapping did.
+
+What a client may do to its file mid-request, and what it gets:
+
+- shrink it: a read comes up short, a write finds the size changed;
+  either is a :class:`~appliance.errors.BadRequest` naming the region, the
+  size the file had and the size the request needs.
+- unlink it, or replace it by another file of the same name: the open fails
+  or finds another inode than the one registered; BadRequest again.
+- shrink it while an output is written: ``pwritev`` past the new end grows
+  the file back, up to the end of the region the client registered and no
+  further; the size found after the write tells, and the request fails.
+
+A FIFO or anything else that is not a regular file is refused when opened
+(``O_NONBLOCK``: opening a FIFO must not wait for a writer), and a symbolic
+link is never followed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from appliance.core.dtypes import DType
+from appliance.errors import BadRequest
+
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSpan:
+    """``nbytes`` bytes at ``start`` of a client's file, copied on demand.
+
+    Args:
+        path: the file.
+        start: where the bytes begin in it.
+        nbytes: how many.
+        needs: the size the file must have (the end of the client's region).
+        label: what messages call the file, e.g. "region 'in' (shared memory
+            key '/data')".
+        what: what the bytes are, e.g. "input INPUT0".
+        identity: (st_dev, st_ino) of the file as registered; another file
+            found under ``path`` is refused. None takes whatever is there.
+        hint: what the client can do about a file that is gone or replaced.
+    """
+
+    path: str
+    start: int
+    nbytes: int
+    needs: int
+    label: str
+    what: str
+    identity: tuple[int, int] | None = None
+    hint: str = ""
+
+    def read_into(self, destination: memoryview) -> None:
+        """Copy the bytes into ``destination`` (``nbytes`` long).
+
+        Raises:
+            BadRequest: the file is gone, replaced, or shrank (also mid-copy).
+        """
+        fd, _ = self._open(os.O_RDONLY)
+        try:
+            try:
+                got = preadv_all(fd, destination, self.start)
+            except OSError as ex:
+                raise BadRequest(
+                    f"{self.what}: reading {self.label} failed ({ex.strerror})"
+                ) from None
+            if got < self.nbytes:
+                size = _size(fd)
+                raise BadRequest(
+                    f"{self.what}: {self.label} shrank to {size} bytes while it was read; "
+                    f"the request needs {self.needs}"
+                )
+        finally:
+            os.close(fd)
+
+    def read(self) -> bytearray:
+        """Return a private copy of the bytes.
+
+        Raises:
+            BadRequest: as :meth:`read_into`.
+        """
+        data = bytearray(self.nbytes)
+        self.read_into(memoryview(data))
+        return data
+
+    def write(self, source: memoryview) -> None:
+        """Copy ``source`` (at most ``nbytes``) to the span's start.
+
+        Raises:
+            BadRequest: the file is gone, replaced, shrank, or changed size
+                while it was written (the output is then incomplete).
+        """
+        fd, before = self._open(os.O_RDWR)
+        try:
+            try:
+                pwritev_all(fd, source, self.start)
+            except OSError as ex:
+                raise BadRequest(
+                    f"{self.what}: writing to {self.label} failed ({ex.strerror})"
+                ) from None
+            after = _size(fd)
+            if after != before:
+                raise BadRequest(
+                    f"{self.what}: {self.label} changed size while it was written "
+                    f"({before} bytes before, {after} after); the request needs {self.needs}, "
+                    "and its output there may be incomplete"
+                )
+        finally:
+            os.close(fd)
+
+    def check(self) -> None:
+        """Refuse now a file that is gone, replaced or too small (before a model runs).
+
+        Raises:
+            BadRequest: as :meth:`read_into`.
+        """
+        fd, _ = self._open(os.O_RDONLY)
+        os.close(fd)
+
+    def _open(self, mode: int) -> tuple[int, int]:
+        """Open the file for one copy; return the descriptor and the size it has.
+
+        Raises:
+            BadRequest: it is gone, not a regular file, replaced, or too small.
+        """
+        try:
+            fd = os.open(self.path, mode | _OPEN_FLAGS)
+        except OSError as ex:
+            raise BadRequest(
+                f"{self.what}: {self.label} cannot be opened ({ex.strerror}){self.hint}"
+            ) from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise BadRequest(f"{self.what}: {self.label} is not a shared-memory segment")
+            if self.identity is not None and (info.st_dev, info.st_ino) != self.identity:
+                raise BadRequest(
+                    f"{self.what}: {self.label} was replaced by another segment of that "
+                    f"name{self.hint}"
+                )
+            if info.st_size < self.needs:
+                raise BadRequest(
+                    f"{self.what}: {self.label} shrank to {info.st_size} bytes; "
+                    f"the request needs {self.needs}"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, info.st_size
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTensor:
+    """An input whose bytes lie in a client's file, read once into the request ring."""
+
+    dtype: DType
+    shape: Sequence[int]
+    span: ClientSpan
+
+    @property
+    def nbytes(self) -> int:
+        return self.span.nbytes
+
+
+def _size(fd: int) -> int:
+    return os.fstat(fd).st_size
+
+
+def preadv_all(fd: int, destination: memoryview, offset: int) -> int:
+    """Read into ``destination`` until it is full or the file ends; return the count.
+
+    Raises:
+        OSError: the read failed.
+    """
+    destination = destination.cast("B")
+    total, wanted = 0, destination.nbytes
+    while total < wanted:
+        got = os.preadv(fd, [destination[total:]], offset + total)
+        if got == 0:
+            break
+        total += got
+    return total
+
+
+def pwritev_all(fd: int, source: memoryview, offset: int) -> None:
+    """Write all of ``source`` at ``offset``.
+
+    Raises:
+        OSError: the write failed (ENOSPC: a shrunken tmpfs file grows back
+            only while memory allows).
+    """
+    source = source.cast("B")
+    total, wanted = 0, source.nbytes
+    while total < wanted:
+        total += os.pwritev(fd, [source[total:]], offset + total)
