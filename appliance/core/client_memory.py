@@ -130,8 +130,13 @@ class ClientSpan:
         Raises:
             BadRequest: as :meth:`read_into`.
         """
-        fd, _ = self._open(os.O_RDONLY)
-        os.close(fd)
+        try:
+            info = os.lstat(self.path)
+        except OSError as ex:
+            raise BadRequest(
+                f"{self.what}: {self.label} cannot be opened ({ex.strerror}){self.hint}"
+            ) from None
+        self._judge(info)
 
     def _open(self, mode: int) -> tuple[int, int]:
         """Open the file for one copy; return the descriptor and the size it has.
@@ -147,22 +152,29 @@ class ClientSpan:
             ) from None
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise BadRequest(f"{self.what}: {self.label} is not a shared-memory segment")
-            if self.identity is not None and (info.st_dev, info.st_ino) != self.identity:
-                raise BadRequest(
-                    f"{self.what}: {self.label} was replaced by another segment of that "
-                    f"name{self.hint}"
-                )
-            if info.st_size < self.needs:
-                raise BadRequest(
-                    f"{self.what}: {self.label} shrank to {info.st_size} bytes; "
-                    f"the request needs {self.needs}"
-                )
+            self._judge(info)
         except BaseException:
             os.close(fd)
             raise
         return fd, info.st_size
+
+    def _judge(self, info: os.stat_result) -> None:
+        """Refuse a file that is not a regular one, not the one registered, or too small.
+
+        Raises:
+            BadRequest: it is.
+        """
+        if not stat.S_ISREG(info.st_mode):
+            raise BadRequest(f"{self.what}: {self.label} is not a shared-memory segment")
+        if self.identity is not None and (info.st_dev, info.st_ino) != self.identity:
+            raise BadRequest(
+                f"{self.what}: {self.label} was replaced by another segment of that name{self.hint}"
+            )
+        if info.st_size < self.needs:
+            raise BadRequest(
+                f"{self.what}: {self.label} shrank to {info.st_size} bytes; "
+                f"the request needs {self.needs}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
