@@ -1,4 +1,4 @@
-"""A short soak (bench/soak.py, 45 s): every protocol under load, nothing grows.
+"""A short soak (bench/soak.py: a warm-up, 34 s measured): every protocol loaded, nothing grows.
 
 ``make soak`` runs the same driver for ten minutes. Its table (RSS and open
 fds of every process, the tree's /dev/shm bytes; calls per protocol) is
