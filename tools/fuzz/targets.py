@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tools.fuzz import seeds
+from tools.fuzz import regions, seeds
 
 Run = Callable[[bytes], None]
 
@@ -279,6 +279,8 @@ TARGETS: dict[str, Target] = {
         Target("mip_item", mip_item, seeds.mip_item),
         Target("umbridge", umbridge, seeds.umbridge, _UMBRIDGE_WORDS),
         Target("descriptor", descriptor, seeds.descriptor, _DESCRIPTOR_WORDS),
+        # Not a codec: a client's shared memory, shrunk, replaced or unregistered under use.
+        Target("client_memory", regions.run, regions.seeds),
     )
 }
 # Targets that must not share a process with tritonclient.
