@@ -39,13 +39,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps graphpipe==1.0.4
 	@touch $(STAMP)
 
-# The package with its extras, $(1) the pip options. gunicorn's C HTTP parser
-# (fast-http) builds from source: where it cannot (no C compiler), the rest is
-# installed without it and the HTTP frontend parses requests in Python.
+# The package with its extras, $(1) the pip options.
 EXTRAS := dev,onnx,torch
-install_editable = $(PY) -m pip install --quiet $(1) -e '.[$(EXTRAS),fast-http]' \
-	|| { echo "gunicorn-h1c did not build: HTTP requests are parsed in Python (about 20 µs more each)"; \
-	     $(PY) -m pip install --quiet $(1) -e '.[$(EXTRAS)]'; }
+install_editable = $(PY) -m pip install --quiet $(1) -e '.[$(EXTRAS)]'
 
 install: $(STAMP)
 
@@ -107,7 +103,7 @@ wire-capture: $(STAMP)
 install-systemd:
 	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)
 	$(DESTDIR)$(PREFIX)/bin/pip install --quiet --upgrade pip
-	$(DESTDIR)$(PREFIX)/bin/pip install --quiet '.[fast-http]' || $(DESTDIR)$(PREFIX)/bin/pip install --quiet .
+	$(DESTDIR)$(PREFIX)/bin/pip install --quiet .
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/README.md
 	install -d $(DESTDIR)$(SYSCONF) $(DESTDIR)$(UNITDIR)
 	test -e $(DESTDIR)$(SYSCONF)/config.toml || install -m 0644 systemd/config.toml $(DESTDIR)$(SYSCONF)/config.toml

@@ -51,6 +51,9 @@ class ServerConfig:
     # The CPUs "auto" sizes for (appliance/sizing.py); 0 reads them from the
     # process's affinity and cgroup quota. A snapshot holds the number found.
     cpus: int = 0
+    # The asyncio loop of every frontend process (HTTP workers, gRPC, MIP):
+    # "uvloop" (libuv's) or "asyncio" (the standard library's).
+    event_loop: str = "uvloop"
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,6 +159,7 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
 
 
 CUDA_COPIES = ("model_worker", "frontend")
+EVENT_LOOPS = ("uvloop", "asyncio")
 
 
 def _check(config: ApplianceConfig, reader: Reader) -> None:
@@ -199,6 +200,11 @@ def _check(config: ApplianceConfig, reader: Reader) -> None:
     _check_http(config.http, reader)
     if config.server.log_level.lower() not in ("debug", "info", "warning", "error"):
         reader.fail("server.log_level", "expected one of debug, info, warning, error")
+    if config.server.event_loop not in EVENT_LOOPS:
+        reader.fail(
+            "server.event_loop",
+            f'expected "uvloop" or "asyncio", got {config.server.event_loop!r}',
+        )
     if config.server.access_log not in (True, False, "text", "json"):
         reader.fail(
             "server.access_log",

@@ -28,7 +28,7 @@ from appliance import logs
 from appliance.config import ApplianceConfig
 from appliance.core.status import SlotState
 from appliance.exitcodes import ExitCode
-from appliance.frontends import auth
+from appliance.frontends import auth, loops
 from appliance.frontends.context import FrontendContext
 from appliance.frontends.grpc_listener import serve_on
 from appliance.frontends.grpc_registry import Registry, chain
@@ -54,7 +54,7 @@ def run(tree_dir: Path, master_pid: int, slot: int, listen_fd: int, index: int) 
     logs.setup(title, config.server.log_level)
     logs.set_access_log(config.server.access_log)
     become_child(title, master_pid)
-    return asyncio.run(_serve(context, slot, listen_fd))
+    return loops.run(_serve(context, slot, listen_fd), config.server.event_loop)
 
 
 async def _serve(context: FrontendContext, slot: int, listen_fd: int) -> int:

@@ -3,10 +3,11 @@
 The master starts this process; gunicorn then forks its workers. Nothing
 that must not cross a fork exists before that: each worker builds its model
 client (ZeroMQ context, request ring) in ``load()``, after the fork. Each
-worker is an asyncio loop (gunicorn's ASGI worker, see ``httpworker.py``)
-serving a falcon ASGI app: inference waits in the loop through the model
-client's asyncio channel, so requests in flight are not capped by threads;
-blocking routes run on ``http.threads`` threads (``protocols/web.py``).
+worker is a uvloop loop (uvicorn's worker class with the httptools parser,
+see ``httpworker.py``) serving a falcon ASGI app: inference waits in the
+loop through the model client's asyncio channel, so requests in flight are
+not capped by threads; blocking routes run on ``http.threads`` threads
+(``protocols/web.py``).
 """
 
 from __future__ import annotations
@@ -138,11 +139,9 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
             "bind": [bind],
             "workers": config.http.workers,
             "worker_class": "appliance.frontends.httpworker.HttpWorker",
-            "asgi_loop": "asyncio",
-            "asgi_lifespan": "off",
             "reuse_port": self.listen_fd is None,
-            # gunicorn's ASGI worker bounds each wait for body bytes by it (its
-            # loop beats every second, so a stuck worker is also found by it).
+            # A worker whose loop has not beaten for this long is stuck: the
+            # arbiter replaces it (uvicorn's loop beats every timeout / 2).
             "timeout": max(1, int(config.http.io_timeout_s)),
             "graceful_timeout": int(config.server.stop_timeout_s),
             "keepalive": config.http.keepalive_s,

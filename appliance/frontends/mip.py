@@ -30,12 +30,14 @@ import socket
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from appliance import logs
 from appliance.client.api import ModelClient
 from appliance.config import ApplianceConfig, MipConfig
 from appliance.core.status import SlotState
 from appliance.exitcodes import ExitCode
+from appliance.frontends import loops
 from appliance.frontends.acceptor import Acceptor
 from appliance.frontends.context import FrontendContext
 from appliance.listeners import ListenerError, inherited
@@ -117,8 +119,8 @@ class MipConnection(asyncio.BufferedProtocol):
     # -- asyncio callbacks ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports do not subclass asyncio's (server.event_loop).
+        self.transport = cast(asyncio.Transport, transport)
         self._arm(self.limits.idle_timeout_s)
         connections = self.process.connections
         if len(connections) >= self.limits.max_connections:
@@ -404,5 +406,5 @@ def run(
     except ListenerError as ex:
         log.error("cannot serve the master's MIP sockets: %s", ex)
         return ExitCode.BOOT_ERROR
-    asyncio.run(serve(context, slot, listeners, sockets))
+    loops.run(serve(context, slot, listeners, sockets), context.config.server.event_loop)
     return ExitCode.OK

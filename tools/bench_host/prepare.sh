@@ -22,22 +22,28 @@ mapfile -t deps < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open(
 # The test and benchmark clients run.sh installs beside it (it reads them
 # from .wh/clients.txt), and what the build and the benchmark's peers need.
 clients=(pytest pytest-timeout "tritonclient[http,grpc]==2.73.0" umbridge==1.2.10 kubemo==0.0.dev2 tomli-w requests)
-extra=(setuptools wheel "mlserver==1.7.1" "uvloop==0.21.0")
+extra=(setuptools wheel)
+# MLServer's venv pins an older uvloop than the appliance's: downloaded on
+# their own, so both versions are there and neither resolution holds the other.
+mlserver=("mlserver==1.7.1" "uvloop==0.21.0")
 
 rm -rf .wh
 mkdir .wh
 "$PY" -m pip download --quiet --only-binary=:all: --python-version "$PY_VERSION" \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux_2_28_x86_64 --platform any -d .wh "${deps[@]}" "${clients[@]}" "${extra[@]}"
+"$PY" -m pip download --quiet --only-binary=:all: --python-version "$PY_VERSION" \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux_2_28_x86_64 --platform any -d .wh "${mlserver[@]}"
 printf '%s\n' "${clients[@]}" > .wh/clients.txt
-# The [fast-http] extra is published as source only: built here into a wheel
-# for the host's Python when this machine has that version and a C compiler
-# (else the host's HTTP frontend parses in Python, the floor likewise).
-mapfile -t fast < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["fast-http"]))')
+# gunicorn's C parser, for the benchmark's gunicorn-ASGI floor (the HTTP stack
+# the appliance had before uvicorn's worker, bench/servers.py): published as
+# source only, built here into a wheel for the host's Python when this machine
+# has that version and a C compiler (else that floor parses in Python).
 WHEEL_PYTHON=${WHEEL_PYTHON:-python$PY_VERSION}
 if "$WHEEL_PYTHON" -c '' 2> /dev/null; then
-    "$WHEEL_PYTHON" -m pip wheel --quiet --no-deps -w .wh "${fast[@]}" ||
-        echo "no wheel of ${fast[*]} for Python $PY_VERSION: the host parses HTTP in Python"
+    "$WHEEL_PYTHON" -m pip wheel --quiet --no-deps -w .wh "gunicorn-h1c>=0.6.10" ||
+        echo "no wheel of gunicorn-h1c for Python $PY_VERSION: the gunicorn-ASGI floor parses in Python"
 fi
 # GraphPipe's client pins versions that break; it goes in without them (as in the Makefile).
 "$PY" -m pip download --quiet --no-deps -d .wh graphpipe==1.0.4

@@ -56,11 +56,7 @@ setup() {
     site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "$BENCH_BASE_SITE" > "$site/_base.pth"
     "$PY" -m pip install -q "setuptools>=77" wheel || return 1
-    # The fast-http extra's wheel is there when prepare.sh could build it.
-    "$PY" -m pip install -q --no-build-isolation -e '.[fast-http]' -r .wh/clients.txt || {
-        echo "no gunicorn-h1c wheel in .wh: HTTP is parsed in Python"
-        "$PY" -m pip install -q --no-build-isolation -e . -r .wh/clients.txt || return 1
-    }
+    "$PY" -m pip install -q --no-build-isolation -e . -r .wh/clients.txt || return 1
     "$PY" -m pip install -q --no-deps graphpipe==1.0.4 || return 1
     touch .venv/.bench-host
 }
