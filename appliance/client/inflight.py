@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy.typing as npt
+import orjson
 import zmq
 
 from appliance.client.routing import Router, Target
@@ -365,6 +366,7 @@ def request_body(
     """
     body: dict[str, Any] = {"model": model, "method": method}
     if parameters:
+        check_parameters(parameters)
         body["params"] = dict(parameters)
     if outputs is not None:
         body["outputs"] = list(outputs)
@@ -373,6 +375,25 @@ def request_body(
     if targets:
         body["targets"] = {name: place.to_body() for name, place in targets.items()}
     return body
+
+
+def check_parameters(parameters: Mapping[str, Any]) -> None:
+    """Refuse parameters a descriptor cannot carry: too deep, or an integer past 64 bits.
+
+    Every protocol hands its client's parameters (JSON objects, query
+    strings) to the model this way, so the check is made once, here: by
+    encoding them as the descriptor will (orjson, at C speed), nested as deep.
+
+    Raises:
+        BadRequest: saying what orjson refused.
+    """
+    try:
+        orjson.dumps({"params": parameters})
+    except TypeError as ex:
+        raise BadRequest(
+            f"the request's parameters cannot be passed to the model ({ex}): they may nest "
+            "about 250 levels deep and hold integers of 64 bits; send larger ones as strings"
+        ) from None
 
 
 def _contains(outer: Block, inner: Block) -> bool:

@@ -140,12 +140,17 @@ def parameters(pairs: Iterable[tuple[str, str]], reserved: Iterable[str]) -> dic
 def _scalar(text: str) -> Any:
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return text
+    try:
+        number = int(text)
+    except ValueError:
+        pass
+    else:
+        # A descriptor carries integers of 64 bits; a longer one stays the text sent.
+        return number if -(1 << 63) <= number < 1 << 64 else text
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 # -- health --------------------------------------------------------------------
