@@ -49,8 +49,8 @@ class ClientSpan:
         start: where the bytes begin in it.
         nbytes: how many.
         needs: the size the file must have (the end of the client's region).
-        label: what messages call the file, e.g. "region 'in' (shared memory
-            key '/data')".
+        label: what messages call the file, e.g. "shared memory key '/data'
+            of region 'in'".
         what: what the bytes are, e.g. "input INPUT0".
         identity: (st_dev, st_ino) of the file as registered; another file
             found under ``path`` is refused. None takes whatever is there.
