@@ -5,6 +5,7 @@ The layout is Triton's::
     <repository>/
       <model>/                 the model's name (letters, digits, '_', '.', '-')
         config.toml            optional: batching, instances, device, threads, tensors
+        config.pbtxt           or Triton's form of it (appliance/pbtxt.py), not both
         <version>/             a whole number; which ones serve is the version policy
           model.onnx           served by ONNX Runtime  (platform onnxruntime_onnx)
           model.pt             a TorchScript module     (platform pytorch_libtorch)
@@ -20,7 +21,8 @@ A model directory that cannot be served (no version, no model file, a bad
 fails with the reason: the appliance starts, serves the rest, and reports why
 in ``appliance ctl status`` and in every protocol's not-ready error.
 
-Rule: this module reads directories and TOML and nothing else. It imports no
+Rule: this module reads directories, TOML and (through pbtxt.py, imported
+only when a model has one) config.pbtxt, and nothing else. It imports no
 runtime (and no onnxruntime or torch), so the master, the config and the
 frontends may all call it.
 """
@@ -40,6 +42,7 @@ ONNX_CLASS = "appliance.runtimes.onnx:OnnxModel"
 TORCHSCRIPT_CLASS = "appliance.runtimes.torchscript:TorchScriptModel"
 BROKEN_CLASS = "appliance.runtimes.broken:Broken"
 CONFIG_FILE = "config.toml"
+PBTXT_FILE = "config.pbtxt"
 
 # Platform (Triton's names, and short ones) -> (model file name, runtime).
 PLATFORMS: dict[str, tuple[str, str]] = {
@@ -64,9 +67,27 @@ SETTINGS = (
     "description",
     "inputs",
     "outputs",
+    "model_file",
+    "max_queue",
+    "sequence_batching",
+    "max_sequence_idle_s",
+    "sequence_strategy",
+    "max_candidate_sequences",
 )
 # These go to the [[models]] entry itself; the rest become runtime options.
-ENTRY_KEYS = ("instances", "max_batch_size", "max_queue_delay_ms", "device")
+ENTRY_KEYS = (
+    "instances",
+    "max_batch_size",
+    "max_queue_delay_ms",
+    "device",
+    "max_queue",
+    "sequence_batching",
+    "max_sequence_idle_s",
+    "sequence_strategy",
+    "max_candidate_sequences",
+)
+# Fields of a config.pbtxt the appliance does not use, logged by the runtime at load.
+NOTES = "config_notes"
 
 VersionPolicy = str | tuple[int, ...]
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
@@ -172,15 +193,27 @@ def broken(name: str, reason: str) -> dict[str, Any]:
 
 
 def read_settings(model_dir: Path) -> dict[str, Any]:
-    """Read and check ``<model_dir>/config.toml``; ``{}`` when there is none.
+    """Read and check ``<model_dir>/config.toml`` or ``config.pbtxt``; ``{}`` when there is none.
 
     Raises:
-        RepositoryError: the file is not TOML or holds an invalid value.
+        RepositoryError: both files are there, or one cannot be read, is not
+            TOML (or a Triton model config) or holds an invalid value.
     """
     path = model_dir / CONFIG_FILE
+    pbtxt_path = model_dir / PBTXT_FILE
+    if path.exists() and pbtxt_path.exists():
+        raise RepositoryError(
+            f"{model_dir.name}/ holds both {CONFIG_FILE} and {PBTXT_FILE}; keep one "
+            f"({PBTXT_FILE} is Triton's form, {CONFIG_FILE} the appliance's)"
+        )
+    notes: list[str] = []
     try:
-        with path.open("rb") as stream:
-            settings = tomllib.load(stream)
+        if pbtxt_path.exists():
+            path = pbtxt_path
+            settings, notes = _read_pbtxt(model_dir)
+        else:
+            with path.open("rb") as stream:
+                settings = tomllib.load(stream)
     except FileNotFoundError:
         return {}
     except (OSError, tomllib.TOMLDecodeError) as ex:
@@ -189,32 +222,69 @@ def read_settings(model_dir: Path) -> dict[str, Any]:
         problem = _check_setting(key, value)
         if problem:
             raise RepositoryError(f"{_short(path)}: {key}: {problem}")
+    if notes:
+        settings[NOTES] = [f"{_short(path)}: {note}" for note in notes]
     return settings
+
+
+def _read_pbtxt(model_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """Read a Triton config.pbtxt into settings (and notes on the fields not used).
+
+    Raises:
+        RepositoryError: it does not parse or cannot be served (the field named).
+    """
+    from appliance import pbtxt  # protobuf's text format: only where a model has one
+
+    try:
+        return pbtxt.read(model_dir)
+    except pbtxt.PbtxtError as ex:
+        raise RepositoryError(f"{_short(model_dir / PBTXT_FILE)}: {ex}") from None
 
 
 def _check_setting(key: str, value: object) -> str:
     """Return what is wrong with one setting, "" when nothing is."""
     if key not in SETTINGS:
         return f"unknown key; expected one of {', '.join(SETTINGS)}"
-    if key == "platform" and value not in PLATFORMS:
-        return f"expected one of {', '.join(PLATFORMS)}, got {value!r}"
-    if key == "versions":
-        try:
-            parse_versions(value)
-        except RepositoryError as ex:
-            return str(ex)
-    minimum = {"instances": 1, "threads": 1, "max_batch_size": 0}.get(key)
-    if minimum is not None and not _is_number(value, minimum, whole=True):
-        return f"expected an integer >= {minimum}, got {value!r}"
-    if key == "max_queue_delay_ms" and not _is_number(value, 0, whole=False):
-        return f"expected a number >= 0, got {value!r}"
-    if key == "device":
-        return devices.check(value)
-    if key == "description" and not isinstance(value, str):
-        return f"expected a string, got {value!r}"
-    if key in ("inputs", "outputs"):
-        return _check_tensors(value)
+    minimum = _WHOLE_MINIMUM.get(key)
+    if minimum is not None:
+        good = _is_number(value, minimum, whole=True)
+        return "" if good else f"expected an integer >= {minimum}, got {value!r}"
+    if key in ("max_queue_delay_ms", "max_sequence_idle_s"):
+        good = _is_number(value, 0, whole=False)
+        return "" if good else f"expected a number >= 0, got {value!r}"
+    check = _CHECKS.get(key)
+    return check(value) if check is not None else ""
+
+
+def _check_versions(value: object) -> str:
+    try:
+        parse_versions(value)
+    except RepositoryError as ex:
+        return str(ex)
     return ""
+
+
+def _check_choice(choices: tuple[str, ...] | dict[str, Any]) -> Any:
+    def check(value: object) -> str:
+        if value in choices:
+            return ""
+        return f"expected one of {', '.join(map(repr, choices))}, got {value!r}"
+
+    return check
+
+
+def _check_string(value: object) -> str:
+    return "" if isinstance(value, str) else f"expected a string, got {value!r}"
+
+
+def _check_file_name(value: object) -> str:
+    if not isinstance(value, str) or not value or "/" in value or value.startswith("."):
+        return f"expected a file name in each version directory, got {value!r}"
+    return ""
+
+
+def _check_flag(value: object) -> str:
+    return "" if isinstance(value, bool) else f"expected true or false, got {value!r}"
 
 
 def _is_number(value: object, minimum: int, whole: bool) -> bool:
@@ -272,13 +342,15 @@ def select_versions(model_dir: Path, policy: VersionPolicy) -> list[int]:
 def _entry(
     name: str, version_dir: Path, version: int, settings: Mapping[str, Any]
 ) -> dict[str, Any]:
-    path, cls = _model_file(version_dir, settings.get("platform"))
+    path, cls = _model_file(version_dir, settings.get("platform"), settings.get("model_file"))
     try:
         stat = path.stat()
     except OSError as ex:
         raise RepositoryError(f"{_short(path)}: {ex.strerror}") from None
     options: dict[str, Any] = {
-        key: value for key, value in settings.items() if key not in (*ENTRY_KEYS, "platform")
+        key: value
+        for key, value in settings.items()
+        if key not in (*ENTRY_KEYS, "platform", "model_file")
     }
     options.update(path=str(path), version=str(version), stamp=f"{stat.st_size}:{stat.st_mtime_ns}")
     entry: dict[str, Any] = {"name": name, "class": cls, "options": options}
@@ -286,7 +358,19 @@ def _entry(
     return entry
 
 
-def _model_file(version_dir: Path, platform: str | None) -> tuple[Path, str]:
+def _model_file(
+    version_dir: Path, platform: str | None, filename: str | None = None
+) -> tuple[Path, str]:
+    if filename is not None:
+        cls = PLATFORMS[platform][1] if platform is not None else MODEL_FILES.get(filename)
+        if cls is None:
+            raise RepositoryError(
+                f"{_short(version_dir)}/{filename}: name the platform (or backend) of a model "
+                f"file not called {' or '.join(MODEL_FILES)}"
+            )
+        if not (version_dir / filename).is_file():
+            raise RepositoryError(f"{_short(version_dir)}/ has no {filename}")
+        return version_dir / filename, cls
     if platform is not None:
         filename, cls = PLATFORMS[platform]
         if not (version_dir / filename).is_file():
@@ -310,5 +394,25 @@ def _model_file(version_dir: Path, platform: str | None) -> tuple[Path, str]:
 def _short(path: Path) -> str:
     """Name a path from its model directory on: a status note holds 256 bytes."""
     parts = path.parts
-    depth = {CONFIG_FILE: 2, **dict.fromkeys(MODEL_FILES, 3)}.get(path.name, 2)
+    depth = {CONFIG_FILE: 2, PBTXT_FILE: 2, **dict.fromkeys(MODEL_FILES, 3)}.get(path.name, 2)
     return "/".join(parts[-depth:])
+
+
+_WHOLE_MINIMUM = {
+    "instances": 1,
+    "threads": 1,
+    "max_batch_size": 0,
+    "max_queue": 1,
+    "max_candidate_sequences": 1,
+}
+_CHECKS: dict[str, Any] = {
+    "platform": _check_choice(PLATFORMS),
+    "versions": _check_versions,
+    "device": devices.check,
+    "description": _check_string,
+    "model_file": _check_file_name,
+    "sequence_batching": _check_flag,
+    "sequence_strategy": _check_choice(("direct", "oldest")),
+    "inputs": _check_tensors,
+    "outputs": _check_tensors,
+}

@@ -17,6 +17,7 @@ has a free (-1) first dimension; it then takes up to
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from appliance.core.dtypes import DType
 from appliance.core.tensor import TensorSpec
 from appliance.model import Model
 from appliance.repository import RUNTIME_PACKAGES
+
+log = logging.getLogger("appliance.worker")
 
 DEFAULT_MAX_BATCH_SIZE = 64
 # The Python package and the extra that installs it, for each runtime.
@@ -49,7 +52,15 @@ class RuntimeModel(Model):
         # note holds 256 bytes, and the repository is in the config.
         parts = self.path.parts
         self.file_name = "/".join(parts[-3:])
-        self.config_name = "/".join((*parts[-3:-2], "config.toml"))
+        config_file = (
+            "config.pbtxt"
+            if (self.path.parent.parent / "config.pbtxt").is_file()
+            else "config.toml"
+        )
+        self.config_name = "/".join((*parts[-3:-2], config_file))
+        # Fields of a config.pbtxt the appliance does not use: said once, at load.
+        for note in options.get("config_notes", ()):
+            log.warning("%s", note)
 
     def declare(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
         """Set the interface, and batching when every tensor has a free first dim."""

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from appliance._generated import triton_model_config_pb2
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, DeadlineExceeded
 from appliance.protocols.grpc_server import GrpcServer
@@ -116,7 +117,9 @@ class InferenceServicer:
     @rpc
     def ModelConfig(self, request: Any, context: Context) -> Any:
         config = service.model_config(self.client, request.name, request.version)
-        return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
+        return pb.ModelConfigResponse(
+            config=json_format.ParseDict(config, triton_model_config_pb2.ModelConfig())
+        )
 
     @rpc
     def ModelStatistics(self, request: Any, context: Context) -> Any:

@@ -1,0 +1,345 @@
+"""Triton's config.pbtxt, read into the settings a model directory's config.toml would hold.
+
+A Triton model repository describes each model in ``config.pbtxt``: protobuf
+text of Triton's ModelConfig (protos/triton_model_config.proto, parsed by
+protobuf's own text format parser). :func:`read` maps what it means onto the
+appliance's settings (appliance/repository.py), field by field:
+
+- ``platform`` / ``backend``: onnxruntime_onnx (backend onnxruntime) and
+  pytorch_libtorch (backend pytorch) pick their runtime; ``default_model_filename``
+  names the file in each version directory;
+- ``max_batch_size``, ``input`` and ``output`` (``dims`` exclude the batch
+  dimension when max_batch_size > 0, as in Triton; TYPE_STRING is BYTES);
+- ``instance_group``: the counts, summed; KIND_CPU on the CPU, KIND_GPU on
+  the listed GPU (``gpus`` with one GPU) or spread over all (no ``gpus``);
+- ``dynamic_batching``: ``max_queue_delay_microseconds`` and the default
+  queue policy's ``max_queue_size``;
+- ``sequence_batching``: on, its idle time and strategy (direct, oldest);
+- ``version_policy``: latest (with num_versions), all, specific;
+- ``parameters``: ``intra_op_thread_count`` (ONNX) as the runtime's threads.
+
+A field that would change what a client sees and that the appliance cannot
+honour (ensembles, reshape, optional or shape-tensor inputs, decoupled
+models, batch inputs and outputs, sequence control inputs and implicit
+state, several GPUs of a group) makes the model unservable, with the field
+named. Every other field that is set but not used (optimization, warmup,
+rate limiters, response cache, other parameters, ...) is accepted and
+returned as a note, which the model's worker logs once at load.
+
+Rule: imported only when a repository holds a config.pbtxt (protobuf's text
+format parser is not free to import), and it imports no runtime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+from google.protobuf.message import Message
+
+from appliance._generated import triton_model_config_pb2 as mc
+
+FILE = "config.pbtxt"
+
+_PLATFORMS = {
+    "onnxruntime_onnx": "onnxruntime_onnx",
+    "pytorch_libtorch": "pytorch_libtorch",
+}
+_BACKENDS = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}
+# ModelConfig fields read below; any other field that is set becomes a note.
+_USED = {
+    "name",
+    "platform",
+    "backend",
+    "version_policy",
+    "max_batch_size",
+    "input",
+    "output",
+    "instance_group",
+    "default_model_filename",
+    "dynamic_batching",
+    "sequence_batching",
+    "parameters",
+    "model_transaction_policy",
+}
+# Set, these change what a client sees in ways the appliance does not serve.
+_REFUSED = {
+    "ensemble_scheduling": "ensembles are not served yet",
+    "batch_input": "batch inputs (Triton's ragged batching) are not served",
+    "batch_output": "batch outputs (Triton's ragged batching) are not served",
+}
+_THREADS_PARAMETER = "intra_op_thread_count"
+
+
+class PbtxtError(ValueError):
+    """A config.pbtxt that does not parse, or asks for what cannot be served."""
+
+
+def read(model_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """Read ``<model_dir>/config.pbtxt``; return its settings and notes on fields not used.
+
+    Raises:
+        FileNotFoundError: there is no config.pbtxt.
+        PbtxtError: it does not parse, or names what the appliance cannot serve
+            (the message names the field).
+    """
+    path = model_dir / FILE
+    text = path.read_text(encoding="utf-8", errors="replace")
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as ex:
+        raise PbtxtError(f"it is not a Triton model config: {ex}") from None
+    return _Reader(config, model_dir).settings()
+
+
+class _Reader:
+    def __init__(self, config: Any, model_dir: Path) -> None:
+        self.config = config
+        self.model_dir = model_dir
+        self.notes: list[str] = []
+
+    def settings(self) -> tuple[dict[str, Any], list[str]]:
+        config = self.config
+        if config.name and config.name != self.model_dir.name:
+            raise PbtxtError(
+                f"name: {config.name!r} is not its directory's name {self.model_dir.name!r} "
+                "(Triton requires them equal)"
+            )
+        for field, reason in _REFUSED.items():
+            if _is_set(config, field):
+                raise PbtxtError(f"{field}: {reason}")
+        settings: dict[str, Any] = {}
+        platform = self._platform()
+        if platform:
+            settings["platform"] = platform
+        if config.default_model_filename:
+            settings["model_file"] = config.default_model_filename
+        batched = config.max_batch_size > 0
+        settings["max_batch_size"] = max(config.max_batch_size, 0)
+        if config.input:
+            settings["inputs"] = [
+                self._tensor("input", i, t, batched) for i, t in enumerate(config.input)
+            ]
+        if config.output:
+            settings["outputs"] = [
+                self._tensor("output", i, t, batched) for i, t in enumerate(config.output)
+            ]
+        settings.update(self._instances())
+        settings.update(self._scheduling(batched))
+        settings.update(self._versions())
+        settings.update(self._parameters())
+        if config.model_transaction_policy.decoupled:
+            raise PbtxtError(
+                "model_transaction_policy.decoupled: a decoupled (streaming) model is served "
+                "from a Python model class with predict_stream, not from a model file"
+            )
+        for field in sorted(f.name for f, _ in config.ListFields() if f.name not in _USED):
+            self.notes.append(f"{field} is not used by the appliance")
+        return settings, self.notes
+
+    def _platform(self) -> str:
+        config = self.config
+        if config.platform == "ensemble":
+            raise PbtxtError("platform: ensembles are not served yet")
+        if config.platform:
+            found = _PLATFORMS.get(config.platform)
+            if found is None:
+                raise PbtxtError(
+                    f"platform: {config.platform!r} has no runtime here; the appliance serves "
+                    f"{' and '.join(_PLATFORMS)} model files"
+                )
+            return found
+        if config.backend:
+            found = _BACKENDS.get(config.backend)
+            if found is None:
+                hint = (
+                    " (Triton's Python models are written for its backend API; serve one as "
+                    "an appliance Model class in a [[models]] table)"
+                    if config.backend == "python"
+                    else ""
+                )
+                raise PbtxtError(
+                    f"backend: {config.backend!r} has no runtime here; the appliance serves "
+                    f"the {' and '.join(_BACKENDS)} backends{hint}"
+                )
+            return found
+        return ""
+
+    def _tensor(self, kind: str, index: int, tensor: Any, batched: bool) -> dict[str, Any]:
+        where = f"{kind}[{index}] ({tensor.name or 'no name'})"
+        if not tensor.name:
+            raise PbtxtError(f"{where}: name is missing")
+        for field in ("reshape", "is_shape_tensor", "optional", "allow_ragged_batch"):
+            if _is_set(tensor, field):
+                raise PbtxtError(f"{where}.{field}: not served")
+        for field in ("format", "label_filename", "is_non_linear_format_io"):
+            if _is_set(tensor, field):
+                self.notes.append(f"{where}.{field} is not used")
+        if tensor.data_type in (mc.TYPE_INVALID, mc.TYPE_BF16):
+            name = mc.DataType.Name(tensor.data_type)
+            raise PbtxtError(f"{where}.data_type: {name} is not one of the appliance's types")
+        dtype = mc.DataType.Name(tensor.data_type).removeprefix("TYPE_")
+        dims = [int(d) for d in tensor.dims]
+        if any(d < -1 for d in dims):
+            raise PbtxtError(f"{where}.dims: {dims} holds a size below -1")
+        shape = [-1, *dims] if batched else dims
+        return {
+            "name": tensor.name,
+            "dtype": "BYTES" if dtype == "STRING" else dtype,
+            "shape": shape,
+        }
+
+    def _instances(self) -> dict[str, Any]:
+        groups = list(self.config.instance_group)
+        if not groups:
+            return {}
+        kinds = {group.kind for group in groups}
+        if mc.ModelInstanceGroup.KIND_MODEL in kinds:
+            raise PbtxtError("instance_group.kind: KIND_MODEL is not served")
+        if kinds == {mc.ModelInstanceGroup.KIND_AUTO}:
+            self.notes.append("instance_group.kind KIND_AUTO is served on the CPU")
+            kinds = {mc.ModelInstanceGroup.KIND_CPU}
+        for group in groups:
+            for field in ("rate_limiter", "profile", "passive", "secondary_devices", "host_policy"):
+                if _is_set(group, field):
+                    self.notes.append(f"instance_group.{field} is not used")
+        if len(kinds - {mc.ModelInstanceGroup.KIND_AUTO}) > 1:
+            raise PbtxtError(
+                "instance_group: groups on the CPU and on GPUs at once are not served; "
+                "a model runs on one kind of device"
+            )
+        count = sum(max(group.count, 1) * max(len(group.gpus), 1) for group in groups)
+        if mc.ModelInstanceGroup.KIND_GPU not in kinds:
+            return {"instances": count, "device": "cpu"}
+        gpus = {gpu for group in groups for gpu in group.gpus}
+        if not gpus:
+            self.notes.append(
+                "instance_group: KIND_GPU without gpus runs count instances in all, "
+                "spread over the GPUs (Triton runs count on each GPU)"
+            )
+            return {"instances": count, "device": "cuda"}
+        if len(gpus) > 1:
+            raise PbtxtError(
+                f"instance_group.gpus: instances on GPUs {sorted(gpus)} are not served; name one "
+                "GPU, or none to spread the instances over all"
+            )
+        if any(gpu < 0 for gpu in gpus):
+            raise PbtxtError(f"instance_group.gpus: {sorted(gpus)} holds a negative GPU index")
+        return {"instances": count, "device": f"cuda:{gpus.pop()}"}
+
+    def _scheduling(self, batched: bool) -> dict[str, Any]:
+        config = self.config
+        settings: dict[str, Any] = {}
+        if config.HasField("dynamic_batching"):
+            batching = config.dynamic_batching
+            if batching.max_queue_delay_microseconds:
+                settings["max_queue_delay_ms"] = batching.max_queue_delay_microseconds / 1000
+            queue = batching.default_queue_policy
+            if queue.max_queue_size:
+                settings["max_queue"] = int(queue.max_queue_size)
+            for field in (
+                "preferred_batch_size",
+                "preserve_ordering",
+                "priority_levels",
+                "default_priority_level",
+                "priority_queue_policy",
+            ):
+                if _is_set(batching, field):
+                    self.notes.append(f"dynamic_batching.{field} is not used")
+            for field in (
+                "timeout_action",
+                "default_timeout_microseconds",
+                "allow_timeout_override",
+            ):
+                if _is_set(queue, field):
+                    self.notes.append(f"dynamic_batching.default_queue_policy.{field} is not used")
+        elif batched and not config.HasField("sequence_batching"):
+            self.notes.append(
+                "max_batch_size > 0 without dynamic_batching: requests are still batched "
+                "together when they arrive while the model is busy"
+            )
+        if config.HasField("sequence_batching"):
+            settings.update(self._sequences())
+        return settings
+
+    def _sequences(self) -> dict[str, Any]:
+        sequences = self.config.sequence_batching
+        for field in ("control_input", "state"):
+            if _is_set(sequences, field):
+                raise PbtxtError(
+                    f"sequence_batching.{field}: not served for ONNX and TorchScript models yet "
+                    "(a Python model class declares sequence_controls and sequence_state)"
+                )
+        if sequences.iterative_sequence:
+            raise PbtxtError("sequence_batching.iterative_sequence: not served")
+        settings: dict[str, Any] = {"sequence_batching": True}
+        if sequences.max_sequence_idle_microseconds:
+            settings["max_sequence_idle_s"] = sequences.max_sequence_idle_microseconds / 1e6
+        if sequences.HasField("oldest"):
+            oldest = sequences.oldest
+            settings["sequence_strategy"] = "oldest"
+            if oldest.max_candidate_sequences:
+                settings["max_candidate_sequences"] = int(oldest.max_candidate_sequences)
+            if oldest.max_queue_delay_microseconds:
+                settings["max_queue_delay_ms"] = oldest.max_queue_delay_microseconds / 1000
+            for field in ("preferred_batch_size", "preserve_ordering"):
+                if _is_set(oldest, field):
+                    self.notes.append(f"sequence_batching.oldest.{field} is not used")
+        else:
+            settings["sequence_strategy"] = "direct"
+            direct = sequences.direct
+            if direct.max_queue_delay_microseconds:
+                settings["max_queue_delay_ms"] = direct.max_queue_delay_microseconds / 1000
+            if direct.minimum_slot_utilization:
+                self.notes.append("sequence_batching.direct.minimum_slot_utilization is not used")
+        return settings
+
+    def _versions(self) -> dict[str, Any]:
+        config = self.config
+        if not config.HasField("version_policy"):
+            return {}
+        policy = config.version_policy
+        choice = policy.WhichOneof("policy_choice")
+        if choice == "all":
+            return {"versions": "all"}
+        if choice == "specific":
+            versions = sorted({int(v) for v in policy.specific.versions})
+            if not versions or versions[0] < 0:
+                raise PbtxtError(
+                    f"version_policy.specific.versions: expected version numbers, got {versions}"
+                )
+            return {"versions": versions}
+        wanted = policy.latest.num_versions if choice == "latest" else 1
+        if wanted <= 1:
+            return {"versions": "latest"}
+        present = sorted(
+            int(child.name)
+            for child in self.model_dir.iterdir()
+            if child.name.isdigit() and child.is_dir()
+        )
+        return {"versions": present[-wanted:] or "latest"}
+
+    def _parameters(self) -> dict[str, Any]:
+        settings: dict[str, Any] = {}
+        for key, value in sorted(self.config.parameters.items()):
+            if key == _THREADS_PARAMETER:
+                try:
+                    threads = int(value.string_value)
+                except ValueError:
+                    threads = 0
+                if threads < 1:
+                    raise PbtxtError(
+                        f"parameters[{key}]: expected a whole number >= 1, got "
+                        f"{value.string_value!r}"
+                    )
+                settings["threads"] = threads
+            else:
+                self.notes.append(f"parameters[{key}] is not used")
+        return settings
+
+
+def _is_set(message: Message, field: str) -> bool:
+    """Whether a field of ``message`` holds anything (a repeated one, any element)."""
+    return any(described.name == field for described, _ in message.ListFields())

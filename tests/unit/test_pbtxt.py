@@ -1,0 +1,218 @@
+"""Triton model repositories as they are: config.pbtxt read into [[models]] entries.
+
+Each repository here is written as Triton's documentation writes its
+examples (the model configuration guide's identity, simple, dynamic-batching
+and sequence configs, and its ensemble); model files are empty stand-ins,
+since scanning a repository never opens them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from appliance.repository import BROKEN_CLASS, ONNX_CLASS, TORCHSCRIPT_CLASS, scan
+
+
+def model(root: Path, name: str, pbtxt: str, files: dict[str, str] | None = None) -> Path:
+    folder = root / name
+    for version, file_name in (files or {"1": "model.onnx"}).items():
+        (folder / version).mkdir(parents=True, exist_ok=True)
+        (folder / version / file_name).write_bytes(b"")
+    (folder / "config.pbtxt").write_text(pbtxt)
+    return folder
+
+
+def only(root: Path) -> dict[str, Any]:
+    entries = scan(root)
+    assert len(entries) == 1, entries
+    return entries[0]
+
+
+def reason(entry: dict[str, Any]) -> str:
+    assert entry["class"] == BROKEN_CLASS, entry
+    return str(entry["options"]["reason"])
+
+
+IDENTITY = """
+name: "identity_fp32"
+backend: "onnxruntime"
+max_batch_size: 8
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+  }
+]
+instance_group [ { kind: KIND_CPU, count: 2 } ]
+dynamic_batching {
+  max_queue_delay_microseconds: 500
+  preferred_batch_size: [ 4, 8 ]
+  default_queue_policy { max_queue_size: 100 }
+}
+parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
+"""
+
+
+def test_an_onnx_model_with_dynamic_batching_maps_every_field(tmp_path: Path) -> None:
+    model(tmp_path, "identity_fp32", IDENTITY)
+    entry = only(tmp_path)
+    assert entry["class"] == ONNX_CLASS
+    assert entry["name"] == "identity_fp32"
+    assert (entry["instances"], entry["device"], entry["max_batch_size"]) == (2, "cpu", 8)
+    assert (entry["max_queue_delay_ms"], entry["max_queue"]) == (0.5, 100)
+    options = entry["options"]
+    assert options["threads"] == 2
+    assert options["inputs"] == [{"name": "INPUT0", "dtype": "FP32", "shape": [-1, -1]}]
+    assert options["outputs"] == [{"name": "OUTPUT0", "dtype": "FP32", "shape": [-1, -1]}]
+    assert options["config_notes"] == [
+        "identity_fp32/config.pbtxt: dynamic_batching.preferred_batch_size is not used"
+    ]
+
+
+SIMPLE = """
+name: "simple"
+platform: "pytorch_libtorch"
+max_batch_size: 0
+input [
+  { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1, 16 ] },
+  { name: "INPUT1" data_type: TYPE_INT32 dims: [ 1, 16 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1, 16 ] },
+  { name: "OUTPUT1" data_type: TYPE_STRING dims: [ 1, 16 ] }
+]
+instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]
+version_policy: { specific: { versions: [ 1, 3 ] } }
+optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" } ] } }
+model_warmup [ { name: "zeros" batch_size: 1 } ]
+"""
+
+
+def test_an_unbatched_torchscript_model_on_one_gpu(tmp_path: Path) -> None:
+    files = {"1": "model.pt", "2": "model.pt", "3": "model.pt"}
+    model(tmp_path, "simple", SIMPLE, files)
+    entries = scan(tmp_path)
+    assert [e["name"] for e in entries] == ["simple", "simple.v1"]
+    entry = entries[0]
+    assert entry["class"] == TORCHSCRIPT_CLASS
+    assert (entry["instances"], entry["device"], entry["max_batch_size"]) == (1, "cuda:0", 0)
+    assert entry["options"]["version"] == "3"
+    assert entry["options"]["inputs"][0] == {"name": "INPUT0", "dtype": "INT32", "shape": [1, 16]}
+    assert entry["options"]["outputs"][1]["dtype"] == "BYTES"
+    notes = entry["options"]["config_notes"]
+    assert "simple/config.pbtxt: model_warmup is not used by the appliance" in notes
+    assert "simple/config.pbtxt: optimization is not used by the appliance" in notes
+
+
+def test_latest_versions_and_a_named_model_file(tmp_path: Path) -> None:
+    files = {"1": "weights.onnx", "2": "weights.onnx", "7": "weights.onnx"}
+    model(
+        tmp_path,
+        "m",
+        'platform: "onnxruntime_onnx" default_model_filename: "weights.onnx"\n'
+        "version_policy { latest { num_versions: 2 } }",
+        files,
+    )
+    entries = scan(tmp_path)
+    assert [(e["name"], e["options"]["version"]) for e in entries] == [("m", "7"), ("m.v2", "2")]
+    assert entries[0]["options"]["path"].endswith("m/7/weights.onnx")
+
+
+SEQUENCE = """
+name: "sequence"
+backend: "onnxruntime"
+max_batch_size: 2
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 100 }
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def test_sequence_batching_with_its_strategy(tmp_path: Path) -> None:
+    model(tmp_path, "sequence", SEQUENCE)
+    entry = only(tmp_path)
+    assert entry["class"] == ONNX_CLASS
+    assert entry["sequence_batching"] is True
+    assert (entry["max_sequence_idle_s"], entry["sequence_strategy"]) == (5.0, "oldest")
+    assert (entry["max_candidate_sequences"], entry["max_queue_delay_ms"]) == (4, 0.1)
+
+
+ENSEMBLE = """
+name: "m"
+platform: "ensemble"
+max_batch_size: 1
+input [ { name: "IN" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 10 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "preprocess"
+      model_version: -1
+      input_map { key: "RAW" value: "IN" }
+      output_map { key: "PIXELS" value: "pixels" }
+    }
+  ]
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("pbtxt", "expected"),
+    [
+        (ENSEMBLE, "config.pbtxt: ensemble_scheduling: ensembles are not served yet"),
+        ('backend: "python"', "backend: 'python' has no runtime here"),
+        ('platform: "tensorrt_plan"', "platform: 'tensorrt_plan' has no runtime here"),
+        ('name: "other"', "name: 'other' is not its directory's name 'm'"),
+        (
+            "max_batch_size: 4 input [ { name: 'x' data_type: TYPE_FP32 dims: [ 2 ] "
+            "reshape: { shape: [ 1, 2 ] } } ]",
+            "input[0] (x).reshape: not served",
+        ),
+        (
+            "input [ { name: 'x' data_type: TYPE_BF16 dims: [ 2 ] } ]",
+            "input[0] (x).data_type: TYPE_BF16 is not one of the appliance's types",
+        ),
+        ("model_transaction_policy { decoupled: true }", "model_transaction_policy.decoupled"),
+        (
+            "instance_group [ { kind: KIND_GPU gpus: [ 0, 1 ] } ]",
+            "instance_group.gpus: instances on GPUs [0, 1] are not served",
+        ),
+        (
+            "instance_group [ { kind: KIND_GPU }, { kind: KIND_CPU } ]",
+            "instance_group: groups on the CPU and on GPUs at once",
+        ),
+        (
+            "sequence_batching { control_input [ { name: 'START' } ] }",
+            "sequence_batching.control_input: not served for ONNX and TorchScript models yet",
+        ),
+        ("max_batch_size: [", "it is not a Triton model config"),
+        ("no_such_field: 1", "it is not a Triton model config"),
+        (
+            "parameters { key: 'intra_op_thread_count' value: { string_value: 'many' } }",
+            "parameters[intra_op_thread_count]: expected a whole number >= 1",
+        ),
+    ],
+)
+def test_what_cannot_be_served_names_its_field(tmp_path: Path, pbtxt: str, expected: str) -> None:
+    model(tmp_path, "m", pbtxt)
+    assert expected in reason(only(tmp_path))
+
+
+def test_both_config_files_are_refused(tmp_path: Path) -> None:
+    folder = model(tmp_path, "m", 'backend: "onnxruntime"')
+    (folder / "config.toml").write_text("max_batch_size = 4\n")
+    assert "holds both config.toml and config.pbtxt; keep one" in reason(only(tmp_path))
