@@ -10,10 +10,17 @@ processes, each a closed loop with one request in flight, for a fixed time):
 2. Peers in the same run, each in its own virtual environment under
    bench/.peers/ (made on first use): MLServer 1.7.1 with parallel_workers 1
    and 0 over V2 REST and gRPC (same tritonclient load), UM-Bridge's own
-   server, and a bare falcon+gunicorn app that answers in place (gunicorn's
-   ASGI worker with falcon's ASGI app, the appliance's HTTP stack; gthread and
-   sync for reference). Ratios appliance/peer per row.
-3. Batching: digits at 64 clients, dynamic batching on (max_batch_size 64,
+   server, and a bare falcon+gunicorn app that answers in place under each
+   HTTP stack gunicorn can drive (uvicorn's worker class, the appliance's;
+   gunicorn's ASGI worker on asyncio and on uvloop; gthread and sync for
+   reference). Ratios appliance/peer per row. Every HTTP protocol, the floors
+   and UM-Bridge's server (with its own client, umbridge.HTTPModel) also with
+   a new connection per request; and the ladder of one request
+   (bench/peers/ladder_app.py: the floor on the appliance's worker, plus its
+   middleware, plus each protocol's codec), whose next rung is the appliance.
+3. Event loops: an appliance with ``server.event_loop`` "uvloop" and one
+   with "asyncio", back to back, over KServe REST, gRPC and MIP at 16 B.
+   Batching: digits at 64 clients, dynamic batching on (max_batch_size 64,
    natural batching) and off (max_batch_size 0), over KServe gRPC, MIP and the internal
    client.
 4. Scaling (bench/plan.py ``scaling_plan``): on a host with 8 CPUs or more,
@@ -44,6 +51,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import itertools
 import math
 import os
@@ -65,7 +73,11 @@ from bench.plan import (  # noqa: E402
     BATCHING_CLIENTS,
     BATCHING_MODELS,
     BATCHING_PROTOCOLS,
+    EVENT_LOOP_CELLS,
+    EVENT_LOOPS,
     FULL_SWEEP,
+    LADDER,
+    LADDER_RUNGS,
     PACED_SHARE,
     PAYLOADS,
     PEERS,
@@ -120,6 +132,7 @@ def main() -> int:
         "paced": [],
         "batching": [],
         "scaling": [],
+        "event_loops": [],
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "grid_repeats": 0,
         "grid_repeat_s": 0.0,
@@ -139,6 +152,7 @@ def main() -> int:
             print(f"{pool.size} client processes up ({time.monotonic() - began:.0f} s)")
             if not args.scaling_only:
                 main_phase(pool, args, record)
+                event_loops(pool, args, record)
             if not args.no_scaling:
                 scaling_phase(pool, args, record, scaling)
     except KeyboardInterrupt:
@@ -168,20 +182,30 @@ def appliance_endpoints(appliance: Any) -> dict[str, Any]:
     }
 
 
-def peer_factories() -> dict[str, Callable[[], Any]]:
+def peer_factories(run_dir: str) -> dict[str, Callable[[], Any]]:
+    """Every peer, by name; the ladder's rungs attach to the appliance at ``run_dir``."""
     sections = appliance_sections()
     http, grpc = sections["http"], sections["grpc"]
     sizes = {label: n // 4 for label, n in SIZES.items() if label != "16MiB"}
-    return {
+    factories: dict[str, Callable[[], Any]] = {
         "mlserver-pw1": lambda: servers.mlserver(1),
         "mlserver-pw0": lambda: servers.mlserver(0),
         "umbridge": lambda: servers.umbridge_server(sizes),
-        "floor-asgi": lambda: servers.floor("asgi", http["workers"], 1),
-        "floor-gthread": lambda: servers.floor("gthread", http["workers"], http["threads"]),
-        "floor-sync": lambda: servers.floor("sync", http["workers"], 1),
-        "floor-grpc-aio": lambda: servers.grpc_floor("aio", grpc["workers"], 1),
-        "floor-grpc-sync": lambda: servers.grpc_floor("sync", grpc["workers"], grpc["threads"]),
     }
+    for kind in servers.FLOOR_KINDS:
+        threads = http["threads"] if kind == "gthread" else 1
+        factories[f"floor-{kind}"] = functools.partial(
+            servers.floor, kind, http["workers"], threads
+        )
+    factories["floor-grpc-aio"] = lambda: servers.grpc_floor("aio", grpc["workers"], 1)
+    factories["floor-grpc-sync"] = lambda: servers.grpc_floor(
+        "sync", grpc["workers"], grpc["threads"]
+    )
+    for rung in LADDER_RUNGS:
+        factories[f"ladder-{rung}"] = functools.partial(
+            servers.ladder, rung, run_dir, http["workers"]
+        )
+    return factories
 
 
 @contextlib.contextmanager
@@ -193,7 +217,8 @@ def everything(args: argparse.Namespace, record: dict[str, Any]) -> Iterator[dic
         where = {"appliance": appliance_endpoints(appliance), "client": appliance.client()}
         trees = {"appliance": ProcessTree(appliance.process.pid)}
         log("appliance up")
-        for name, factory in ({} if args.no_peers else peer_factories()).items():
+        factories = peer_factories(str(appliance.run_dir))
+        for name, factory in ({} if args.no_peers else factories).items():
             try:
                 server = stack.enter_context(factory())
             except servers.PeerUnavailable as error:
@@ -211,7 +236,7 @@ def main_phase(pool: ClientPool, args: argparse.Namespace, record: dict[str, Any
     deadline = STARTED + args.budget_min * 60 - RESERVE_S
     with everything(args, record) as servers_up:
         where, trees = servers_up["where"], servers_up["trees"]
-        systems = [s for s in (*APPLIANCE, *PEERS) if s.server in where]
+        systems = [s for s in (*APPLIANCE, *PEERS, *LADDER) if s.server in where]
         try:
             for repeat in range(args.repeats):
                 began = time.monotonic()
@@ -306,6 +331,30 @@ def batching(
     log("batching done")
 
 
+def event_loops(pool: ClientPool, args: argparse.Namespace, record: dict[str, Any]) -> None:
+    """server.event_loop A/B: the appliance on uvloop and on asyncio's loop, back to back
+    (the order alternating between repeats), at 16 B over HTTP, gRPC and MIP."""
+    models = appliance_models(umbridge=False)
+    for repeat in range(args.repeats):
+        kinds = EVENT_LOOPS if repeat % 2 == 0 else EVENT_LOOPS[::-1]
+        for kind in kinds:
+            sections = appliance_sections()
+            sections["server"] = {**sections["server"], "event_loop": kind}
+            with running(models, **sections) as appliance:
+                where = {"appliance": appliance_endpoints(appliance)}
+                tree = ProcessTree(appliance.process.pid)
+                try:
+                    for name, clients in itertools.product(EVENT_LOOP_CELLS, (1, 16)):
+                        spec = spec_for(SYSTEMS[name], "16B", where)
+                        row = pool.measure(spec, clients, args.seconds, tree)
+                        row = tagged(row, SYSTEMS[name], "16B", repeat)
+                        record["event_loops"].append(row | {"event_loop": kind})
+                    pool.release()
+                finally:
+                    pool.release()
+    log("event loops done")
+
+
 def counters(client: Any, model: str) -> dict[str, int]:
     return {counter.name: value for counter, value in client.counters(model).items()}
 
@@ -393,7 +442,7 @@ def floor_server(name: str, workers: int) -> Any:
     """A floor of SCALING_FLOORS with ``workers`` processes of one thread."""
     if name == "floor-grpc-aio":
         return servers.grpc_floor("aio", workers, 1)
-    return servers.floor("asgi", workers, 1)
+    return servers.floor(name.removeprefix("floor-"), workers, 1)
 
 
 @contextlib.contextmanager
@@ -417,10 +466,15 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
     scaling_rows = report.grouped_medians(
         record["scaling"], ("instances", "frontends", "concurrency", "system", "payload")
     )
+    loop_rows = report.grouped_medians(
+        record["event_loops"], ("event_loop", "system", "concurrency")
+    )
     ratios = report.peer_ratios(summary)
     targets = report.targets(summary, paced_rows, batching_rows)
     targets += report.scaling_targets(scaling_rows)
     report.print_grid(summary)
+    print("\n" + "\n".join(readme_table.http_tables(summary)))
+    print("\n" + "\n".join(readme_table.event_loop_table(loop_rows)))
     readme_table.print_extras(
         ratios, paced_rows, batching_rows, scaling_rows, record.get("scaling_note", "")
     )
@@ -440,6 +494,7 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
         paced_summary=paced_rows,
         batching_summary=batching_rows,
         scaling_summary=scaling_rows,
+        event_loop_summary=loop_rows,
         targets=targets,
     )
     print(f"\nwrote {results.relative_to(ROOT)}")
@@ -453,7 +508,9 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
         return
     plot(results, RESULTS / f"{name}.png")
     if not args.quick:
-        text = readme_table.render(record, summary, ratios, batching_rows, scaling_rows, targets)
+        text = readme_table.render(
+            record, summary, ratios, batching_rows, scaling_rows, targets, loop_rows
+        )
         if readme_table.update(README, text, tag):
             print(f"updated the Performance table in {README.name}")
 

@@ -11,6 +11,10 @@ the reply. Payloads:
   class probabilities out.
 
 The same call serves the appliance and a peer: only ``url`` (host:port) differs.
+With ``"new_connection": true`` an HTTP call opens a connection per request,
+as clients that use a bare ``requests.post`` do: UM-Bridge's own client
+(``umbridge.HTTPModel``), GraphPipe's ``remote.execute``, curl-style scripts;
+KServe REST sends tritonclient's body that way.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from bench.loadgen import tensor
 ROOT = Path(__file__).resolve().parents[1]
 HOLDOUT = ROOT / "tests" / "data" / "digits_holdout.npz"
 # Modules every client process imports once, before any measurement.
-PRELOAD = ("tritonclient.grpc", "tritonclient.http", "requests", "bench.callers")
+PRELOAD = ("tritonclient.grpc", "tritonclient.http", "requests", "umbridge", "bench.callers")
 MAX_MESSAGE_BYTES = 1 << 30
 REGIONS = count()
 
@@ -105,6 +109,8 @@ def kserve_rest(spec: dict[str, Any], payload: Payload) -> Call:
     import tritonclient.http as httpclient
 
     binary = spec.get("binary", True)
+    if spec.get("new_connection"):
+        return kserve_rest_per_connection(spec, payload, binary)
     client = httpclient.InferenceServerClient(
         spec["url"], connection_timeout=120.0, network_timeout=120.0
     )
@@ -118,6 +124,35 @@ def kserve_rest(spec: dict[str, Any], payload: Payload) -> Call:
         payload.check(result.as_numpy(payload.output))
 
     return Closing(call, client.close)
+
+
+def kserve_rest_per_connection(spec: dict[str, Any], payload: Payload, binary: bool) -> Call:
+    """tritonclient.http's request body and reply parsing, a connection per request."""
+    import requests
+    import tritonclient.http as httpclient
+
+    url = f"http://{spec['url']}/v2/models/{payload.model}/infer"
+    x = payload.x
+
+    def call() -> None:
+        value = httpclient.InferInput(payload.input, list(x.shape), "FP32")
+        value.set_data_from_numpy(x, binary_data=binary)
+        wanted = [httpclient.InferRequestedOutput(payload.output, binary_data=binary)]
+        body, json_size = httpclient.InferenceServerClient.generate_request_body(
+            [value], outputs=wanted
+        )
+        headers = {"Content-Type": "application/octet-stream"}
+        if json_size is not None:
+            headers["Inference-Header-Content-Length"] = str(json_size)
+        reply = requests.post(url, data=body, headers=headers, timeout=120)
+        reply.raise_for_status()
+        length = reply.headers.get("Inference-Header-Content-Length")
+        result = httpclient.InferenceServerClient.parse_response_body(
+            reply.content, header_length=int(length) if length else None
+        )
+        payload.check(result.as_numpy(payload.output))
+
+    return call
 
 
 def kserve_shm(spec: dict[str, Any], payload: Payload) -> Call:
@@ -160,7 +195,7 @@ def grps_rest(spec: dict[str, Any], payload: Payload) -> Call:
     """POST /grps/v1/infer/predict with a gtensors JSON body (orjson both ways)."""
     import requests
 
-    session = requests.Session()
+    session: Any = requests if spec.get("new_connection") else requests.Session()
     url = f"http://{spec['url']}/grps/v1/infer/predict"
     x = payload.x
     headers = {"Content-Type": "application/json"}
@@ -180,7 +215,7 @@ def grps_rest(spec: dict[str, Any], payload: Payload) -> Call:
         reply.raise_for_status()
         payload.check(orjson.loads(reply.content)["gtensors"]["tensors"][0]["flat_float32"])
 
-    return Closing(call, session.close)
+    return Closing(call, getattr(session, "close", _nothing))
 
 
 def grps_grpc(spec: dict[str, Any], payload: Payload) -> Call:
@@ -209,11 +244,12 @@ def grps_grpc(spec: dict[str, Any], payload: Payload) -> Call:
 
 
 def graphpipe(spec: dict[str, Any], payload: Payload) -> Call:
-    """The stock client's request and reply codec, on a keep-alive session."""
+    """The stock client's request and reply codec, on a keep-alive session (or as
+    its ``remote.execute`` sends: a bare ``requests.post``)."""
     import requests
     from graphpipe import convert
 
-    session = requests.Session()
+    session: Any = requests if spec.get("new_connection") else requests.Session()
     url = f"http://{spec['url']}/graphpipe/{payload.model}"
     x = payload.x
 
@@ -226,13 +262,20 @@ def graphpipe(spec: dict[str, Any], payload: Payload) -> Call:
             raise RuntimeError(errors[0]["message"])
         payload.check(outputs[0])
 
-    return Closing(call, session.close)
+    return Closing(call, getattr(session, "close", _nothing))
+
+
+def _nothing() -> None:
+    pass
 
 
 def umbridge(spec: dict[str, Any], payload: Payload) -> Call:
-    """POST /Evaluate with the input as one float64 vector, on a keep-alive session."""
+    """POST /Evaluate with the input as one float64 vector, on a keep-alive session;
+    with ``new_connection``, UM-Bridge's own client as users run it."""
     import requests
 
+    if spec.get("new_connection"):
+        return umbridge_model(spec, payload)
     session = requests.Session()
     url = f"http://{spec['url']}/Evaluate"
     x = payload.x
@@ -245,6 +288,19 @@ def umbridge(spec: dict[str, Any], payload: Payload) -> Call:
         payload.check(orjson.loads(reply.content)["output"][0])
 
     return Closing(call, session.close)
+
+
+def umbridge_model(spec: dict[str, Any], payload: Payload) -> Call:
+    """umbridge.HTTPModel: one ``requests.post`` (a new connection) per Evaluate."""
+    import umbridge
+
+    model = umbridge.HTTPModel(f"http://{spec['url']}", payload.model)
+    x = [payload.x.reshape(-1).astype(np.float64).tolist()]
+
+    def call() -> None:
+        payload.check(model(x, {})[0])
+
+    return call
 
 
 def mip(spec: dict[str, Any], payload: Payload) -> Call:

@@ -69,6 +69,11 @@ class System:
 
 
 REST_JSON = {"binary": False}
+# The protocols over HTTP, each also with a new connection per request.
+HTTP_PROTOCOLS = ("kserve-rest", "grps-rest", "graphpipe", "umbridge")
+NEWCONN_TAG = "newconn"
+NEWCONN = {"new_connection": True}
+NEWCONN_CAPS = {"16KiB": 0, "1MiB": 0, "16MiB": 0, "digits": 0}
 DIRECT_CAPS = {"16KiB": 0, "1MiB": 0, "16MiB": 0, "digits": 0}
 APPLIANCE = (
     System("kserve-grpc", "appliance", "kserve-grpc", "grpc"),
@@ -84,8 +89,16 @@ APPLIANCE = (
     # The process hop alone: the appliance's own client in the load generator,
     # no frontend. Beside the floors, it shows what any protocol adds at least.
     System("direct", "appliance", "direct", "run_dir", caps=DIRECT_CAPS),
+    # Clients that open a connection per request, as UM-Bridge's HTTPModel,
+    # GraphPipe's remote.execute and curl-style scripts do (bench/callers.py).
+    *(
+        System(f"{name} {NEWCONN_TAG}", "appliance", name, "http", NEWCONN, NEWCONN_CAPS)
+        for name in HTTP_PROTOCOLS
+    ),
 )
 FLOOR_CAPS = {"digits": 0}
+# The falcon floor under every HTTP stack of bench/servers.py FLOOR_KINDS.
+FLOORS = ("floor-uvicorn", "floor-asgi", "floor-asgi-uvloop", "floor-gthread", "floor-sync")
 PEERS = (
     System("mlserver-pw1 grpc", "mlserver-pw1", "kserve-grpc", "grpc", versus="kserve-grpc"),
     System(
@@ -120,19 +133,31 @@ PEERS = (
     System(
         "umbridge-ref", "umbridge", "umbridge", "umbridge", caps=UMBRIDGE_CAPS, versus="umbridge"
     ),
+    # UM-Bridge's own client as users run it: umbridge.HTTPModel, a connection per call.
     System(
-        "floor-asgi", "floor-asgi", "kserve-rest", "rest", caps=FLOOR_CAPS, versus="kserve-rest"
+        f"umbridge-ref {NEWCONN_TAG}",
+        "umbridge",
+        "umbridge",
+        "umbridge",
+        NEWCONN,
+        NEWCONN_CAPS,
+        versus=f"umbridge {NEWCONN_TAG}",
     ),
-    System(
-        "floor-gthread",
-        "floor-gthread",
-        "kserve-rest",
-        "rest",
-        caps=FLOOR_CAPS,
-        versus="kserve-rest",
+    *(
+        System(floor, floor, "kserve-rest", "rest", caps=FLOOR_CAPS, versus="kserve-rest")
+        for floor in FLOORS
     ),
-    System(
-        "floor-sync", "floor-sync", "kserve-rest", "rest", caps=FLOOR_CAPS, versus="kserve-rest"
+    *(
+        System(
+            f"{floor} {NEWCONN_TAG}",
+            floor,
+            "kserve-rest",
+            "rest",
+            NEWCONN,
+            NEWCONN_CAPS,
+            versus=f"kserve-rest {NEWCONN_TAG}",
+        )
+        for floor in FLOORS
     ),
     System(
         "floor-grpc-aio",
@@ -151,7 +176,17 @@ PEERS = (
         versus="kserve-grpc",
     ),
 )
-SYSTEMS = {system.name: system for system in (*APPLIANCE, *PEERS)}
+# The ladder of one request (bench/peers/ladder_app.py), per HTTP protocol,
+# at 16 B and one client: each rung adds one layer of the appliance's, the
+# whole appliance (the protocol's own row) is the rung above the last.
+LADDER_RUNGS = ("floor", "middleware", "codec")
+LADDER_CAPS = {"16B": 1, "16KiB": 0, "1MiB": 0, "16MiB": 0, "digits": 0}
+LADDER = tuple(
+    System(f"ladder-{rung} {name}", f"ladder-{rung}", name, "http", caps=LADDER_CAPS)
+    for name in HTTP_PROTOCOLS
+    for rung in LADDER_RUNGS
+)
+SYSTEMS = {system.name: system for system in (*APPLIANCE, *PEERS, *LADDER)}
 # Protocols with no peer that installs here (PEERS.md §5): GRPS ships no
 # pip package, GraphPipe's servers are Go binaries, KubeMo is a proof of concept.
 NO_PEER = {
@@ -174,7 +209,7 @@ SCALING_CELLS = (
 SCALING_CLIENTS = 16
 # The peers beside the scaling grid: each floor with every frontend count of
 # the grid as its worker count, and MLServer with these parallel_workers.
-SCALING_FLOORS = ("floor-asgi", "floor-grpc-aio")
+SCALING_FLOORS = ("floor-uvicorn", "floor-asgi", "floor-grpc-aio")
 SCALING_MLSERVER_WORKERS = (0, 1, 4)
 # With at least this many CPUs the scaling part runs its full grid, the
 # server on one half of the CPUs and the load generator on the other.
@@ -227,6 +262,10 @@ def scaling_plan(cpus: Sequence[int], grid: str = "") -> ScalingPlan:
         "two busy processes the numbers show the cost of growth, not a speed-up",
     )
 
+
+# server.event_loop, A and B in the same run (bench_peers ``event_loops``).
+EVENT_LOOPS = ("uvloop", "asyncio")
+EVENT_LOOP_CELLS = ("kserve-rest", "kserve-grpc", "mip")
 
 BATCHING_CLIENTS = 64
 BATCHING_PROTOCOLS = ("kserve-grpc", "mip", "direct")

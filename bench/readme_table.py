@@ -20,6 +20,11 @@ from bench.plan import (
     BATCH_DELAY_MS,
     BATCHING_MODELS,
     CALL_COST_MS,
+    FLOORS,
+    HTTP_PROTOCOLS,
+    LADDER,
+    LADDER_RUNGS,
+    NEWCONN_TAG,
     NO_PEER,
     PEERS,
     SYSTEMS,
@@ -45,12 +50,21 @@ LABELS = {
     "mlserver-pw0 grpc": "MLServer 1.7.1 pw=0, gRPC",
     "mlserver-pw0 rest-json": "MLServer 1.7.1 pw=0, REST (JSON)",
     "umbridge-ref": "UM-Bridge 1.2.10 server",
-    "floor-asgi": "falcon+gunicorn floor, ASGI",
+    "floor-uvicorn": "falcon+gunicorn floor, uvicorn's worker (uvloop, httptools)",
+    "floor-asgi": "falcon+gunicorn floor, gunicorn's ASGI worker (asyncio)",
+    "floor-asgi-uvloop": "falcon+gunicorn floor, gunicorn's ASGI worker on uvloop",
     "floor-gthread": "falcon+gunicorn floor, gthread",
     "floor-sync": "falcon+gunicorn floor, sync",
     "floor-grpc-aio": "grpcio floor, aio",
     "floor-grpc-sync": "grpcio floor, sync thread pool",
 }
+LABELS |= {
+    f"{name} {NEWCONN_TAG}": f"{LABELS[name]}, a new connection per request"
+    for name in (*HTTP_PROTOCOLS, *FLOORS, "umbridge-ref")
+}
+LABELS |= {system.name: system.name for system in LADDER}
+# Rows with tables of their own (floors_table, connections_table, ladder_table).
+OWN_TABLES = {s.name for s in LADDER} | {n for n in SYSTEMS if n.endswith(f" {NEWCONN_TAG}")}
 BATCHING_LABELS = {"digits": "digits", "digits-2ms": f"digits + {CALL_COST_MS:g} ms per call"}
 # (header, payload, concurrency, key): the README's columns.
 COLUMNS = (
@@ -81,7 +95,7 @@ def grid_table(summary: Summary) -> list[str]:
         "|---" * (len(COLUMNS) + 1) + "|",
     ]
     for name in SYSTEMS:
-        if name not in summary:
+        if name not in summary or name in OWN_TABLES:
             continue
         values = []
         for _header, payload, concurrency, key in COLUMNS:
@@ -97,7 +111,7 @@ def ratio_table(summary: Summary) -> list[str]:
         "|---" * (len(COLUMNS) + 1) + "|",
     ]
     for peer in PEERS:
-        if peer.name not in summary or peer.versus is None:
+        if peer.name not in summary or peer.versus is None or peer.name in OWN_TABLES:
             continue
         values = []
         for _header, payload, concurrency, key in COLUMNS:
@@ -107,6 +121,173 @@ def ratio_table(summary: Summary) -> list[str]:
             values.append(fmt(ratio(ours[key], theirs[key]) if both else None, "ratio"))
         label = f"{LABELS[peer.versus].removeprefix('appliance, ')} / {LABELS[peer.name]}"
         lines.append(f"| {label} | " + " | ".join(values) + " |")
+    return lines
+
+
+def _cpu_and_p50(summary: Summary, name: str, concurrency: int) -> tuple[str, str]:
+    row = cell(summary, name, "16B", concurrency)
+    p50 = fmt(row["p50_ms"] * 1000 if row else None)
+    return p50, fmt(row and row["server_cpu_us"])
+
+
+def _rps_and_cpu(summary: Summary, name: str) -> tuple[str, str]:
+    row = cell(summary, name, "16B", 16)
+    return fmt(row and row["rps"]), fmt(row and row["server_cpu_us"])
+
+
+def floors_table(summary: Summary) -> list[str]:
+    """The falcon floor under each HTTP stack, kept-alive and a connection per request."""
+    lines = [
+        "| HTTP stack under gunicorn, falcon answering KServe REST in place, 16 B "
+        "| keep-alive c=1 p50 µs | c=1 server µs/req | c=16 req/s | c=16 server µs/req "
+        "| new connection c=1 p50 µs | c=1 server µs/req | c=16 req/s | c=16 server µs/req "
+        "| server µs/req vs gunicorn's ASGI worker, c=1 keep-alive / new connection |",
+        "|---" * 10 + "|",
+    ]
+    base = cell(summary, "floor-asgi", "16B", 1)
+    base_new = cell(summary, f"floor-asgi {NEWCONN_TAG}", "16B", 1)
+    for name in FLOORS:
+        if name not in summary:
+            continue
+        fresh = f"{name} {NEWCONN_TAG}"
+        kept_row, fresh_row = cell(summary, name, "16B", 1), cell(summary, fresh, "16B", 1)
+        ratios = (
+            fmt(
+                ratio(kept_row and kept_row["server_cpu_us"], base and base["server_cpu_us"]),
+                "ratio",
+            )
+            + " / "
+            + fmt(
+                ratio(
+                    fresh_row and fresh_row["server_cpu_us"],
+                    base_new and base_new["server_cpu_us"],
+                ),
+                "ratio",
+            )
+        )
+        cells = [
+            *_cpu_and_p50(summary, name, 1),
+            *_rps_and_cpu(summary, name),
+            *_cpu_and_p50(summary, fresh, 1),
+            *_rps_and_cpu(summary, fresh),
+            ratios,
+        ]
+        lines.append(
+            f"| {LABELS[name].removeprefix('falcon+gunicorn floor, ')} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return lines
+
+
+def connections_table(summary: Summary) -> list[str]:
+    """Each HTTP protocol (and UM-Bridge's own server) kept-alive and a connection per request."""
+    lines = [
+        "| 16 B | keep-alive c=1 p50 µs | c=1 server µs/req | c=16 req/s | c=16 server µs/req "
+        "| new connection c=1 p50 µs | c=1 server µs/req | c=16 req/s | c=16 server µs/req "
+        "| new / keep-alive server µs/req, c=1 |",
+        "|---" * 10 + "|",
+    ]
+    for name in (*HTTP_PROTOCOLS, "umbridge-ref"):
+        fresh = f"{name} {NEWCONN_TAG}"
+        if fresh not in summary:
+            continue
+        kept_row, fresh_row = cell(summary, name, "16B", 1), cell(summary, fresh, "16B", 1)
+        growth = ratio(
+            fresh_row and fresh_row["server_cpu_us"], kept_row and kept_row["server_cpu_us"]
+        )
+        cells = [
+            *_cpu_and_p50(summary, name, 1),
+            *_rps_and_cpu(summary, name),
+            *_cpu_and_p50(summary, fresh, 1),
+            *_rps_and_cpu(summary, fresh),
+            fmt(growth, "ratio"),
+        ]
+        lines.append(f"| {LABELS[name]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def ladder_table(summary: Summary) -> list[str]:
+    """One request's rungs per HTTP protocol: p50 and server CPU, each with what it adds."""
+    steps = (*(f"ladder-{rung}" for rung in LADDER_RUNGS), "appliance")
+    heads = (
+        "floor (the appliance's worker, falcon, answers in place)",
+        "+ the appliance's middleware",
+        "+ the protocol's codec (a client answering in place)",
+        "+ the hop (the whole appliance)",
+    )
+    lines = [
+        "| 1 client, 16 B, p50 µs (added) / server µs/req (added) | " + " | ".join(heads) + " |",
+        "|---" * (len(heads) + 1) + "|",
+    ]
+    for protocol in HTTP_PROTOCOLS:
+        cells, before = [], None
+        for step in steps:
+            name = protocol if step == "appliance" else f"{step} {protocol}"
+            row = cell(summary, name, "16B", 1)
+            now = (row["p50_ms"] * 1000, row["server_cpu_us"]) if row else None
+            text = "n/a"
+            if now is not None:
+                text = f"{now[0]:,.0f} / {now[1]:,.0f}"
+                if before is not None:
+                    text += f" ({now[0] - before[0]:+,.0f} / {now[1] - before[1]:+,.0f})"
+            cells.append(text)
+            before = now
+        if any(c != "n/a" for c in cells):
+            lines.append(
+                f"| {LABELS[protocol].removeprefix('appliance, ')} | " + " | ".join(cells) + " |"
+            )
+    hop = cell(summary, "direct", "16B", 1)
+    if hop is not None:
+        lines.append(
+            f"| the hop alone (`direct`: the appliance's client, no frontend) | | | | "
+            f"{hop['p50_ms'] * 1000:,.0f} / {hop['server_cpu_us']:,.0f} |"
+        )
+    return lines
+
+
+def http_tables(summary: Summary) -> list[str]:
+    """The floors, the connections and the ladder, with what each shows (README and console)."""
+    return [
+        "The HTTP stacks gunicorn can run, each serving the falcon floor app (bench/peers/"
+        "floor_asgi_app.py; one worker, as the appliance on this machine). The appliance's HTTP "
+        'frontend runs uvicorn\'s worker class (bench/profiles/README.md, "The HTTP stack"):',
+        "",
+        *floors_table(summary),
+        "",
+        "A new connection per request (UM-Bridge's `HTTPModel`, GraphPipe's `remote.execute` and "
+        "curl-style clients call `requests.post`) against a kept-alive one; UM-Bridge's rows "
+        "use its own client for the new connections:",
+        "",
+        *connections_table(summary),
+        "",
+        "The ladder of one request (bench/peers/ladder_app.py), each rung a server on the "
+        "appliance's own HTTP worker: where the microseconds of a lone REST request go:",
+        "",
+        *ladder_table(summary),
+    ]
+
+
+def event_loop_table(rows: list[dict[str, Any]]) -> list[str]:
+    """server.event_loop's A/B: each frontend on uvloop and on asyncio's loop."""
+    lines = [
+        "| 16 B | clients | uvloop req/s | p50 ms | server µs/req "
+        "| asyncio req/s | p50 ms | server µs/req | uvloop / asyncio server µs/req |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for system, clients in sorted({(r["system"], r["concurrency"]) for r in rows}):
+        uv = find(rows, system=system, concurrency=clients, event_loop="uvloop")
+        aio = find(rows, system=system, concurrency=clients, event_loop="asyncio")
+        cells = [
+            fmt(uv and uv["rps"]),
+            fmt(uv and uv["p50_ms"], "p50_ms"),
+            fmt(uv and uv["server_cpu_us"]),
+            fmt(aio and aio["rps"]),
+            fmt(aio and aio["p50_ms"], "p50_ms"),
+            fmt(aio and aio["server_cpu_us"]),
+            fmt(ratio(uv and uv["server_cpu_us"], aio and aio["server_cpu_us"]), "ratio"),
+        ]
+        lines.append(f"| {LABELS[system]} | {clients} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -188,7 +369,7 @@ def target_lines(targets: list[dict[str, Any]]) -> list[str]:
     for item in targets:
         verdict = {True: "met", False: "**MISSED**", None: "not measured"}[item["met"]]
         unit = item.get("unit", "ratio")
-        value = fmt(item["value"], "p50_ms" if unit == "ms" else "ratio")
+        value = fmt(item["value"], {"ms": "p50_ms", "us": "rps"}.get(unit, "ratio"))
         lines.append(
             f"| {item['target']} | {value} | {item['limit']} | {verdict} | {item['detail']} |"
         )
@@ -202,6 +383,7 @@ def render(
     batching: list[dict[str, Any]],
     scaling: list[dict[str, Any]],
     targets: list[dict[str, Any]],
+    loops: list[dict[str, Any]] | None = None,
 ) -> str:
     """The markdown between the README's markers."""
     del ratios  # the ratio table is computed from the summary, column by column
@@ -225,7 +407,14 @@ def render(
         "",
         *ratio_table(summary),
         "",
-        "Targets (issues 10, 18 and 20):",
+        *http_tables(summary),
+        "",
+        "`server.event_loop` (appliance/frontends/loops.py), A and B in this run: an "
+        "appliance on each loop, back to back, the order alternating between repeats:",
+        "",
+        *event_loop_table(loops or []),
+        "",
+        "Targets (issues 10, 18, 20 and 34):",
         "",
         *target_lines(targets),
         "",

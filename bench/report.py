@@ -100,13 +100,14 @@ def target(
     detail: str,
     unit: str = "ratio",
 ) -> dict[str, Any]:
-    """One target's verdict; ``unit`` is "ratio" or "ms" (a difference of latencies)."""
+    """One target's verdict; ``unit`` is "ratio", or "ms" or "us" (a difference)."""
     met = None if math.isnan(value) else (value <= limit if lower_is_better else value >= limit)
     sign = "<=" if lower_is_better else ">="
+    suffix = {"ms": " ms", "us": " µs"}.get(unit, "")
     return {
         "target": name,
         "value": value,
-        "limit": f"{sign} {limit}" + (" ms" if unit == "ms" else ""),
+        "limit": f"{sign} {limit}{suffix}",
         "met": met,
         "detail": detail,
         "unit": unit,
@@ -172,6 +173,7 @@ def targets(
     out += _paced_targets(paced)
     out += _floor_targets(get)
     out += _umbridge_targets(summary)
+    out += _http_stack_targets(summary, get)
     out += _digits_latency_targets(get)
     out += _batching_targets(batching)
     out += _shm_target(get)
@@ -292,6 +294,94 @@ def _umbridge_targets(summary: Summary) -> list[dict[str, Any]]:
             _throughput_detail(ours, ref),
         )
     )
+    return out
+
+
+def _http_stack_targets(summary: Summary, get: Any) -> list[dict[str, Any]]:
+    """Issue 34: UM-Bridge with its own client, the REST path against floor + hop,
+    and what a new connection costs."""
+    out = []
+    ours1, ref1 = (
+        cell(summary, "umbridge newconn", "16B", 1),
+        cell(summary, "umbridge-ref newconn", "16B", 1),
+    )
+    ours16, ref16 = (
+        cell(summary, "umbridge newconn", "16B", 16),
+        cell(summary, "umbridge-ref newconn", "16B", 16),
+    )
+    client = "umbridge.HTTPModel, a connection per call"
+    out.append(
+        target(
+            "1 client, UM-Bridge Evaluate p50 vs UM-Bridge's own server, with its own client",
+            ratio(ours1 and ours1["p50_ms"], ref1 and ref1["p50_ms"]),
+            1.0,
+            True,
+            f"{_ms(ours1 and ours1['p50_ms'])} vs {_ms(ref1 and ref1['p50_ms'])} ({client})",
+        )
+    )
+    out.append(
+        target(
+            "16 clients, UM-Bridge Evaluate throughput vs UM-Bridge's own server, "
+            "with its own client",
+            ratio(ours16 and ours16["rps"], ref16 and ref16["rps"]),
+            1.2,
+            False,
+            _throughput_detail(ours16, ref16) + f" ({client})",
+        )
+    )
+    out.append(
+        target(
+            "1 client, UM-Bridge Evaluate server CPU per call vs UM-Bridge's own server, "
+            "with its own client",
+            ratio(ours1 and ours1["server_cpu_us"], ref1 and ref1["server_cpu_us"]),
+            1.5,
+            True,
+            f"{_us(ours1 and ours1['server_cpu_us'])} vs "
+            f"{_us(ref1 and ref1['server_cpu_us'])} µs/call; at 16 clients "
+            f"{_us(ours16 and ours16['server_cpu_us'])} vs "
+            f"{_us(ref16 and ref16['server_cpu_us'])} ({client})",
+        )
+    )
+    ours, floor, hop = (get(n, "16B", 1, "p50_ms") for n in ("kserve-rest", "floor-asgi", "direct"))
+    both = None if floor is None or hop is None else floor + hop
+    out.append(
+        target(
+            "1 client, 16 B, kserve-rest p50 minus (the gunicorn-ASGI floor's + the hop's)",
+            math.nan if ours is None or both is None else ours - both,
+            0.10,
+            True,
+            f"{_ms(ours)} vs {_ms(floor)} + {_ms(hop)} (direct) = {_ms(both)}",
+            unit="ms",
+        )
+    )
+    ours, floor, hop = (
+        get(n, "16B", 16, "server_cpu_us") for n in ("kserve-rest", "floor-asgi", "direct")
+    )
+    both = None if floor is None or hop is None else floor + hop
+    out.append(
+        target(
+            "16 clients, 16 B, kserve-rest server CPU per request minus "
+            "(the gunicorn-ASGI floor's + the hop's)",
+            math.nan if ours is None or both is None else ours - both,
+            100.0,
+            True,
+            f"{_us(ours)} vs {_us(floor)} + {_us(hop)} (direct) = {_us(both)} µs/req",
+            unit="us",
+        )
+    )
+    for clients in (1, 16):
+        fresh = get("kserve-rest newconn", "16B", clients, "server_cpu_us")
+        kept = get("kserve-rest", "16B", clients, "server_cpu_us")
+        out.append(
+            target(
+                f"{clients} client(s), 16 B, kserve-rest server CPU per request: "
+                "a new connection each vs keep-alive",
+                ratio(fresh, kept),
+                1.5,
+                True,
+                f"{_us(fresh)} vs {_us(kept)} µs/req",
+            )
+        )
     return out
 
 

@@ -8,8 +8,12 @@ goes on without it.
 
 Peers: Seldon MLServer 1.7.1 (V2 REST and gRPC, ``parallel_workers`` 1 and
 0), UM-Bridge's own Python server, a bare falcon+gunicorn app (the floor
-of a Python HTTP frontend) with the ASGI, gthread and sync workers, and bare
-grpcio (the floor of a Python gRPC frontend), aio and sync.
+of a Python HTTP frontend) under each HTTP stack gunicorn can drive
+(``FLOOR_KINDS``: uvicorn's worker class, the appliance's; gunicorn's ASGI
+worker on asyncio, the appliance's before, and on uvloop; gthread and sync),
+bare grpcio (the floor of a Python gRPC frontend), aio and sync, and the
+ladder of one HTTP request on the appliance's own worker
+(peers/ladder_app.py: floor, plus the middleware, plus the codecs).
 """
 
 from __future__ import annotations
@@ -62,8 +66,8 @@ class PeerUnavailable(Exception):
 
 
 def floor_requirements() -> list[str]:
-    """The floor runs the appliance's own falcon, gunicorn (and C parser) and orjson."""
-    names = ("falcon", "gunicorn", "gunicorn-h1c", "orjson")
+    """The floor runs the appliance's own falcon, gunicorn, uvicorn stack and orjson."""
+    names = ("falcon", "gunicorn", "uvicorn", "uvicorn-worker", "uvloop", "httptools", "orjson")
     pins = []
     for name in names:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
@@ -71,15 +75,23 @@ def floor_requirements() -> list[str]:
     return pins
 
 
-def ensure_venv(name: str, requirements: list[str]) -> Path:
+# gunicorn's C HTTP parser, which its ASGI worker picks when installed (the
+# appliance's stack before uvicorn's worker had it). Source only: where it
+# does not build, that floor parses in Python (its details say which).
+FLOOR_OPTIONAL = ["gunicorn-h1c>=0.6.10"]
+
+
+def ensure_venv(name: str, requirements: list[str], optional: list[str] | None = None) -> Path:
     """Return ``bench/.peers/<name>/bin``, creating the environment if needed.
+
+    ``optional`` packages are installed after the rest where they install.
 
     Raises:
         PeerUnavailable: venv or pip failed (the log's tail is in the message).
     """
     home = PEERS_DIR / name
     marker = home / ".requirements"
-    wanted = "\n".join(requirements)
+    wanted = "\n".join(requirements + [f"optional: {o}" for o in optional or []])
     PEERS_DIR.mkdir(parents=True, exist_ok=True)
     with (PEERS_DIR / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another benchmark may be installing it
@@ -110,6 +122,10 @@ def ensure_venv(name: str, requirements: list[str]) -> Path:
                 if code:
                     tail = log.read_text(errors="replace").strip().splitlines()[-3:]
                     raise PeerUnavailable(f"{name}: {' '.join(step[:4])} failed: {tail}")
+            for extra in optional or []:
+                pip = [str(home / "bin/python"), "-m", "pip", "install", "--quiet", extra]
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    subprocess.run(pip, stdout=out, stderr=subprocess.STDOUT, timeout=300)
         marker.write_text(wanted)
     return home / "bin"
 
@@ -260,27 +276,36 @@ def umbridge_server(sizes: dict[str, int]) -> Iterator[PeerServer]:
         yield server
 
 
-# kind: (gunicorn worker class, app); asgi is the appliance's own HTTP stack.
+# kind: (gunicorn worker class, its options, app). uvicorn is the appliance's
+# HTTP stack (uvicorn's worker class: uvloop and httptools); asgi the one it
+# had before (gunicorn's ASGI worker on asyncio, with gunicorn's C parser).
 FLOOR_KINDS = {
-    "gthread": ("gthread", "floor_app:app"),
-    "sync": ("sync", "floor_app:app"),
-    "asgi": ("gunicorn.workers.gasgi.ASGIWorker", "floor_asgi_app:app"),
+    "uvicorn": ("uvicorn_worker.UvicornWorker", [], "floor_asgi_app:app"),
+    "asgi": ("gunicorn.workers.gasgi.ASGIWorker", ["--asgi-loop=asyncio"], "floor_asgi_app:app"),
+    "asgi-uvloop": (
+        "gunicorn.workers.gasgi.ASGIWorker",
+        ["--asgi-loop=uvloop"],
+        "floor_asgi_app:app",
+    ),
+    "gthread": ("gthread", [], "floor_app:app"),
+    "sync": ("sync", [], "floor_app:app"),
 }
 
 
 @contextlib.contextmanager
 def floor(kind: str, workers: int, threads: int) -> Iterator[PeerServer]:
-    """The falcon floor under gunicorn: ``kind`` is gthread, sync or asgi."""
+    """The falcon floor under gunicorn with a worker class of FLOOR_KINDS."""
     requirements = floor_requirements()
-    bin_dir = ensure_venv("floor", requirements)
+    bin_dir = ensure_venv("floor", requirements, FLOOR_OPTIONAL)
     port = free_port()
-    worker_class, app = FLOOR_KINDS[kind]
+    worker_class, options, app = FLOOR_KINDS[kind]
     threaded = kind == "gthread"
     argv = [
         str(bin_dir / "gunicorn"),
         f"--bind=127.0.0.1:{port}",
         f"--workers={workers}",
         f"--worker-class={worker_class}",
+        *options,
         *([f"--threads={threads}"] if threaded else []),
         "--keep-alive=30",  # as the appliance's HTTP frontend
         "--backlog=2048",
@@ -288,13 +313,35 @@ def floor(kind: str, workers: int, threads: int) -> Iterator[PeerServer]:
     ]
     url = f"127.0.0.1:{port}"
     ready = http_ok(f"http://{url}/v2/health/ready")
+    c_parser = _has_module(bin_dir, "gunicorn_h1c")
     with started(f"floor-{kind}", argv, {"rest": url}, ready, PEER_CODE) as server:
         server.details = {
             "requirements": requirements,
             "worker_class": worker_class,
+            "options": options,
+            "gunicorn_c_parser": c_parser,
             "workers": workers,
             "threads": threads if threaded else 1,
         }
+        yield server
+
+
+def _has_module(bin_dir: Path, module: str) -> bool:
+    probe = [str(bin_dir / "python"), "-c", f"import {module}"]
+    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
+
+
+@contextlib.contextmanager
+def ladder(rung: str, run_dir: str, workers: int) -> Iterator[PeerServer]:
+    """A rung of peers/ladder_app.py on the appliance at ``run_dir`` (its environment)."""
+    port = free_port()
+    argv = [sys.executable, str(PEER_CODE / "ladder_app.py"), str(port), rung, run_dir]
+    argv.append(str(workers))
+    url = f"127.0.0.1:{port}"
+    ready = http_ok(f"http://{url}/v2/health/ready")
+    env = {"PYTHONPATH": str(ROOT)}
+    with started(f"ladder-{rung}", argv, {"http": url}, ready, PEER_CODE, env) as server:
+        server.details = {"rung": rung, "workers": workers, "worker_class": "the appliance's"}
         yield server
 
 

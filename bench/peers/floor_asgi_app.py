@@ -1,10 +1,12 @@
 """floor_app.py's answers as a falcon ASGI app: the floor of the appliance's HTTP stack.
 
-The appliance's HTTP workers are gunicorn's ASGI worker serving a falcon ASGI
-app; this is the same stack answering in place, with no model and no
-process hop. Runs in bench/.peers/floor, like floor_app.py::
+The appliance's HTTP workers are uvicorn's worker class under gunicorn
+serving a falcon ASGI app; this is the same stack answering in place, with
+no model and no process hop, and it runs under every ASGI worker class
+bench/servers.py's FLOOR_KINDS names. Runs in bench/.peers/floor, like
+floor_app.py::
 
-    gunicorn -k gunicorn.workers.gasgi.ASGIWorker -w 2 floor_asgi_app:app
+    gunicorn -k uvicorn_worker.UvicornWorker -w 2 floor_asgi_app:app
 """
 
 from __future__ import annotations
