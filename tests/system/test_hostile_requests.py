@@ -171,3 +171,11 @@ def test_kserve_refuses_to_register_a_fifo(base: str) -> None:
         assert "is not a shared-memory segment" in reply.json()["error"]
     finally:
         fifo.unlink(missing_ok=True)
+
+
+def test_kserve_booleans_as_uint64_data_are_served(base: str) -> None:
+    # numpy's range check of a bool against UINT64's maximum overflowed: a 500.
+    body = {"inputs": [{"name": "x", "shape": [2], "datatype": "UINT64", "data": [True, False]}]}
+    reply = requests.post(f"{base}/v2/models/echo/infer", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["outputs"][0]["data"] == [1, 0]

@@ -150,6 +150,16 @@ def test_large_unsigned_integers_stay_exact() -> None:
     assert tensor.array().tolist() == [0, 2**64 - 1]
 
 
+@pytest.mark.parametrize("dtype", [DType.UINT64, DType.INT64, DType.UINT8])
+@pytest.mark.parametrize("data", [False, [True, False]])
+def test_booleans_as_integer_data_decode(dtype: DType, data: Any) -> None:
+    # Found by the property below: UINT64's range check overflowed on a
+    # numpy bool (an OverflowError, a 500 over REST).
+    shape = () if data is False else (2,)
+    tensor = codec.tensor_from_json("x", dtype, shape, data)
+    assert tensor.array().tolist() == (0 if data is False else [1, 0])
+
+
 @pytest.mark.parametrize(
     ("body", "header_length", "words"),
     [

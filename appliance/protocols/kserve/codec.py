@@ -227,7 +227,9 @@ def _check_range(what: str, dtype: DType, array: np.ndarray[Any, Any]) -> None:
     if array.size == 0 or target.kind not in "iu":
         return
     info = np.iinfo(cast(Any, target))
-    low, high = array.min(), array.max()
+    # As Python numbers: numpy compares a bool or int64 scalar with UINT64's
+    # maximum by converting that to a C long, which overflows.
+    low, high = array.min().item(), array.max().item()
     if low < info.min or high > info.max:
         raise DecodeError(
             f"{what}: values from {low} to {high} do not fit {dtype.value} "
