@@ -40,6 +40,9 @@ def _tree_is_dead(tree_id: str) -> bool:
         fd = os.open(lock, os.O_RDONLY)
     except FileNotFoundError:
         return True
+    except PermissionError:
+        # Another user's appliance (its lock is 0600): not ours to judge or sweep.
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -67,7 +70,8 @@ def sweep_stale(own_tree: str) -> int:
                     continue
                 path.unlink()
                 removed += 1
-            except FileNotFoundError:
+            except (FileNotFoundError, PermissionError):
+                # Gone meanwhile, or another user's (/dev/shm is sticky).
                 continue
     if removed:
         log.info("removed %d stale shared-memory segments of dead appliances", removed)
