@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?=
 GENERATED := appliance/_generated
 
-.PHONY: help install upgrade run test test-unit lint fmt generate generate-check bench soak fuzz wire-capture clean install-systemd
+.PHONY: help install upgrade run test test-unit test-image lint fmt generate generate-check bench soak fuzz wire-capture clean install-systemd image image-base
 
 # install-systemd: a virtual environment of its own under PREFIX, the unit, and
 # an example config (never overwritten). DESTDIR stages it elsewhere.
@@ -29,6 +29,9 @@ help:
 	@echo "make wire-capture  re-record tests/wire/ from the stock clients (only when a wire format changes on purpose)"
 	@echo "make clean     remove build outputs and stale shared memory"
 	@echo "make install-systemd  install as a systemd service (PREFIX=/opt/appliance)"
+	@echo "make image     build the container image with buildah (IMAGE, IMAGE_BASE, IMAGE_EXTRAS)"
+	@echo "make image-base  a Debian base image from Debian's packages (mmdebstrap), for hosts without a registry"
+	@echo "make test-image  build the image and run the appliance in it (buildah; not part of make test)"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,6 +63,33 @@ test: $(STAMP)
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
+
+# The container image, built by buildah without a daemon (--isolation chroot
+# runs where podman cannot make cgroups). IMAGE_BASE: python:3.12-slim from a
+# registry, or $(LOCAL_BASE) from `make image-base`. IMAGE_EXTRAS: the model
+# runtimes ("" for the Python demos and models alone). Behind a TLS-inspecting
+# proxy, PIP_CERT (the CA bundle pip trusts here) is lent to the build.
+IMAGE ?= localhost/appliance:latest
+IMAGE_BASE ?= docker.io/library/python:3.12-slim
+IMAGE_EXTRAS ?= onnx,torch
+LOCAL_BASE := localhost/appliance-base:bookworm
+image:
+	buildah bud --isolation chroot --layers --build-arg BASE=$(IMAGE_BASE) \
+		--build-arg EXTRAS=$(IMAGE_EXTRAS) \
+		$(if $(PIP_CERT),--volume $(PIP_CERT):/etc/build-ca.crt:ro --build-arg PIP_CERT=/etc/build-ca.crt) \
+		-f deploy/container/Containerfile -t $(IMAGE) .
+
+image-base:
+	mkdir -p build
+	mmdebstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm build/base.tar
+	ctr=$$(buildah from scratch) && buildah add $$ctr build/base.tar / >/dev/null \
+		&& buildah commit --quiet $$ctr $(LOCAL_BASE) && buildah rm $$ctr >/dev/null
+	rm -f build/base.tar
+
+# Builds the image (and the local base when no registry is reachable) and runs
+# the appliance inside it: minutes, so not part of `make test`.
+test-image: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider -m image tests/deploy/test_image.py
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check appliance tests bench tools deploy

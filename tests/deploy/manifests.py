@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +79,13 @@ def containerfile(path: Path = DEPLOY / "container" / "Containerfile") -> Contai
         if instruction == "ENV":
             for word in shlex.split(args):
                 name, _, value = word.partition("=")
-                parsed.env[name] = value
+                # $VAR as a container runtime expands it: the image's ENV so far,
+                # else this host's (PATH=/opt/appliance/bin:$PATH).
+                parsed.env[name] = re.sub(
+                    r"\$\{?(\w+)\}?",
+                    lambda m: parsed.env.get(m.group(1), os.environ.get(m.group(1), "")),
+                    value,
+                )
         elif instruction == "COPY" and not args.startswith("--"):
             *sources, target = shlex.split(args)
             if len(sources) == 1 and not target.endswith("/"):
