@@ -39,14 +39,7 @@ from appliance.core.descriptor import (
     ring_blocks,
     to_frame,
 )
-from appliance.core.device_tensors import (
-    OPEN_REGION,
-    CudaPlace,
-    device_array,
-    is_cuda_place,
-    on_device,
-)
-from appliance.core.dtypes import DType
+from appliance.core.device_tensors import OPEN_REGION
 from appliance.core.ring import Block, Ring, is_spill
 from appliance.core.segment import Segment
 from appliance.core.status import N_COUNTERS, Counter, SlotState, StatusTable
@@ -66,15 +59,14 @@ from appliance.process import pid_alive
 from appliance.worker import methods
 from appliance.worker.batcher import (
     DERIVATIVES,
-    PREDICT,
     STREAM,
     Pending,
     batch_inputs,
     check_request,
-    conform,
     split_outputs,
 )
-from appliance.worker.cuda_regions import CudaRegions, download
+from appliance.worker.client_gpu import ClientGpu
+from appliance.worker.cuda_regions import CudaRegions
 from appliance.worker.loader import Loaded
 from appliance.worker.passthrough import borrowed_entries, input_spans
 from appliance.worker.pieces import Whole, answered, cut
@@ -148,9 +140,17 @@ class WorkerServer:
         self.batcher = batcher_for(loaded.max_batch_size, max_queue_delay_s, self.sequences)
         self.streams: list[Stream] = []
         self.reader = SegmentReader(_attach_read_only)
-        self.cuda = cuda_regions
-        # The GPU this model takes device inputs on, None if it takes none.
-        self.gpu = _gpu_index(self.model.device) if self.model.device_inputs else None
+        self.cuda = (
+            None
+            if cuda_regions is None
+            else ClientGpu(
+                cuda_regions,
+                loaded.metadata,
+                self.model.device,
+                self.model.device_inputs,
+                sequences is not None,
+            )
+        )
         self.leases: dict[Block, int] = {}
         self.unmapped: set[str] = set()
         self.stopping = False
@@ -224,7 +224,7 @@ class WorkerServer:
             self._drop_dead_clients()
             self._publish_device_memory()
             if self.cuda is not None:
-                self.cuda.sweep()
+                self.cuda.regions.sweep()
             if self.sequences is not None:
                 for sequence in self.sequences.expire(now):
                     log.info("dropped sequence %r: idle past max_sequence_idle_s", sequence)
@@ -293,8 +293,10 @@ class WorkerServer:
             entries = body.get("tensors", [])
             tensors = read_tensors(entries, message.payloads, self.reader)
             pending = check_request(self.metadata, message, tensors)
-            if "targets" in body or any(is_cuda_place(entry[3]) for entry in entries):
-                self._from_client_gpu(pending, entries)
+            if ClientGpu.names_any(message):
+                if self.cuda is None:
+                    raise BadRequest("this model worker serves no CUDA shared memory")
+                self.cuda.place_inputs(pending, entries, self.batcher.max_batch_size)
             self._admit(pending)
             if self.passthrough:
                 pending.spans = input_spans(message.body.get("tensors", []), self.reader)
@@ -315,67 +317,12 @@ class WorkerServer:
         for piece in pieces:
             self.batcher.add(piece)
 
-    def _from_client_gpu(self, pending: Pending, entries: list[Any]) -> None:
-        """Put the inputs that lie in a client's GPU memory in place, and read its targets.
-
-        An input is handed over as a view of the client's memory when the
-        model takes GPU inputs on that GPU and the request runs as one
-        prediction, alone (never concatenated into a batch, never cut into
-        pieces); in every other case the worker copies it to the host.
-
-        Raises:
-            BadRequest: a region does not open, or a target is not an output.
-        """
-        if self.cuda is None:
-            raise BadRequest("this model worker serves no CUDA shared memory")
-        direct = (
-            self.gpu is not None
-            and pending.method == PREDICT
-            and self.sequences is None
-            and (pending.key is None or pending.rows <= self.batcher.max_batch_size)
-        )
-        for name, dtype, shape, place in entries:
-            if not is_cuda_place(place) or name not in pending.arrays:
-                continue
-            where, tensor_dtype, dims = _place(place), DType(dtype), tuple(shape)
-            if direct and where.device == self.gpu:
-                # Typed as numpy's: a model with device_inputs takes either.
-                view: Any = self.cuda.array(tensor_dtype, dims, where)
-                pending.arrays[name] = view
-                pending.key = None  # alone: views of GPU memory are not concatenated
-            else:
-                pending.arrays[name] = self.cuda.to_host(tensor_dtype, dims, where)
-        targets = pending.message.body.get("targets")
-        if targets:
-            pending.targets = self._targets(targets)
-
-    def _targets(self, raw: Any) -> dict[str, CudaPlace]:
-        """Read a request's outputs bound for a client's GPU memory.
-
-        Raises:
-            BadRequest: not a mapping of output names to places, or an unknown output.
-        """
-        if not isinstance(raw, dict):
-            raise BadRequest("a request's CUDA targets must map output names to places")
-        declared = (
-            None if self.metadata.outputs is None else {s.name for s in self.metadata.outputs}
-        )
-        targets = {}
-        for name, place in raw.items():
-            if declared is not None and name not in declared:
-                raise BadRequest(
-                    f"model {self.metadata.name} has no output named {name!r}; "
-                    f"its outputs are {', '.join(sorted(declared))}"
-                )
-            targets[str(name)] = _place(place)
-        return targets
-
     def _open_region(self, message: Message) -> None:
         """Open a client's CUDA region (a registration's check); reply with its size."""
         try:
             if self.cuda is None:
                 raise BadRequest("this model worker serves no CUDA shared memory")
-            held = self.cuda.open(_place(message.body.get("region")))
+            held = self.cuda.open_region(message)
         except ApplianceError as ex:
             self._fail(message, ex)
             return
@@ -457,7 +404,7 @@ class WorkerServer:
         self._pushes.clear()
         self.reader.close()
         if self.cuda is not None:
-            self.cuda.close()
+            self.cuda.regions.close()
 
     # -- running work ---------------------------------------------------------
 
@@ -500,8 +447,8 @@ class WorkerServer:
             if sequences is not None:
                 inputs = sequences.inputs(batch, inputs)
             produced = self.model.predict(inputs, batch[0].parameters)
-            if self.gpu is not None:
-                produced = self._off_gpu(batch, produced)
+            if self.cuda is not None:
+                produced = self.cuda.off_gpu(batch, produced)
             if sequences is not None:
                 produced = sequences.keep(batch, produced)
             results = split_outputs(self.metadata, produced, batch)
@@ -524,46 +471,6 @@ class WorkerServer:
                 self._reply(pending.whole.pending, Kind.REPLY, joined)
                 self._counts[Counter.SUCCESS] += 1
         self._count(batch, started, compute_ns)
-
-    def _off_gpu(self, batch: list[Pending], produced: Any) -> Any:
-        """Write a lone request's GPU outputs into the client's GPU memory; copy others to the host.
-
-        What is written becomes a placeholder without bytes (the reply
-        names the place instead), checked against the declared output first.
-
-        Raises:
-            ModelFailed: a GPU output is not C-contiguous, or does not fit its declaration.
-            BadRequest: the client's region is too small for it.
-        """
-        if not isinstance(produced, dict) or not any(map(on_device, produced.values())):
-            return produced
-        assert self.gpu is not None
-        pending = batch[0]
-        targets = (pending.targets or {}) if len(batch) == 1 else {}
-        specs = {spec.name: spec for spec in self.metadata.outputs or ()}
-        settled = dict(produced)
-        for name, value in produced.items():
-            if not on_device(value):
-                continue
-            try:
-                array = device_array(value, self.gpu)
-            except ValueError as ex:
-                raise ModelFailed(f"model {self.metadata.name} output {name}: {ex}") from None
-            place = targets.get(name)
-            if place is None:
-                settled[name] = download(array)
-                continue
-            placeholder = array.placeholder()
-            spec = specs.get(name)
-            if spec is not None:
-                conform(self.metadata.name, spec, placeholder)
-            assert self.cuda is not None
-            self.cuda.write(name, array, place)
-            settled[name] = placeholder
-            if pending.written is None:
-                pending.written = set()
-            pending.written.add(name)
-        return settled
 
     def _count(self, batch: list[Pending], started: float, compute_ns: int) -> None:
         waits = [started - p.arrived for p in batch]
@@ -650,8 +557,8 @@ class WorkerServer:
         blocks: list[Block] = []
         borrowed = borrowed_entries(outputs, pending.spans) if pending.spans else {}
         try:
-            if pending.targets:
-                borrowed.update(self._to_client_gpu(pending, outputs))
+            if pending.targets and self.cuda is not None:
+                borrowed.update(self.cuda.to_client(pending, outputs))
             copied = (
                 {n: t for n, t in outputs.items() if n not in borrowed} if borrowed else outputs
             )
@@ -669,25 +576,6 @@ class WorkerServer:
         self._send(_Outgoing(message, _reply_to(pending.message)), blocks)
         if finished:
             self._done_with(pending)
-
-    def _to_client_gpu(self, pending: Pending, outputs: dict[str, Tensor]) -> dict[str, list[Any]]:
-        """Write the outputs bound for a client's GPU memory there; return their entries.
-
-        Raises:
-            BadRequest: a region is too small, or the copy failed.
-        """
-        assert pending.targets is not None
-        assert self.cuda is not None
-        written = pending.written or set()
-        entries = {}
-        for name, tensor in outputs.items():
-            place = pending.targets.get(name)
-            if place is None:
-                continue
-            if name not in written:
-                self.cuda.write(name, np.frombuffer(tensor.raw(), np.uint8), place)
-            entries[name] = [name, tensor.dtype.value, list(tensor.shape), place.to_body()]
-        return entries
 
     def _fail_pending(
         self, pending: Pending, error: ApplianceError, kind: Kind = Kind.REPLY
@@ -767,22 +655,3 @@ def _reply_to(request: Message) -> tuple[int, int]:
 
 def _attach_read_only(name: str) -> Segment:
     return Segment.attach(name)
-
-
-def _gpu_index(device: str) -> int | None:
-    """The GPU of "cuda:N" (N), None for the CPU."""
-    if not devices.is_cuda(device):
-        return None
-    return int(device.partition(":")[2] or 0)
-
-
-def _place(raw: Any) -> CudaPlace:
-    """Read a CUDA place from a request.
-
-    Raises:
-        BadRequest: it is not one.
-    """
-    try:
-        return CudaPlace.from_body(raw)
-    except ValueError as ex:
-        raise BadRequest(f"bad CUDA shared memory place: {ex}") from None
