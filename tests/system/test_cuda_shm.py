@@ -129,6 +129,15 @@ def infer_in_cuda(client: Any, transport: str, model: str, rows: int) -> Any:
     return client.infer(model, [tensor], outputs=[wanted])
 
 
+def register(
+    client: Any, cudashm: ModuleType, inputs: Any, outputs: Any, probs_bytes: int = PROBABILITIES
+) -> None:
+    """Register the "pixels" and "probs" regions (none other stays registered)."""
+    client.unregister_cuda_shared_memory()
+    client.register_cuda_shared_memory("pixels", cudashm.get_raw_handle(inputs), 0, PIXELS)
+    client.register_cuda_shared_memory("probs", cudashm.get_raw_handle(outputs), 0, probs_bytes)
+
+
 def reference(appliance: Appliance, rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     client = connect(appliance, "grpc")
     try:
@@ -157,11 +166,7 @@ def test_a_model_reads_inputs_from_and_writes_outputs_to_cuda_shared_memory(
     cudashm.set_shared_memory_region(inputs, [pixels])
     client = connect(appliance, transport)
     try:
-        client.unregister_cuda_shared_memory()
-        client.register_cuda_shared_memory("pixels", cudashm.get_raw_handle(inputs), 0, PIXELS)
-        client.register_cuda_shared_memory(
-            "probs", cudashm.get_raw_handle(outputs), 0, PROBABILITIES
-        )
+        register(client, cudashm, inputs, outputs)
         status = client.get_cuda_shared_memory_status()
         result = infer_in_cuda(client, transport, model, ROWS)
         client.unregister_cuda_shared_memory()
@@ -195,9 +200,7 @@ def test_a_region_registered_over_rest_serves_grpc_and_shares_names_with_system_
     cudashm.set_shared_memory_region(inputs, [pixels])
     rest, grpc = connect(appliance, "http"), connect(appliance, "grpc")
     try:
-        rest.unregister_cuda_shared_memory()
-        rest.register_cuda_shared_memory("pixels", cudashm.get_raw_handle(inputs), 0, PIXELS)
-        rest.register_cuda_shared_memory("probs", cudashm.get_raw_handle(outputs), 0, PROBABILITIES)
+        register(rest, cudashm, inputs, outputs)
         # Another process (the gRPC frontend) opens the handles on first use.
         infer_in_cuda(grpc, "grpc", MODEL, ROWS)
         got = cudashm.get_contents_as_numpy(outputs, np.float32, [ROWS, 10])
@@ -235,11 +238,7 @@ def test_no_frontend_process_holds_the_gpu(
     for transport in ("grpc", "http"):
         client = connect(appliance, transport)
         try:
-            client.unregister_cuda_shared_memory()
-            client.register_cuda_shared_memory("pixels", cudashm.get_raw_handle(inputs), 0, PIXELS)
-            client.register_cuda_shared_memory(
-                "probs", cudashm.get_raw_handle(outputs), 0, PROBABILITIES
-            )
+            register(client, cudashm, inputs, outputs)
             for model in (MODEL, "digits"):
                 infer_in_cuda(client, transport, model, ROWS)
             client.unregister_cuda_shared_memory()
@@ -266,9 +265,7 @@ def test_an_output_region_too_small_is_refused_by_the_worker_with_the_sizes(
     cudashm.set_shared_memory_region(inputs, [pixels])
     client = connect(appliance, "grpc")
     try:
-        client.unregister_cuda_shared_memory()
-        client.register_cuda_shared_memory("pixels", cudashm.get_raw_handle(inputs), 0, PIXELS)
-        client.register_cuda_shared_memory("probs", cudashm.get_raw_handle(outputs), 0, 64)
+        register(client, cudashm, inputs, outputs, probs_bytes=64)
         small = failure(lambda: infer_in_cuda_sized(client, MODEL, 64))
         client.unregister_cuda_shared_memory()
     finally:
