@@ -13,64 +13,27 @@ a time, in arrival order.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
 from appliance.core.descriptor import Message
-from appliance.core.device_tensors import CudaPlace
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.metadata import ModelMetadata
 from appliance.core.sequences import SEQUENCE_PARAMETERS, carries_sequence
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import BadRequest, ModelFailed
-
-if TYPE_CHECKING:
-    from appliance.worker.pieces import Whole
-    from appliance.worker.sequences import Step
+from appliance.worker.pending import Pending
 
 Array = npt.NDArray[Any]
 PREDICT = "predict"
 STREAM = "stream"
 DERIVATIVES = ("gradient", "apply_jacobian", "apply_hessian")
 SENS, VEC = "__sens__", "__vec__"
-
-
-@dataclass(slots=True)
-class Pending:
-    """One request waiting in (or running on) a model worker."""
-
-    message: Message
-    arrays: dict[str, Array]
-    method: str
-    parameters: dict[str, Any]
-    outputs: list[str] | None
-    rows: int = 0
-    key: Hashable | None = None
-    arrived: float = field(default_factory=time.monotonic)
-    # Where the inputs lie in shared memory (see passthrough.py).
-    spans: list[tuple[int, int, str, int]] = field(default_factory=list)
-    # Set on a piece of a request over max_batch_size (see pieces.py).
-    whole: Whole | None = None
-    index: int = 0
-    # Set on a step of a stateful sequence (see sequences.py).
-    step: Step | None = None
-    # The request's sequence parameters, kept apart from the model's.
-    sequence: dict[str, Any] | None = None
-    # Outputs to write into a client's GPU memory, and those already written
-    # there (see cuda_regions.py).
-    targets: dict[str, CudaPlace] | None = None
-    written: set[str] | None = None
-
-    @property
-    def request_id(self) -> int:
-        return self.message.request_id
 
 
 def check_request(metadata: ModelMetadata, message: Message, tensors: dict[str, Tensor]) -> Pending:

@@ -28,8 +28,9 @@ from appliance.core.dtypes import DType
 from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import Tensor
 from appliance.errors import BadRequest, ModelFailed
-from appliance.worker.batcher import PREDICT, Pending, conform
+from appliance.worker.batcher import PREDICT, conform
 from appliance.worker.cuda_regions import CudaRegions, download
+from appliance.worker.pending import Pending
 
 
 class ClientGpu:

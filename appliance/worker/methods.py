@@ -11,7 +11,8 @@ from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import Tensor
 from appliance.errors import BadRequest, ModelFailed, Unsupported
 from appliance.model import Model
-from appliance.worker.batcher import SENS, VEC, Pending, conform
+from appliance.worker.batcher import SENS, VEC, conform
+from appliance.worker.pending import Pending
 
 DERIVATIVE_OUTPUT = "output"
 

@@ -10,26 +10,15 @@ request's one reply; the first piece that fails fails the whole request.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from appliance.core.tensor import Tensor
-from appliance.worker.batcher import Pending
+from appliance.worker.pending import Pending, Whole
 
 Array = npt.NDArray[Any]
-
-
-@dataclass(slots=True, eq=False)
-class Whole:
-    """The request that was cut, and what its pieces have produced so far."""
-
-    pending: Pending
-    parts: list[dict[str, Tensor] | None] = field(default_factory=list)
-    left: int = 0
-    failed: bool = False
 
 
 def pieces_needed(rows: int, max_rows: int) -> int:

@@ -49,34 +49,10 @@ from appliance.core.sequences import (
 )
 from appliance.errors import BadRequest, ModelFailed, Overloaded
 from appliance.model import Model
-from appliance.worker.batcher import PREDICT, Batcher, Pending
+from appliance.worker.batcher import PREDICT, Batcher
+from appliance.worker.pending import Live, Pending, Step
 
 Array = npt.NDArray[Any]
-
-
-@dataclass(slots=True, eq=False)
-class Live:
-    """A live sequence on this instance: its id, slot, state and last step time.
-
-    ``waiting``: started while every "direct" slot was held, it has none yet;
-    ``ended``: its end step came while it was waiting.
-    """
-
-    id: SequenceId
-    slot: int
-    state: dict[str, Array]
-    last: float
-    waiting: bool = False
-    ended: bool = False
-
-
-@dataclass(slots=True)
-class Step:
-    """What a pending request is within its sequence."""
-
-    live: Live
-    start: bool
-    end: bool
 
 
 @dataclass(slots=True)

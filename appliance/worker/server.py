@@ -37,7 +37,6 @@ from appliance.core.descriptor import (
     place_tensors,
     read_tensors,
     ring_blocks,
-    to_frame,
 )
 from appliance.core.device_tensors import OPEN_REGION
 from appliance.core.ring import Block, Ring, is_spill
@@ -57,19 +56,14 @@ from appliance.errors import (
 from appliance.metrics import flush_batches, record_batch
 from appliance.process import pid_alive
 from appliance.worker import methods
-from appliance.worker.batcher import (
-    DERIVATIVES,
-    STREAM,
-    Pending,
-    batch_inputs,
-    check_request,
-    split_outputs,
-)
+from appliance.worker.batcher import DERIVATIVES, STREAM, batch_inputs, check_request, split_outputs
 from appliance.worker.client_gpu import ClientGpu
 from appliance.worker.cuda_regions import CudaRegions
 from appliance.worker.loader import Loaded
+from appliance.worker.outbox import Outbox, reply_to
 from appliance.worker.passthrough import borrowed_entries, input_spans
-from appliance.worker.pieces import Whole, answered, cut
+from appliance.worker.pending import Pending, Whole
+from appliance.worker.pieces import answered, cut
 from appliance.worker.sequences import (
     Sequences,
     SequenceSettings,
@@ -83,7 +77,6 @@ HEARTBEAT_S = 0.25
 # A stopping worker still serves requests routed to it just before its slot
 # was marked STOPPING; it exits once it has been idle this long.
 LINGER_S = 0.2
-CLOSE_LINGER_MS = 2000
 HOUSEKEEPING_S = 1.0
 COUNTERS_S = 0.1
 MAX_RECEIVE_PER_TURN = 512
@@ -128,9 +121,8 @@ class WorkerServer:
         self.model = loaded.model
         self.metadata = loaded.metadata
         self.socket = socket
-        self.reply_endpoint = reply_endpoint
-        self._pushes: dict[tuple[int, int], zmq.Socket[bytes]] = {}
         self.ring = ring
+        self.outbox = Outbox(socket.context, reply_endpoint, ring)
         self.status = status
         self.slot = slot
         self.inline_threshold = inline_threshold
@@ -151,7 +143,6 @@ class WorkerServer:
                 sequences is not None,
             )
         )
-        self.leases: dict[Block, int] = {}
         self.unmapped: set[str] = set()
         self.stopping = False
         self._last_message = 0.0
@@ -274,11 +265,11 @@ class WorkerServer:
             if message.kind is Kind.INFER:
                 self._accept(message)
             elif message.kind is Kind.RELEASE:
-                self._release(message.pid, blocks_from(message.body.get("blocks", [])))
+                self.outbox.release(message.pid, blocks_from(message.body.get("blocks", [])))
             elif message.kind is Kind.CANCEL:
                 self._cancel(message.pid, message.request_id)
             elif message.kind is Kind.GOODBYE:
-                self._forget_channel((message.pid, message.channel))
+                self.outbox.forget_channel((message.pid, message.channel))
 
     def _accept(self, message: Message) -> None:
         if len(self.batcher) >= self.max_queue:
@@ -331,7 +322,7 @@ class WorkerServer:
         size = Tensor.from_array(np.array([held], np.int64))
         entries = place_tensors({OPEN_REGION: size}, self.ring, 64, payloads, blocks)
         reply = Message(Kind.REPLY, message.request_id, self.pid, {"tensors": entries}, payloads)
-        self._send(_Outgoing(reply, _reply_to(message)), blocks)
+        self.outbox.send(reply, reply_to(message), blocks)
 
     def _admit(self, pending: Pending) -> None:
         """Attach a step to its sequence, or refuse sequence parameters (sequences.py)."""
@@ -357,51 +348,15 @@ class WorkerServer:
             f"(models[{name}].max_queue); send fewer rows per request, or retry later"
         )
 
-    def _release(self, pid: int, blocks: list[Block]) -> None:
-        for block in blocks:
-            # SAFETY: only the client a block was leased to may give it back.
-            if self.leases.get(block) == pid:
-                del self.leases[block]
-                self.ring.release(block)
-
     def _cancel(self, pid: int, request_id: int) -> None:
         for stream in list(self.streams):
             if stream.pending.message.pid == pid and stream.pending.request_id == request_id:
                 self._end_stream(stream, None)
         self.batcher.drop(lambda p: p.message.pid == pid and p.request_id == request_id)
 
-    def _send(self, outgoing: _Outgoing, blocks: list[Block]) -> None:
-        for block in blocks:
-            self.leases[block] = outgoing.to[0]
-        try:
-            self._push_to(outgoing.to).send(to_frame(outgoing.message), zmq.NOBLOCK)
-        except zmq.ZMQError:
-            # The client's channel has stopped reading (its queue is full):
-            # nobody will release these blocks, so take them back now.
-            self._release(outgoing.to[0], blocks)
-
-    def _push_to(self, to: tuple[int, int]) -> zmq.Socket[bytes]:
-        """The socket to a client channel (pid, number), connected on first use."""
-        socket = self._pushes.get(to)
-        if socket is None:
-            socket = self.socket.context.socket(zmq.PUSH)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(self.reply_endpoint(*to))
-            self._pushes[to] = socket
-        return socket
-
-    def _forget_channel(self, to: tuple[int, int]) -> None:
-        socket = self._pushes.pop(to, None)
-        if socket is not None:
-            socket.close(0)
-
     def close(self) -> None:
         """Close every reply socket, flushing what it holds, and unmap segments."""
-        for socket in self._pushes.values():
-            # SAFETY: the last replies may still be queued in libzmq; a zero
-            # linger would drop them with the socket.
-            socket.close(linger=CLOSE_LINGER_MS)
-        self._pushes.clear()
+        self.outbox.close()
         self.reader.close()
         if self.cuda is not None:
             self.cuda.regions.close()
@@ -573,7 +528,7 @@ class WorkerServer:
             entries = [borrowed.get(name) or next(placed) for name in outputs]
         body = {"tensors": entries}
         message = Message(kind, pending.request_id, self.pid, body, payloads)
-        self._send(_Outgoing(message, _reply_to(pending.message)), blocks)
+        self.outbox.send(message, reply_to(pending.message), blocks)
         if finished:
             self._done_with(pending)
 
@@ -604,7 +559,7 @@ class WorkerServer:
             self._counts[Counter.FAIL] += 1
             self._counts_dirty = True
         reply = error_message(kind, request.request_id, self.pid, error.code, error.message)
-        self._send(_Outgoing(reply, _reply_to(request)), [])
+        self.outbox.send(reply, reply_to(request), [])
 
     def _done_with(self, pending: Pending) -> None:
         """Drop a finished request's views and unmap its one-off segments."""
@@ -625,32 +580,18 @@ class WorkerServer:
         for name in list(self.unmapped):
             if self.reader.forget(name):
                 self.unmapped.discard(name)
-        owners = set(self.leases.values())
+        owners = self.outbox.owners()
         owners.update(pid for pid in map(owner_pid, self.reader.names()) if pid)
         for pid in owners:
             if pid_alive(pid):
                 continue
-            self._release(pid, [b for b, owner in self.leases.items() if owner == pid])
+            self.outbox.drop_client(pid)
             for stream in [s for s in self.streams if s.pending.message.pid == pid]:
                 self._end_stream(stream, BadRequest("client went away"))
             self.batcher.drop(lambda p, dead=pid: p.message.pid == dead)
-            for to in [to for to in self._pushes if to[0] == pid]:
-                self._forget_channel(to)
             for name in self.reader.names():
                 if owner_pid(name) == pid and not self.reader.forget(name):
                     self.unmapped.add(name)
-
-
-@dataclass(slots=True)
-class _Outgoing:
-    """A message on its way out, with the pid of the client it is for."""
-
-    message: Message
-    to: tuple[int, int]  # the client's (pid, channel number)
-
-
-def _reply_to(request: Message) -> tuple[int, int]:
-    return (request.pid, request.channel)
 
 
 def _attach_read_only(name: str) -> Segment:

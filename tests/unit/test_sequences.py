@@ -13,7 +13,8 @@ from appliance.core.metadata import ModelMetadata
 from appliance.core.sequences import state
 from appliance.core.tensor import Tensor, spec
 from appliance.errors import BadRequest, Overloaded
-from appliance.worker.batcher import Pending, batch_inputs, check_request
+from appliance.worker.batcher import batch_inputs, check_request
+from appliance.worker.pending import Pending
 from appliance.worker.sequences import (
     SequenceBatcher,
     Sequences,
