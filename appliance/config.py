@@ -170,6 +170,70 @@ class ModelConfig:
     max_candidate_sequences: int = 1024
 
 
+# A tensor an ensemble declares: (name, dtype, whole shape with -1 for any size).
+Declared = tuple[str, str, tuple[int, ...]]
+ENSEMBLE = "ensemble"
+
+
+@dataclass(frozen=True, slots=True)
+class EnsembleStep:
+    """One step of an ensemble: a served model and the ensemble tensors it reads and makes.
+
+    As in Triton's ``ensemble_scheduling.step``: ``input_map`` maps each of
+    the model's input names to the ensemble tensor it reads, ``output_map``
+    each of its output names to the ensemble tensor it becomes.
+    """
+
+    model: str
+    input_map: Mapping[str, str]
+    output_map: Mapping[str, str]
+    # The version asked for (-1: the one served); ``model`` is already the
+    # served model that answers for it (``<name>.v<N>`` for an older one).
+    version: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class EnsembleConfig:
+    """A graph of steps served under one name; it has no worker process of its own.
+
+    Its inputs and outputs are declared (Triton requires them), so its
+    metadata is known without asking a step. See appliance/client/ensemble.py.
+    """
+
+    name: str
+    inputs: tuple[Declared, ...]
+    outputs: tuple[Declared, ...]
+    steps: tuple[EnsembleStep, ...]
+    max_batch_size: int = 0
+    description: str = ""
+    version: str = "1"
+
+    def to_table(self) -> dict[str, Any]:
+        """The ``[[models]]`` table that declares this ensemble (for a snapshot)."""
+        return {
+            "name": self.name,
+            "platform": ENSEMBLE,
+            "max_batch_size": self.max_batch_size,
+            "description": self.description,
+            "version": self.version,
+            "inputs": [_declared_table(item) for item in self.inputs],
+            "outputs": [_declared_table(item) for item in self.outputs],
+            "steps": [
+                {
+                    "model": step.model,
+                    "version": step.version,
+                    "input_map": dict(step.input_map),
+                    "output_map": dict(step.output_map),
+                }
+                for step in self.steps
+            ],
+        }
+
+
+def _declared_table(item: Declared) -> dict[str, Any]:
+    return {"name": item[0], "dtype": item[1], "shape": list(item[2])}
+
+
 @dataclass(frozen=True, slots=True)
 class RepositoryConfig:
     """A model repository (see appliance/repository.py), its version policy, and
@@ -198,6 +262,9 @@ class ApplianceConfig:
     repositories: tuple[RepositoryConfig, ...] = ()
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
+    # Ensembles, from [[models]] tables with steps and from repositories: no
+    # process serves one, so they are kept apart from ``models``.
+    ensembles: tuple[EnsembleConfig, ...] = ()
     # The settings that were "auto" (sizing.py), e.g. "http.workers" or
     # "models.digits.instances": their numbers above were derived from server.cpus.
     auto: tuple[str, ...] = ()
@@ -214,6 +281,12 @@ class ApplianceConfig:
         for model in self.models:
             if model.name == name:
                 return model
+        return None
+
+    def ensemble(self, name: str) -> EnsembleConfig | None:
+        for ensemble in self.ensembles:
+            if ensemble.name == name:
+                return ensemble
         return None
 
     def resolved_run_dir(self) -> Path:
@@ -235,6 +308,9 @@ def to_dict(config: ApplianceConfig) -> dict[str, Any]:
         {("class" if key == "cls" else key): value for key, value in model.items()}
         for model in data["models"]
     ]
+    # An ensemble is read back as the [[models]] table it came from.
+    del data["ensembles"]
+    data["models"] += [ensemble.to_table() for ensemble in config.ensembles]
     data["server"]["python_path"] = list(config.server.python_path)
     data["mip"]["listeners"] = [dataclasses.asdict(item) for item in config.mip.listeners]
     data["repositories"] = [dataclasses.asdict(item) for item in config.repositories]

@@ -21,13 +21,14 @@ from typing import Any, NoReturn
 import orjson
 
 from appliance import device as devices
-from appliance import repository, sizing
+from appliance import ensembles, repository, sizing
 from appliance.config import (
     DEFAULT_CONFIG,
     MAX_INLINE_BYTES,
     ApplianceConfig,
     AuthConfig,
     ConfigError,
+    EnsembleConfig,
     GrpcConfig,
     HttpConfig,
     MipConfig,
@@ -124,8 +125,13 @@ def repository_model(entry: Mapping[str, Any], source: str) -> ModelConfig:
     """Check one entry of ``repository.model_entries`` as a ``[[models]]`` table.
 
     Raises:
-        ConfigError: a value is invalid.
+        ConfigError: a value is invalid, or the entry is an ensemble.
     """
+    if ensembles.is_ensemble(entry):
+        raise ConfigError(
+            f"{source}: model {entry.get('name')}: an ensemble is served from the config or a "
+            "repository, not loaded from shipped files"
+        )
     return Reader(source).model(f"model {entry.get('name')}", entry)
 
 
@@ -138,9 +144,21 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
     server = data.get("server", {})
     reader = Reader(source, Reader(source).cpus(server))
     repositories = tuple(reader.repositories(data.get("repositories", [])))
-    models = reader.models(data.get("models", []))
+    entries = reader.models(data.get("models", []))
+    models = [entry for entry in entries if isinstance(entry, ModelConfig)]
+    declared = {f"models[{i}]": e for i, e in enumerate(entries) if isinstance(e, EnsembleConfig)}
+    found: list[EnsembleConfig] = []
     if scan_repositories:
-        models += reader.repository_models(repositories)
+        for entry in reader.repository_models(repositories):
+            if isinstance(entry, ModelConfig):
+                models.append(entry)
+            else:
+                found.append(entry)
+    try:
+        served_ensembles, broken = ensembles.resolve_all(models, declared, found)
+    except ensembles.EnsembleError as ex:
+        reader.fail(ex.where, str(ex))
+    models += [reader.model("repositories", entry) for entry in broken]
     config = ApplianceConfig(
         source=source,
         server=reader.section(ServerConfig, reader.with_cpus(server), "server"),
@@ -152,6 +170,7 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
         repositories=repositories,
         tls=reader.tls(data.get("tls", {})),
         auth=reader.auth(data.get("auth", {})),
+        ensembles=served_ensembles,
         auto=(*reader.value("auto", data.get("auto", ()), "tuple[str, ...]"), *reader.auto),
     )
     _check(config, reader)
@@ -164,6 +183,7 @@ EVENT_LOOPS = ("uvloop", "asyncio")
 
 def _check(config: ApplianceConfig, reader: Reader) -> None:
     names = [model.name for model in config.models]
+    names += [ensemble.name for ensemble in config.ensembles]
     for name in names:
         if names.count(name) > 1:
             reader.fail("models", f"model name {name!r} appears more than once")
@@ -403,9 +423,11 @@ class Reader:
             found.append(RepositoryConfig(os.path.normpath(path), versions, skip))
         return found
 
-    def repository_models(self, repositories: tuple[RepositoryConfig, ...]) -> list[ModelConfig]:
+    def repository_models(
+        self, repositories: tuple[RepositoryConfig, ...]
+    ) -> list[ModelConfig | EnsembleConfig]:
         """Scan each repository; an entry that does not check out is served Broken."""
-        models = []
+        models: list[ModelConfig | EnsembleConfig] = []
         for index, repo in enumerate(repositories):
             where = f"repositories[{index}]"
             try:
@@ -417,6 +439,12 @@ class Reader:
                 if missing:
                     log.warning("%s: model %s is left out: %s", where, entry["name"], missing)
                     continue
+                if ensembles.is_ensemble(entry):
+                    read = ensembles.from_repository(where, entry)
+                    models.append(
+                        read if isinstance(read, EnsembleConfig) else self.model(where, read)
+                    )
+                    continue
                 try:
                     models.append(self.model(f"{where} model {entry['name']}", entry))
                 except ConfigError as ex:
@@ -424,10 +452,19 @@ class Reader:
                     models.append(self.model(where, repository.broken(entry["name"], reason)))
         return models
 
-    def models(self, raw: Any) -> list[ModelConfig]:
+    def models(self, raw: Any) -> list[ModelConfig | EnsembleConfig]:
         if not isinstance(raw, list):
             self.fail("models", "expected an array of tables ([[models]])")
-        return [self.model(f"models[{index}]", entry) for index, entry in enumerate(raw)]
+        return [self.entry(f"models[{index}]", entry) for index, entry in enumerate(raw)]
+
+    def entry(self, where: str, data: Any) -> ModelConfig | EnsembleConfig:
+        """A [[models]] table: a model class, or an ensemble (one with steps)."""
+        if not isinstance(data, Mapping) or not ensembles.is_ensemble(data):
+            return self.model(where, data)
+        try:
+            return ensembles.read(data)
+        except ensembles.EnsembleError as ex:
+            self.fail(where, f"ensemble {data.get('name')!r}: {ex}")
 
     def model_limits(self, where: str, data: Mapping[str, Any]) -> tuple[int, float | None]:
         """Read a model's max_queue and max_busy_s."""

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import bisect
 import contextvars
+import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from appliance import logs
 from appliance.errors import ErrorCode
@@ -97,6 +101,39 @@ def record_call(model: str, code: ErrorCode, started: float) -> None:
         _CALLS[key] = children
     children[0].inc()
     children[1].observe(time.perf_counter() - started)
+
+
+def call_totals(model: str) -> tuple[int, int, float]:
+    """The calls to ``model`` every process of the tree has recorded: (ok, failed, seconds).
+
+    Failed leaves out bad requests (as a model worker's own counters do);
+    seconds is the sum of every call's time. It reads every process's
+    metrics files, for statistics asked now and then, never per request.
+    """
+    ok = failed = 0
+    seconds = 0.0
+    for family in _families():
+        for sample in family.samples:
+            if sample.labels.get("model") != model:
+                continue
+            if sample.name == "appliance_model_requests_total":
+                outcome = sample.labels.get("outcome")
+                if outcome == "ok":
+                    ok += int(sample.value)
+                elif outcome != _OUTCOMES[ErrorCode.BAD_REQUEST]:
+                    failed += int(sample.value)
+            elif sample.name == "appliance_model_request_duration_seconds_sum":
+                seconds += sample.value
+    return ok, failed, seconds
+
+
+def _families() -> Iterable[Metric]:
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return list(REGISTRY.collect())
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
+    return list(registry.collect())
 
 
 class Tally:

@@ -16,10 +16,14 @@ appliance's settings (appliance/repository.py), field by field:
   queue policy's ``max_queue_size``;
 - ``sequence_batching``: on, its idle time and strategy (direct, oldest);
 - ``version_policy``: latest (with num_versions), all, specific;
-- ``parameters``: ``intra_op_thread_count`` (ONNX) as the runtime's threads.
+- ``parameters``: ``intra_op_thread_count`` (ONNX) as the runtime's threads;
+- ``platform: "ensemble"`` with ``ensemble_scheduling``: an ensemble's steps
+  (model, version, input_map, output_map) and its declared tensors, read as
+  appliance/ensembles.py reads the same in TOML; the scheduling fields of a
+  model (instances, batching, parameters) do not apply to it and are noted.
 
 A field that would change what a client sees and that the appliance cannot
-honour (ensembles, reshape, optional or shape-tensor inputs, decoupled
+honour (reshape, optional or shape-tensor inputs, decoupled
 models, batch inputs and outputs, sequence control inputs and implicit
 state, several GPUs of a group) makes the model unservable, with the field
 named. Every other field that is set but not used (optimization, warmup,
@@ -65,11 +69,15 @@ _USED = {
 }
 # Set, these change what a client sees in ways the appliance does not serve.
 _REFUSED = {
-    "ensemble_scheduling": "ensembles are not served yet",
     "batch_input": "batch inputs (Triton's ragged batching) are not served",
     "batch_output": "batch outputs (Triton's ragged batching) are not served",
 }
 _THREADS_PARAMETER = "intra_op_thread_count"
+ENSEMBLE = "ensemble"
+# What an ensemble's config.pbtxt may set besides its steps; anything else
+# (instance groups, batching, parameters: a worker's settings) is noted.
+_ENSEMBLE_USED = {"name", "platform", "max_batch_size", "input", "output", "version_policy"}
+_ENSEMBLE_USED |= {"ensemble_scheduling"}
 
 
 class PbtxtError(ValueError):
@@ -112,6 +120,12 @@ class _Reader:
                 raise PbtxtError(f"{field}: {reason}")
         settings: dict[str, Any] = {}
         platform = self._platform()
+        if platform == ENSEMBLE:
+            return self._ensemble(), self.notes
+        if config.HasField("ensemble_scheduling"):
+            raise PbtxtError(
+                'ensemble_scheduling: only an ensemble (platform: "ensemble") has steps'
+            )
         if platform:
             settings["platform"] = platform
         if config.default_model_filename:
@@ -139,10 +153,41 @@ class _Reader:
             self.notes.append(f"{field} is not used by the appliance")
         return settings, self.notes
 
+    def _ensemble(self) -> dict[str, Any]:
+        """An ensemble's table, in the shape appliance/ensembles.py reads."""
+        config = self.config
+        if not config.ensemble_scheduling.step:
+            raise PbtxtError("ensemble_scheduling.step: an ensemble needs at least one step")
+        batched = config.max_batch_size > 0
+        steps = []
+        for index, step in enumerate(config.ensemble_scheduling.step):
+            if step.model_namespace:
+                self.notes.append(f"ensemble_scheduling.step[{index}].model_namespace is not used")
+            steps.append(
+                {
+                    "model": step.model_name,
+                    "version": max(int(step.model_version), -1),
+                    "input_map": dict(step.input_map),
+                    "output_map": dict(step.output_map),
+                }
+            )
+        if config.ensemble_scheduling.max_inflight_requests:
+            self.notes.append("ensemble_scheduling.max_inflight_requests is not used")
+        used = {f.name for f, _ in config.ListFields()}
+        for field in sorted(used - _ENSEMBLE_USED):
+            self.notes.append(f"{field} is not used by an ensemble (its steps' models have theirs)")
+        return {
+            "platform": ENSEMBLE,
+            "max_batch_size": max(config.max_batch_size, 0),
+            "inputs": [self._tensor("input", i, t, batched) for i, t in enumerate(config.input)],
+            "outputs": [self._tensor("output", i, t, batched) for i, t in enumerate(config.output)],
+            "steps": steps,
+        }
+
     def _platform(self) -> str:
         config = self.config
-        if config.platform == "ensemble":
-            raise PbtxtError("platform: ensembles are not served yet")
+        if config.platform == ENSEMBLE:
+            return ENSEMBLE
         if config.platform:
             found = _PLATFORMS.get(config.platform)
             if found is None:

@@ -16,6 +16,11 @@ class of an entry is its runtime; its options carry the file's path, its
 version and a stamp (size and modification time), so a reload sees a new
 version, or a file replaced in place, as a changed model.
 
+An ensemble (``platform = "ensemble"`` with ``steps`` in config.toml, or
+Triton's form in config.pbtxt) needs no model file; its version directory
+(Triton wants an empty ``1/``) only names its version. Its entry is the
+``[[models]]`` table of an ensemble (appliance/ensembles.py).
+
 A model directory that cannot be served (no version, no model file, a bad
 ``config.toml``) still becomes an entry, of the runtime ``Broken``, whose load
 fails with the reason: the appliance starts, serves the rest, and reports why
@@ -73,7 +78,11 @@ SETTINGS = (
     "max_sequence_idle_s",
     "sequence_strategy",
     "max_candidate_sequences",
+    "steps",
 )
+ENSEMBLE = "ensemble"
+# What an ensemble's config.toml may hold (the rest configure a worker).
+ENSEMBLE_SETTINGS = ("platform", "steps", "inputs", "outputs", "max_batch_size", "description")
 # These go to the [[models]] entry itself; the rest become runtime options.
 ENTRY_KEYS = (
     "instances",
@@ -163,6 +172,8 @@ def model_entries(model_dir: Path, policy: VersionPolicy) -> list[dict[str, Any]
     try:
         settings = read_settings(model_dir)
         policy = parse_versions(settings.pop("versions", policy))
+        if settings.get("platform") == ENSEMBLE:
+            return [_ensemble_entry(model_dir, settings)]
         chosen = select_versions(model_dir, policy)
     except RepositoryError as ex:
         return [broken(name, str(ex))]
@@ -174,6 +185,25 @@ def model_entries(model_dir: Path, policy: VersionPolicy) -> list[dict[str, Any]
         except RepositoryError as ex:
             entries.append(broken(served_as, str(ex)))
     return entries
+
+
+def _ensemble_entry(model_dir: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """An ensemble's entry: its settings as a [[models]] table, at its newest version.
+
+    Raises:
+        RepositoryError: a setting that configures a worker, which an ensemble has not.
+    """
+    extra = sorted(set(settings) - {*ENSEMBLE_SETTINGS, NOTES})
+    if extra:
+        raise RepositoryError(
+            f"{model_dir.name}/{CONFIG_FILE}: {extra[0]}: an ensemble has no worker to configure; "
+            f"it takes {', '.join(ENSEMBLE_SETTINGS)}"
+        )
+    versions = sorted(
+        int(child.name) for child in model_dir.iterdir() if child.name.isdigit() and child.is_dir()
+    )
+    entry = {"name": model_dir.name, **settings, "version": str(versions[-1] if versions else 1)}
+    return entry
 
 
 def missing_runtime(entry: Mapping[str, Any]) -> str | None:
@@ -312,6 +342,13 @@ def _check_tensors(value: object) -> str:
     return ""
 
 
+def _check_steps(value: object) -> str:
+    """Only the shape here; appliance/ensembles.py checks each step and the graph."""
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        return "expected an array of tables ([[steps]]: model, input_map, output_map)"
+    return ""
+
+
 def select_versions(model_dir: Path, policy: VersionPolicy) -> list[int]:
     """Return the versions the policy serves, oldest first.
 
@@ -406,7 +443,7 @@ _WHOLE_MINIMUM = {
     "max_candidate_sequences": 1,
 }
 _CHECKS: dict[str, Any] = {
-    "platform": _check_choice(PLATFORMS),
+    "platform": _check_choice((*PLATFORMS, ENSEMBLE)),
     "versions": _check_versions,
     "device": devices.check,
     "description": _check_string,
@@ -415,4 +452,5 @@ _CHECKS: dict[str, Any] = {
     "sequence_strategy": _check_choice(("direct", "oldest")),
     "inputs": _check_tensors,
     "outputs": _check_tensors,
+    "steps": _check_steps,
 }

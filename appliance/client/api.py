@@ -43,6 +43,7 @@ from appliance.client import control
 from appliance.client.aio import AsyncChannel
 from appliance.client.channel import Channel, Wiring
 from appliance.client.drive import Run, Steps, in_loop, in_thread, stream_in_loop, stream_in_thread
+from appliance.client.ensemble import Ensembles
 from appliance.client.inflight import (
     Call,
     InferResult,
@@ -53,13 +54,13 @@ from appliance.client.inflight import (
 )
 from appliance.client.restarts import RestartWaits
 from appliance.client.routing import Router, Target
-from appliance.config import ApplianceConfig, ConfigError, ModelConfig
+from appliance.config import ApplianceConfig, ConfigError, EnsembleConfig, ModelConfig
 from appliance.config_reader import read_snapshot
 from appliance.core.device_tensors import OPEN_REGION, CudaPlace
 from appliance.core.metadata import ModelMetadata
 from appliance.core.status import Counter, SlotState, StatusTable
 from appliance.core.tree import Tree
-from appliance.errors import ApplianceError, ErrorCode, ModelNotFound, ModelNotReady
+from appliance.errors import ApplianceError, ErrorCode, ModelNotFound, ModelNotReady, Unsupported
 from appliance.metrics import record_call
 from appliance.process import pid_alive
 
@@ -122,6 +123,11 @@ class ModelClient:
             self._flight.stray,
         )
         self._metadata: dict[str, tuple[float, float, ModelMetadata, int]] = {}
+        # Ensembles run here, in the caller's process (ensemble.py).
+        self._ensembles = Ensembles(
+            self._flight, self.router, self._pick, shm.inline_threshold_bytes
+        )
+        self._ensembles.serve(config.ensembles)
         self._spin_budget_s = config.server.spin_wait_us / 1e6
         self._closed = False
 
@@ -152,9 +158,13 @@ class ModelClient:
         # served entries. Unloaded models keep theirs (the repository index
         # lists them).
         with contextlib.suppress(ConfigError):
-            served = {model.name: model for model in read_snapshot(self.tree.snapshot_path).models}
+            snapshot = read_snapshot(self.tree.snapshot_path)
+            served = {model.name: model for model in snapshot.models}
             kept = [served.pop(model.name, model) for model in self.config.models]
-            self.config = dataclasses.replace(self.config, models=(*kept, *served.values()))
+            self.config = dataclasses.replace(
+                self.config, models=(*kept, *served.values()), ensembles=snapshot.ensembles
+            )
+            self._ensembles.serve(snapshot.ensembles)
         return layout
 
     # -- the calls: one core each, with sync and async faces (drive.py) -------
@@ -184,6 +194,9 @@ class ModelClient:
         Raises:
             ApplianceError: any subclass, with a message for the user.
         """
+        if model in self._ensembles:
+            ensembles = self._ensembles
+            return ensembles.run(channel, model, inputs, outputs, parameters, timeout_s, targets)
         body = request_body(model, "predict", outputs, parameters, None, targets)
         return self._unary(channel, body, inputs, timeout_s)
 
@@ -315,6 +328,13 @@ class ModelClient:
             return self.router.pick(model, parameters), deadline
         except ModelNotReady:
             pass
+        except ModelNotFound:
+            if model in self._ensembles:
+                raise Unsupported(
+                    f"{model} is an ensemble: it answers predictions (infer) only, not streams "
+                    "or derivatives"
+                ) from None
+            raise
         with contextlib.closing(self._restarts.waits(model, deadline)) as waits:
             for delay in waits:
                 yield delay
@@ -325,8 +345,8 @@ class ModelClient:
     # -- what is served --------------------------------------------------------
 
     def models(self) -> list[str]:
-        """Return the served model names, in config order (follows reloads)."""
-        return list(self.router.slots)
+        """Return the served model names, in config order (follows reloads), then the ensembles."""
+        return [*self.router.slots, *self._ensembles.names()]
 
     def metadata(self, model: str) -> ModelMetadata:
         """Return a model's declared interface.
@@ -335,6 +355,9 @@ class ModelClient:
             ModelNotFound: no such model is configured.
             ModelNotReady: it has not loaded yet.
         """
+        plan = self._ensembles.get(model)
+        if plan is not None:
+            return plan.metadata  # declared: known before its steps load
         if model not in self.router.slots:
             raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
         now = time.monotonic()
@@ -356,8 +379,21 @@ class ModelClient:
         self._metadata[model] = (now, mtime, meta, generation)
         return meta
 
+    def ensemble(self, name: str) -> EnsembleConfig | None:
+        """An ensemble's declaration (None for a model or an unknown name)."""
+        plan = self._ensembles.get(name)
+        return plan.config if plan is not None else None
+
     def model_ready(self, model: str) -> bool:
+        if model in self._ensembles:
+            return self._ensembles.ready(model)
         return self.router.ready(model)
+
+    def why_not_ready(self, model: str) -> str:
+        """Why a model (or an ensemble) is not ready, for a user to act on."""
+        if model in self._ensembles:
+            return self._ensembles.why_not_ready(model)
+        return self.router.why_not_ready(model)
 
     def server_live(self) -> bool:
         return pid_alive(self.status.master_pid)
@@ -367,7 +403,9 @@ class ModelClient:
         return self.status.online and all(self.router.ready(model) for model in self.router.slots)
 
     def counters(self, model: str) -> dict[Counter, int]:
-        """Sum a model's counters over its instances."""
+        """Sum a model's counters over its instances (an ensemble's: ensemble.py)."""
+        if model in self._ensembles:
+            return self._ensembles.counters(model, self.counters)
         totals = dict.fromkeys(Counter, 0)
         for slot in self.router.slots.get(model, ()):
             values = self.status.read(slot).counters
@@ -439,6 +477,11 @@ class ModelClient:
     def in_flight(self) -> int:
         """Calls of this process waiting for a model now."""
         return self._flight.count
+
+    @property
+    def ring_used_bytes(self) -> int:
+        """Bytes of this process's request ring in use now (what its results still hold)."""
+        return self._flight.ring_used_bytes
 
     def _spin_s(self) -> float:
         """How long a waiting thread may poll before it blocks (see channel)."""

@@ -32,8 +32,10 @@ from appliance.core.client_memory import ClientTensor
 from appliance.core.descriptor import (
     Kind,
     Message,
+    Placed,
     SegmentReader,
     block_list,
+    leased_blocks,
     place_tensors,
     read_tensors,
     ring_blocks,
@@ -48,8 +50,11 @@ from appliance.errors import BadRequest, error_from_code
 from appliance.process import pid_alive
 
 # A DeviceTensor is an input in a client's GPU memory (KServe CUDA shared memory),
-# a ClientTensor one in a client's file (system shared memory), read when placed.
-TensorLike = Tensor | DeviceTensor | ClientTensor | npt.NDArray[Any]
+# a ClientTensor one in a client's file (system shared memory), read when placed,
+# a Placed one already in shared memory (an ensemble's intermediate), never copied.
+TensorLike = Tensor | DeviceTensor | ClientTensor | Placed | npt.NDArray[Any]
+# What a TensorLike becomes before it is sent.
+TensorOf = Tensor | DeviceTensor | ClientTensor | Placed
 
 
 class Outbox(Protocol):
@@ -69,11 +74,15 @@ class InferResult:
     encoded or copied: the worker reuses the space afterwards.
     """
 
-    __slots__ = ("__weakref__", "_release", "outputs")
+    __slots__ = ("__weakref__", "_release", "body", "outputs")
 
-    def __init__(self, outputs: dict[str, Tensor], release: Any) -> None:
+    def __init__(
+        self, outputs: dict[str, Tensor], release: Any, body: dict[str, Any] | None = None
+    ) -> None:
         self.outputs = outputs
         self._release = release
+        # The reply's body: where each output lies (an ensemble passes them on from there).
+        self.body = body
 
     def __getitem__(self, name: str) -> Tensor:
         return self.outputs[name]
@@ -111,6 +120,10 @@ class Call:
     error: BaseException | None = None
     previous: InferResult | None = None
     finished: bool = False
+    # Run once the worker is done with the inputs of a call given up on (a
+    # deadline, a failed wait): at once if it died, else when its late reply
+    # comes. An ensemble keeps the blocks it sent by reference alive until then.
+    after: Callable[[], None] | None = None
 
     def take(self) -> Message:
         """The reply the last wait brought, or raise the wait's error."""
@@ -160,8 +173,9 @@ class InFlight:
         self._lock = threading.Lock()
         self._reader = SegmentReader(Segment.attach)
         self._ids = itertools.count(1)
-        self._abandoned: dict[int, tuple[Target, list[Block]]] = {}
+        self._abandoned: dict[int, tuple[Target, list[Block], Callable[[], None] | None]] = {}
         self.count = 0
+        self._held = 0
         self._pid = os.getpid()
         self._closed = False
 
@@ -174,7 +188,7 @@ class InFlight:
         inputs: Mapping[str, TensorLike],
     ) -> Call:
         """Place ``inputs`` in the ring and send ``body`` with them to ``target``."""
-        tensors = {name: _tensor(name, value) for name, value in inputs.items()}
+        tensors = {name: tensor_of(name, value) for name, value in inputs.items()}
         payloads: list[Any] = []
         blocks: list[Block] = []
         try:
@@ -237,13 +251,17 @@ class InFlight:
         target = call.target
         self.router.end(target.slot)
         self._adjust_count(-1)
-        if answered or not self.router.is_current(target):
+        if answered:
             self._release_local(call.blocks)
-        elif call.blocks:
+        elif not self.router.is_current(target):
+            self._release_local(call.blocks)
+            if call.after is not None:
+                call.after()
+        elif call.blocks or call.after is not None:
             # SAFETY: the worker may still read these blocks; keep them until
             # its late reply arrives (see stray) or it dies.
             with self._lock:
-                self._abandoned[call.id] = (target, call.blocks)
+                self._abandoned[call.id] = (target, call.blocks, call.after)
         # Last: a final message the caller left untaken is a late reply now.
         call.channel.forget(call.id)
 
@@ -257,26 +275,28 @@ class InFlight:
         input through, see worker/passthrough.py) keep those blocks alive
         until release when ``keep`` is set.
         """
-        entries = reply.body.get("tensors", [])
+        body = reply.body
+        entries = body.get("tensors", [])
         with self._lock:
             outputs = read_tensors(entries, reply.payloads, self._reader)
         mine = {block.segment for block in sent}
-        remote: list[Block] = []
+        # Outputs the worker passed through lie in a request's blocks, not in
+        # its ring: this client's own, or (an ensemble's) another worker's.
+        remote = [block for block in leased_blocks(body) if block.segment not in mine]
         kept: list[Block] = []
-        for block in ring_blocks(entries):
-            if block.segment not in mine:
-                remote.append(block)
-            elif keep:
-                kept += [b for b in sent if _contains(b, block) and b not in kept]
+        if keep and sent:
+            for block in ring_blocks(entries):
+                if block.segment in mine:
+                    kept += [b for b in sent if _contains(b, block) and b not in kept]
         if not remote and not kept:
-            return InferResult(outputs, None), kept
+            return InferResult(outputs, None, body), kept
 
         def release() -> None:
             if remote:
                 self._release_remote(target, remote)
             self._release_local(kept)
 
-        return InferResult(outputs, release), kept
+        return InferResult(outputs, release, body), kept
 
     def _release_remote(self, target: Target, blocks: list[Block]) -> None:
         if self._closed or not self.router.is_current(target):
@@ -294,22 +314,43 @@ class InFlight:
             )
         target = abandoned[0] if abandoned else self.router.target_of(message.pid)
         if target is not None:
-            self._release_remote(target, ring_blocks(message.body.get("tensors", [])))
+            self._release_remote(target, leased_blocks(message.body))
         if final and abandoned is not None:
             self._release_local(abandoned[1])
+            if abandoned[2] is not None:
+                abandoned[2]()
         self._sweep_abandoned()
 
     def _sweep_abandoned(self) -> None:
         with self._lock:
             gone = [
-                rid for rid, (t, _b) in self._abandoned.items() if not self.router.is_current(t)
+                rid for rid, (t, _b, _a) in self._abandoned.items() if not self.router.is_current(t)
             ]
-            released = [self._abandoned.pop(rid)[1] for rid in gone]
+            released = [self._abandoned.pop(rid) for rid in gone]
             dead = [name for name in self._reader.names() if not _owner_alive(name)]
             for name in dead:
                 self._reader.forget(name)
-        for blocks in released:
+        for _target, blocks, after in released:
             self._release_local(blocks)
+            if after is not None:
+                after()
+
+    def place(self, tensor: Tensor | ClientTensor) -> Placed:
+        """Write a tensor into the ring once, to be sent by reference (:meth:`release_placed`).
+
+        Raises:
+            TooLarge, Overloaded: from the ring; BadRequest: a client's file changed.
+        """
+        blocks: list[Block] = []
+        try:
+            place_tensors({"": tensor}, self, -1, [], blocks)
+        except BaseException:
+            self._release_local(blocks)
+            raise
+        return Placed(tensor.dtype, tuple(tensor.shape), blocks[0])
+
+    def release_placed(self, placed: Placed) -> None:
+        self._release_local([placed.block])
 
     # The two methods below make this table the thread-safe allocator that
     # place_tensors writes through.
@@ -323,6 +364,10 @@ class InFlight:
     def view(self, block: Block) -> memoryview:
         with self._lock:
             return self._ring.view(block)
+
+    @property
+    def ring_used_bytes(self) -> int:
+        return self._ring.used_bytes + self._ring.spilled_bytes
 
     def _publish_ring(self) -> None:
         if self._publish_slot is not None:
@@ -341,9 +386,20 @@ class InFlight:
     def _adjust_count(self, delta: int) -> None:
         with self._lock:
             self.count += delta
-            count = self.count
+            depth = self.count + self._held
         if self._publish_slot is not None:
-            self._status.set_depth(self._publish_slot, count)
+            self._status.set_depth(self._publish_slot, depth)
+
+    def hold(self, delta: int) -> None:
+        """Count an ensemble running (+1) or done (-1) in the published depth.
+
+        SAFETY: between two of its steps no call is in flight; a drain that
+        looked then would see an idle frontend and stop the workers the next
+        step needs. ``count`` (which decides a wait's spin) leaves it out.
+        """
+        with self._lock:
+            self._held += delta
+        self._adjust_count(0)
 
     def close(self) -> None:
         """Detach from the workers' rings and unlink this process's ring."""
@@ -409,8 +465,13 @@ def _raise_for(reply: Message) -> None:
         raise error_from_code(reply.code, reply.error_message)
 
 
-def _tensor(name: str, value: TensorLike) -> Tensor | DeviceTensor | ClientTensor:
-    if isinstance(value, Tensor | DeviceTensor | ClientTensor):
+def tensor_of(name: str, value: TensorLike) -> TensorOf:
+    """A numpy array as a Tensor; the other kinds as they are.
+
+    Raises:
+        BadRequest: the array's element type has no appliance dtype.
+    """
+    if isinstance(value, Tensor | DeviceTensor | ClientTensor | Placed):
         return value
     try:
         return Tensor.from_array(value)

@@ -26,7 +26,14 @@ an int (the index of its inline payload; the body's ``"inline"`` lists the
 payloads' lengths), ``[segment, offset, nbytes]`` (its bytes in a
 shared-memory segment) or ``{"cuda": [...]}`` (in a client's GPU memory; see
 :mod:`appliance.core.device_tensors`). Tensor bytes above the inline
-threshold never travel through a socket.
+threshold never travel through a socket. A reply's ``"borrowed"`` names the
+outputs that are views of the request's own inputs (pass-through, see
+worker/passthrough.py): their bytes are not the worker's to lease.
+
+A segment may be any process's of the tree: a request's tensor may lie in
+the sender's request ring, or (a :class:`Placed` tensor: an ensemble's
+intermediate, see appliance/client/ensemble.py) in the response ring of the
+worker that made it, read in place by the next.
 
 SAFETY: payloads are sent with copying sends; a view of a ring is never
 handed to ``send(copy=False)``, where libzmq would hold it while the ring
@@ -156,6 +163,18 @@ def error_message(kind: Kind, request_id: int, pid: int, code: ErrorCode, text: 
 # -- tensors in messages ----------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A tensor whose bytes already lie in shared memory: sent as a reference, never copied.
+
+    The sender keeps ``block`` alive (and unchanged) until the receiver has answered.
+    """
+
+    dtype: DType
+    shape: tuple[int, ...]
+    block: Block
+
+
 class Allocator(Protocol):
     """Where tensor bytes go: a :class:`~appliance.core.ring.Ring` or a wrapper."""
 
@@ -165,7 +184,7 @@ class Allocator(Protocol):
 
 
 def place_tensors(
-    tensors: Mapping[str, Tensor | DeviceTensor | ClientTensor],
+    tensors: Mapping[str, Tensor | DeviceTensor | ClientTensor | Placed],
     ring: Allocator,
     inline_threshold: int,
     payloads: list[Any],
@@ -188,6 +207,11 @@ def place_tensors(
             continue
         if type(tensor) is ClientTensor:
             entries.append(_place_client(name, tensor, ring, inline_threshold, payloads, blocks))
+            continue
+        if type(tensor) is Placed:
+            where = tensor.block
+            at = [where.segment, where.offset, where.nbytes]
+            entries.append([name, tensor.dtype.value, list(tensor.shape), at])
             continue
         assert isinstance(tensor, Tensor)
         raw = tensor.raw()
@@ -348,6 +372,20 @@ def blocks_from(entries: Iterable[Sequence[Any]]) -> list[Block]:
     return blocks
 
 
-def ring_blocks(entries: Iterable[Sequence[Any]]) -> list[Block]:
-    """Return the ring blocks (not inline payloads, not GPU places) named by tensor entries."""
+def ring_blocks(
+    entries: Iterable[Sequence[Any]], borrowed: Sequence[str] | None = None
+) -> list[Block]:
+    """Return the ring blocks (not inline payloads, not GPU places) named by tensor entries.
+
+    ``borrowed``: names of entries to leave out (a reply's pass-through outputs).
+    """
+    if borrowed:
+        return blocks_from(
+            entry[3] for entry in entries if type(entry[3]) is list and entry[0] not in borrowed
+        )
     return blocks_from(entry[3] for entry in entries if type(entry[3]) is list)
+
+
+def leased_blocks(body: Mapping[str, Any]) -> list[Block]:
+    """The blocks a reply's worker leased to its client: its ring blocks less the borrowed."""
+    return ring_blocks(body.get("tensors", ()), body.get("borrowed"))

@@ -45,7 +45,7 @@ class InlineModels:
             )
         found = []
         for entry in repository.model_entries(real, "latest"):
-            if entry["class"] == repository.BROKEN_CLASS:
+            if entry.get("class") == repository.BROKEN_CLASS:
                 raise RuntimeError(f"failed to load: model {model!r}: {entry['options']['reason']}")
             missing = repository.missing_runtime(entry)
             if missing:

@@ -523,10 +523,12 @@ class WorkerServer:
                 self.ring.release(block)
             self._fail_pending(pending, ex, kind=Kind.END if kind is Kind.PART else kind)
             return
+        body: dict[str, Any] = {"tensors": entries}
         if borrowed:
             placed = iter(entries)
-            entries = [borrowed.get(name) or next(placed) for name in outputs]
-        body = {"tensors": entries}
+            body["tensors"] = [borrowed.get(name) or next(placed) for name in outputs]
+            # SAFETY: not this worker's blocks; the client must not give them back here.
+            body["borrowed"] = list(borrowed)
         message = Message(kind, pending.request_id, self.pid, body, payloads)
         self.outbox.send(message, reply_to(pending.message), blocks)
         if finished:

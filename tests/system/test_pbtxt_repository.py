@@ -2,8 +2,9 @@
 
 The appliance's config names the repository only. Its models are digits
 exported to ONNX and to TorchScript, each described by a config.pbtxt as
-Triton's documentation writes them, and an ensemble, which is not served
-yet and says so. tritonclient drives them over gRPC and REST.
+Triton's documentation writes them, an ensemble of one of them, served with
+no worker of its own, and an ensemble that names a model nowhere served,
+which says so. tritonclient drives them over gRPC and REST.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ ensemble_scheduling {
   ]
 }
 """
+UNSERVABLE = ENSEMBLE.replace('"pipeline"', '"dangling"').replace('"digits_onnx"', '"digits_tf"')
 MODELS = {"digits_onnx": ('backend: "onnxruntime"', "model.onnx", "digits_onnx")}
 MODELS["digits_torch"] = ('platform: "pytorch_libtorch"', "model.pt", "digits_torch")
 
@@ -73,8 +75,9 @@ def appliance() -> Iterator[Appliance]:
         (root / name / "1").mkdir(parents=True)
         shutil.copy(EXAMPLES / source / "1" / file_name, root / name / "1" / file_name)
         (root / name / "config.pbtxt").write_text(CLASSIFIER.format(name=name, runtime=runtime))
-    (root / "pipeline" / "1").mkdir(parents=True)
-    (root / "pipeline" / "config.pbtxt").write_text(ENSEMBLE)
+    for name, text in (("pipeline", ENSEMBLE), ("dangling", UNSERVABLE)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(text)
     config = make_config(new_run_dir(), [])
     config["repositories"] = [{"path": str(root)}]
     try:
@@ -119,13 +122,36 @@ def test_a_model_described_by_config_pbtxt_serves_as_triton_would(
     assert f"{model}/config.pbtxt: model_warmup is not used by the appliance" in appliance.log()
 
 
-def test_what_cannot_be_served_yet_says_which_field(appliance: Appliance) -> None:
+def test_an_ensemble_serves_with_no_worker_of_its_own(
+    appliance: Appliance, holdout: tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]
+) -> None:
+    pixels, _labels = holdout
     rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
     try:
-        ready = rest.is_model_ready("pipeline")
+        answers = []
+        for model in ("pipeline", "digits_onnx"):
+            tensor = httpclient.InferInput("pixels", list(pixels.shape), "FP32")
+            tensor.set_data_from_numpy(pixels)
+            answers.append(rest.infer(model, [tensor]).as_numpy("probabilities"))
+        config = rest.get_model_config("pipeline")
+        metadata = rest.get_model_metadata("pipeline")
+    finally:
+        rest.close()
+    assert np.array_equal(answers[0], answers[1])
+    assert config["platform"] == "ensemble"
+    assert config["ensemble_scheduling"]["step"][0]["model_name"] == "digits_onnx"
+    assert metadata["platform"] == "ensemble"
+    assert metadata["versions"] == ["1"]
+    assert not [p for p in appliance.processes() if "pipeline" in p["role"]]
+
+
+def test_what_cannot_be_served_says_which_field(appliance: Appliance) -> None:
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
+    try:
+        ready = rest.is_model_ready("dangling")
         index = {entry["name"]: entry for entry in rest.get_model_repository_index()}
     finally:
         rest.close()
     assert not ready
-    assert index["pipeline"]["state"] == "UNAVAILABLE"
-    assert "ensemble_scheduling: ensembles are not served yet" in index["pipeline"]["reason"]
+    assert index["dangling"]["state"] == "UNAVAILABLE"
+    assert "steps[0].model: no model 'digits_tf' is served" in index["dangling"]["reason"]

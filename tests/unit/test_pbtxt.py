@@ -170,10 +170,46 @@ ensemble_scheduling {
 """
 
 
+def test_an_ensemble_is_its_steps_and_declared_tensors(tmp_path: Path) -> None:
+    model(tmp_path, "m", ENSEMBLE, files={"1": ".keep"})
+    entry = only(tmp_path)
+    assert entry == {
+        "name": "m",
+        "platform": "ensemble",
+        "max_batch_size": 1,
+        "inputs": [{"name": "IN", "dtype": "BYTES", "shape": [-1, 1]}],
+        "outputs": [{"name": "OUT", "dtype": "FP32", "shape": [-1, 10]}],
+        "steps": [
+            {
+                "model": "preprocess",
+                "version": -1,
+                "input_map": {"RAW": "IN"},
+                "output_map": {"PIXELS": "pixels"},
+            }
+        ],
+        "version": "1",
+    }
+
+
+def test_what_an_ensemble_does_not_use_is_noted(tmp_path: Path) -> None:
+    text = ENSEMBLE + "instance_group [ { count: 2 } ]\nparameters { key: 'k' value: {} }\n"
+    model(tmp_path, "m", text, files={"3": ".keep"})
+    entry = only(tmp_path)
+    assert entry["version"] == "3"
+    assert entry["config_notes"] == [
+        "m/config.pbtxt: instance_group is not used by an ensemble (its steps' models have theirs)",
+        "m/config.pbtxt: parameters is not used by an ensemble (its steps' models have theirs)",
+    ]
+
+
 @pytest.mark.parametrize(
     ("pbtxt", "expected"),
     [
-        (ENSEMBLE, "config.pbtxt: ensemble_scheduling: ensembles are not served yet"),
+        (
+            "ensemble_scheduling { step [ { model_name: 'a' } ] }",
+            'ensemble_scheduling: only an ensemble (platform: "ensemble") has steps',
+        ),
+        ('platform: "ensemble"', "ensemble_scheduling.step: an ensemble needs at least one step"),
         ('backend: "python"', "backend: 'python' has no runtime here"),
         ('platform: "tensorrt_plan"', "platform: 'tensorrt_plan' has no runtime here"),
         ('name: "other"', "name: 'other' is not its directory's name 'm'"),

@@ -47,7 +47,7 @@ def index(client: ModelClient, ready_only: bool) -> list[dict[str, Any]]:
                 "name": model,
                 "version": version_of(client, model),
                 "state": "READY" if ready else "UNAVAILABLE",
-                "reason": "" if ready else client.router.why_not_ready(model),
+                "reason": "" if ready else client.why_not_ready(model),
             }
         )
     known = known_models(client)
@@ -81,7 +81,8 @@ def known_models(client: ModelClient) -> dict[str, str]:
         except repository.RepositoryError:
             continue  # the master refuses such a config at its next reload
         for entry in entries:
-            known[entry["name"]] = str(entry["options"].get("version", ""))
+            # An ensemble's entry carries its version itself; a model's, in its options.
+            known[entry["name"]] = str(entry.get("options", entry).get("version", ""))
     return known
 
 

@@ -23,6 +23,7 @@ from appliance.core.metadata import ModelMetadata
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import ApplianceError, BadRequest, ModelNotFound
+from appliance.protocols.kserve.ensemble import ensemble_config
 from appliance.protocols.kserve.inference import (
     InferRequest,
     OutputData,
@@ -133,6 +134,9 @@ def model_metadata(client: ModelClient, model: str, version: str) -> dict[str, A
 def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any]:
     """Return the model's configuration in the shape of Triton's ModelConfig."""
     _, metadata = resolve(client, model, version)
+    ensemble = client.ensemble(model)
+    if ensemble is not None:
+        return ensemble_config(ensemble)
     configured = client.config.model(model)
     batched = metadata.max_batch_size > 0
     config: dict[str, Any] = {
