@@ -55,6 +55,7 @@ edits = [
     (r"^(\[grpc\]\nport = )8001", rf"\g<1>{ports[1]}"),
     (r"^(listeners = \[\{ port = )8002", rf"\g<1>{ports[2]}"),
     (r'^path = "demos/repository"', f'path = "{base.parent / "demos" / "repository"}"'),
+    (r'^path = "demos/ensembles"', f'path = "{base.parent / "demos" / "ensembles"}"'),
 ]
 for pattern, replacement in edits:
     text, n = re.subn(pattern, replacement, text, flags=re.MULTILINE)

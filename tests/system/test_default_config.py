@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from graphpipe import remote
 
@@ -32,6 +33,7 @@ from tests.system.harness import (
 pytestmark = pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning")
 
 DEFAULTS = tomllib.loads((ROOT / "appliance" / "default.toml").read_text())
+HOLDOUT = ROOT / "tests" / "data" / "digits_holdout.npz"
 
 # Every example client of Triton's folder but those that need a GPU (cudashm),
 # an image model and pictures (image, grpc_image, ensemble_image, grpc_client),
@@ -109,7 +111,7 @@ def test_the_repository_index_lists_onnx_and_torchscript_models_ready(
         }
     finally:
         client.close()
-    for name in ("digits_onnx", "digits_torch", "digits", "echo"):
+    for name in ("digits_onnx", "digits_torch", "digits", "echo", "digits_ensemble"):
         assert index[name]["state"] == "READY", index[name]
     assert platforms == {"digits_onnx": "onnxruntime_onnx", "digits_torch": "pytorch_libtorch"}
 
@@ -127,6 +129,44 @@ def test_graphpipe_root_serves_a_model_with_declared_inputs_and_outputs(
     # The status page is still there for a browser.
     page = requests.get(root, headers={"Accept": "text/html"}, timeout=10)
     assert page.status_code == 200
+
+
+def test_digits_ensemble_answers_the_labels_of_digits_and_argmax_on_the_holdout(
+    appliance: Appliance,
+) -> None:
+    """Raw UINT8 images in, the label out, over KServe REST and gRPC, GraphPipe and GRPS."""
+    with np.load(HOLDOUT) as data:
+        images = data["X"].astype(np.uint8).reshape(-1, 8, 8)
+    batches = [images[start : start + 64] for start in range(0, len(images), 64)]
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    http = f"http://127.0.0.1:{appliance.ports['http']}"
+    answers: dict[str, list[str]] = {name: [] for name in ("rest", "grpc", "graphpipe", "grps")}
+    expected: list[str] = []
+    try:
+        for batch in batches:
+            pixels = httpclient.InferInput("pixels", [len(batch), 64], "FP32")
+            pixels.set_data_from_numpy(batch.reshape(-1, 64).astype(np.float32))
+            probabilities = rest.infer("digits", [pixels]).as_numpy("probabilities")
+            expected += [str(label) for label in probabilities.argmax(axis=1)]
+            for name, module, client in (("rest", httpclient, rest), ("grpc", grpcclient, grpc)):
+                image = module.InferInput("IMAGE", list(batch.shape), "UINT8")
+                image.set_data_from_numpy(batch)
+                labels = client.infer("digits_ensemble", [image]).as_numpy("LABEL")
+                answers[name] += [label.decode() for label in labels.ravel()]
+            labels = remote.execute(f"{http}/graphpipe/digits_ensemble", batch)
+            answers["graphpipe"] += [label.decode() for label in np.asarray(labels).ravel()]
+            tensor = {"name": "IMAGE", "dtype": "DT_UINT8", "shape": list(batch.shape)}
+            body = {"model": "digits_ensemble", "gtensors": {"tensors": [tensor]}}
+            tensor["flat_uint8"] = batch.ravel().tolist()
+            reply = requests.post(f"{http}/grps/v1/infer/predict", json=body, timeout=30)
+            answers["grps"] += reply.json()["gtensors"]["tensors"][0]["flat_string"]
+    finally:
+        rest.close()
+        grpc.close()
+    assert len(expected) == len(images) == 360
+    for protocol, labels in answers.items():
+        assert labels == expected, protocol
 
 
 def transport(example: str, args: tuple[str, ...]) -> str:

@@ -27,6 +27,8 @@ def test_the_default_config_serves_the_demo_models() -> None:
         "simple_sequence",
         "simple_dyna_sequence",
         "simple_string_dyna_sequence",
+        "digits_preprocess",
+        "digits_postprocess",
     ):
         assert name in names
     assert (config.http.port, config.grpc.port) == (8000, 8001)
@@ -39,6 +41,11 @@ def test_the_default_config_serves_the_demo_models() -> None:
     classes = {model.name: model.cls for model in config.models}
     assert classes["digits_onnx"] == "appliance.runtimes.onnx:OnnxModel"
     assert classes["digits_torch"].startswith("appliance.runtimes.torchscript:")
+    # And an ensemble of three of them, from the repository's config.pbtxt.
+    ensemble = config.ensemble("digits_ensemble")
+    assert ensemble is not None
+    steps = ["digits_preprocess", "digits", "digits_postprocess"]
+    assert [step.model for step in ensemble.steps] == steps
 
 
 def test_a_snapshot_reads_back_the_same_config(tmp_path: Path) -> None:
