@@ -154,11 +154,17 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
                 models.append(entry)
             else:
                 found.append(entry)
-    try:
-        served_ensembles, broken = ensembles.resolve_all(models, declared, found)
-    except ensembles.EnsembleError as ex:
-        reader.fail(ex.where, str(ex))
-    models += [reader.model("repositories", entry) for entry in broken]
+    if scan_repositories:
+        try:
+            served_ensembles, broken = ensembles.resolve_all(models, declared, found)
+        except ensembles.EnsembleError as ex:
+            reader.fail(ex.where, str(ex))
+        models += [reader.model("repositories", entry) for entry in broken]
+    else:
+        # SAFETY: a snapshot's ensembles were resolved from the config file;
+        # a step's model since unloaded makes that step not ready, never the
+        # snapshot unreadable (every process that starts reads it).
+        served_ensembles = tuple(declared.values())
     config = ApplianceConfig(
         source=source,
         server=reader.section(ServerConfig, reader.with_cpus(server), "server"),

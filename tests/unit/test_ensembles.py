@@ -42,7 +42,7 @@ TWO = chain(step("identity", "IN", "mid"), step("identity", "mid", "OUT"))
 
 def configured(*tables: dict[str, Any], **sections: Any) -> config_module.ApplianceConfig:
     models = [{"name": "identity", "class": IDENTITY}, *tables]
-    return from_dict({"models": models, **sections}, "app.toml")
+    return from_dict({"models": models, **sections}, "app.toml", scan_repositories=True)
 
 
 def test_an_ensemble_is_served_apart_from_the_models_and_survives_a_snapshot() -> None:
@@ -109,6 +109,13 @@ def test_what_cannot_be_served_is_refused_naming_the_key(
         configured(table)
     assert "app.toml: models[1]" in str(refused.value)
     assert expected in str(refused.value)
+
+
+def test_a_snapshot_whose_step_model_was_unloaded_still_reads() -> None:
+    loaded = configured(TWO)
+    data = config_module.to_dict(loaded)
+    data["models"] = [table for table in data["models"] if table["name"] != "identity"]
+    assert from_dict(data, "snapshot").ensembles == loaded.ensembles
 
 
 def test_an_ensemble_of_ensembles_and_a_name_taken_twice_are_refused() -> None:
