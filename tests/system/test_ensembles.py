@@ -8,6 +8,7 @@ without copying, and give back when done.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,9 +20,10 @@ from tritonclient.utils import InferenceServerException
 
 from appliance.client.api import ModelClient
 from appliance.core.status import Counter, Role, SlotState
-from appliance.errors import DeadlineExceeded, ModelFailed, Unsupported
+from appliance.errors import DeadlineExceeded, ModelFailed, ModelNotReady, Unsupported
 from tests.system.harness import (
     Appliance,
+    counted,
     demo_models,
     eventually,
     make_config,
@@ -223,6 +225,29 @@ def test_a_deadline_mid_chain_names_the_step_and_gives_the_space_back(
     assert eventually(lambda: all_given_back(client), 5.0)
 
 
+def test_a_cancelled_call_sends_no_further_step(client: ModelClient) -> None:
+    x = np.ones(64 * 1024, np.float32)
+    before = client.counters("slow")
+
+    async def cancel_then_call() -> None:
+        slow = {"sleep_s": 0.3}
+        task = asyncio.create_task(client.infer_async("slow_pair", {"IN": x}, parameters=slow))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # On the same loop, whose channel takes the late reply in meanwhile.
+        result = await client.infer_async("slow_pair", {"IN": x})
+        with result:
+            assert np.array_equal(result.array("OUT"), x)
+
+    asyncio.run(cancel_then_call())
+    # The cancelled call's first step ran; its second never did.
+    after = counted(client, "slow", 3, before)
+    assert after[Counter.SUCCESS] - before[Counter.SUCCESS] == 3
+    assert eventually(lambda: all_given_back(client), 5.0)
+
+
 def test_readiness_metadata_statistics_and_metrics_of_an_ensemble(
     appliance: Appliance, client: ModelClient
 ) -> None:
@@ -268,3 +293,19 @@ def _has_ok(text: str, model: str) -> bool:
         and 'outcome="ok"' in line
         for line in text.splitlines()
     )
+
+
+def test_a_step_model_unloaded_makes_the_ensemble_not_ready_until_loaded(
+    appliance: Appliance, client: ModelClient
+) -> None:
+    x = np.ones((4, 4), np.float32)
+    client.unload_model("tripled")
+    try:
+        assert eventually(lambda: not client.model_ready("six"), 10.0)
+        assert "six" in client.models()
+        with pytest.raises(ModelNotReady, match=r"ensemble six, step 1 \(model tripled\)"):
+            client.infer("six", {"x": x}, timeout_s=1.0)
+    finally:
+        client.load_model("tripled")
+    with client.infer("six", {"x": x}) as result:
+        assert np.allclose(result.array("y"), 6 * x)
