@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     ctl.add_argument("model", nargs="?", help="load/unload: the model's name")
 
     child = commands.add_parser("child", help="(internal) how the master starts its children")
-    child.add_argument("role", choices=["model", "http", "grpc", "mip"])
+    child.add_argument("role", choices=["model", "http", "grpc", "mip", "zygote"])
     child.add_argument("--tree-dir", type=Path, required=True)
     child.add_argument("--master-pid", type=int, required=True)
     child.add_argument("--slot", type=int, required=True)
@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     child.add_argument("--worker-slots", default="0:0")
     child.add_argument("--index", type=int, default=0)
     child.add_argument("--listeners", default="", help="MIP: port=model,...")
+    child.add_argument("--socket-fd", type=int, help="zygote: its socket to the master")
     return parser
 
 
@@ -127,6 +128,10 @@ def _child(args: argparse.Namespace) -> int:
         from appliance.worker import main as worker
 
         return worker.run(*common, args.generation, args.model, args.snapshot)
+    if args.role == "zygote":
+        from appliance import zygote
+
+        return zygote.run(*common, args.socket_fd)
     if args.role == "http":
         from appliance.frontends import http
 

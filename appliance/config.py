@@ -54,6 +54,10 @@ class ServerConfig:
     # The asyncio loop of every frontend process (HTTP workers, gRPC, MIP):
     # "uvloop" (libuv's) or "asyncio" (the standard library's).
     event_loop: str = "uvloop"
+    # How model workers start: "zygote" (forked from one warm process that has
+    # imported numpy, pyzmq and the worker's code, so idle models share those
+    # pages) or "exec" (a fresh interpreter each, as every other child).
+    model_start: str = "zygote"
 
 
 @dataclass(frozen=True, slots=True)

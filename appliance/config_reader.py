@@ -185,6 +185,7 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
 
 CUDA_COPIES = ("model_worker", "frontend")
 EVENT_LOOPS = ("uvloop", "asyncio")
+MODEL_STARTS = ("zygote", "exec")
 
 
 def _check(config: ApplianceConfig, reader: Reader) -> None:
@@ -224,17 +225,26 @@ def _check(config: ApplianceConfig, reader: Reader) -> None:
         if not 0 <= port <= 65535:
             reader.fail(port_key, f"expected a port 0..65535, got {port}")
     _check_http(config.http, reader)
-    if config.server.log_level.lower() not in ("debug", "info", "warning", "error"):
+    _check_server(config.server, reader)
+
+
+def _check_server(server: ServerConfig, reader: Reader) -> None:
+    if server.log_level.lower() not in ("debug", "info", "warning", "error"):
         reader.fail("server.log_level", "expected one of debug, info, warning, error")
-    if config.server.event_loop not in EVENT_LOOPS:
+    if server.event_loop not in EVENT_LOOPS:
         reader.fail(
             "server.event_loop",
-            f'expected "uvloop" or "asyncio", got {config.server.event_loop!r}',
+            f'expected "uvloop" or "asyncio", got {server.event_loop!r}',
         )
-    if config.server.access_log not in (True, False, "text", "json"):
+    if server.model_start not in MODEL_STARTS:
+        reader.fail(
+            "server.model_start",
+            f'expected "zygote" or "exec", got {server.model_start!r}',
+        )
+    if server.access_log not in (True, False, "text", "json"):
         reader.fail(
             "server.access_log",
-            f'expected true, false, "text" or "json", got {config.server.access_log!r}',
+            f'expected true, false, "text" or "json", got {server.access_log!r}',
         )
 
 

@@ -97,6 +97,7 @@ class Role(enum.IntEnum):
     GRPC = 4
     MIP = 5
     CLIENT = 6
+    ZYGOTE = 7
 
 
 class Counter(enum.IntEnum):

@@ -1,9 +1,12 @@
 """The master's children: what to start (ChildSpec) and what is running (Child).
 
 Every child is a fresh interpreter (``python -m appliance child <role> ...``):
-gRPC does not survive fork, and a ZeroMQ context must not cross one. Each
-runs in its own session so a terminal's Ctrl-C reaches only the master.
-The master learns of a child's exit through a pidfd in its selector.
+gRPC does not survive fork, and a ZeroMQ context must not cross one. Model
+workers are the exception: by default the zygote forks them, before any of
+that exists (see appliance/zygote.py and master/zygote.py), with the same
+arguments. Each child runs in its own session so a terminal's Ctrl-C reaches
+only the master. The master learns of a child's exit through a pidfd in its
+selector.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from appliance.core.status import Role, SlotState, StatusTable
 from appliance.core.tree import Tree
@@ -48,12 +53,28 @@ class ChildSpec:
         return self.status_role is Role.MODEL
 
 
+class Process(Protocol):
+    """What the master uses of a child process: subprocess.Popen's part, or a forked worker's."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+# Starts a model worker from ``appliance child`` arguments another way than a
+# fresh exec; None when it cannot now.
+Fork = Callable[[list[str]], Process | None]
+
+
 class Child:
     """A child process and its restart bookkeeping."""
 
     def __init__(self, spec: ChildSpec) -> None:
         self.spec = spec
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Process | None = None
         self.pidfd: int | None = None
         self.generation = 0
         self.restarts = 0
@@ -75,17 +96,17 @@ class Child:
     def running(self) -> bool:
         return self.proc is not None
 
-    def spawn(self, tree: Tree, status: StatusTable) -> int:
-        """Start the process; return the pidfd to watch for its exit."""
+    def spawn(self, tree: Tree, status: StatusTable, fork: Fork | None = None) -> int:
+        """Start the process; return the pidfd to watch for its exit.
+
+        ``fork`` starts a model worker (from the zygote); without one, or
+        when it cannot, the worker starts with a fresh exec.
+        """
         spec = self.spec
         self.generation = status.assign(spec.slot, spec.status_role, spec.model, spec.instance)
         # A model that failed to load will most likely fail again: no one waits for it.
         status.set_restart_at(spec.slot, 0.0 if self.load_failed else time.monotonic())
-        argv = [
-            sys.executable,
-            "-m",
-            "appliance",
-            "child",
+        args = [
             spec.role,
             "--tree-dir",
             str(tree.dir),
@@ -97,17 +118,21 @@ class Child:
             str(self.generation),
             *spec.extra,
         ]
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=child_environment(tree),
-            pass_fds=spec.pass_fds,
-        )
+        proc = fork(args) if fork is not None and spec.is_model else None
+        how = "forked" if proc is not None else "started"
+        if proc is None:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "appliance", "child", *args],
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=child_environment(tree),
+                pass_fds=spec.pass_fds,
+            )
+        self.proc = proc
         self.started_at = time.monotonic()
         self.next_start = None
-        self.pidfd = os.pidfd_open(self.proc.pid)
-        log.info("started %s (pid %d)", spec.title, self.proc.pid)
+        self.pidfd = os.pidfd_open(proc.pid)
+        log.info("%s %s (pid %d)", how, spec.title, proc.pid)
         return self.pidfd
 
     def reap(self, status: StatusTable) -> int:

@@ -32,7 +32,7 @@ from appliance.config_reader import load
 from appliance.core.status import Counter, Role, SlotState, StatusTable
 from appliance.core.tree import Tree, new_tree_id
 from appliance.ctl import ControlError, request
-from appliance.master import commands, report, served, sweep, systemd, watchdog
+from appliance.master import commands, report, served, sweep, systemd, watchdog, zygote
 from appliance.master.children import Child
 from appliance.master.control import ControlServer
 from appliance.master.drain import Drain, Step
@@ -90,6 +90,7 @@ class Supervisor:
         self._request_totals: collections.deque[tuple[float, int]] = collections.deque()
         self.reloads = 0
         self.watchdog = watchdog.Watchdog()
+        self.zygote: zygote.Zygote | None = None
 
     @property
     def status(self) -> StatusTable:
@@ -139,7 +140,9 @@ class Supervisor:
                     self.reloading = None
                     systemd.notify("READY=1", "STATUS=reload done")
         else:
-            self._drain_wake = now + self.drain.advance(self.frontends(), self.models())
+            # The zygote stops with the model workers; nothing restarts while draining.
+            last = [*self.models(), *self.zygotes()]
+            self._drain_wake = now + self.drain.advance(self.frontends(), last)
             if self.drain.step >= Step.STOP_FRONTENDS and self._held is not None:
                 self._held.close()
         if now >= self._housekeeping_at:
@@ -185,7 +188,8 @@ class Supervisor:
         self.write_layout()
         self._install_signals()
         self._control = ControlServer(tree.control_path, commands.handlers(self), self.selector)
-        self.children = [Child(spec) for spec in self.plan.specs]
+        self.zygote = zygote.Zygote.for_config(self.config, self.allocate_slot, self.status)
+        self.children = [*self.zygotes(), *(Child(spec) for spec in self.plan.specs)]
         log.info(
             "starting tree %s: %d models on %s, HTTP %d, gRPC %d, MIP %s (%s)",
             tree.id,
@@ -196,7 +200,10 @@ class Supervisor:
             ", ".join(f"{port} -> {model}" for port, model in held.mip_listeners),
             "online" if self.status.online else "offline",
         )
-        for child in self.children:
+        # Frontends import while the zygote does; model workers wait for it.
+        for child in sorted(self.children, key=lambda c: c.spec.is_model):
+            if child.spec.is_model:
+                self.zygote.wait_ready()
             self._spawn(child)
         self._write_state()
 
@@ -258,6 +265,8 @@ class Supervisor:
                 child.send(signal.SIGKILL)
                 assert child.proc is not None
                 child.proc.wait()
+        if self.zygote is not None:
+            self.zygote.close()
         if self._control is not None:
             self._control.close()
         if self._status is not None:
@@ -278,7 +287,7 @@ class Supervisor:
     # -- children -------------------------------------------------------------
 
     def _spawn(self, child: Child) -> None:
-        pidfd = child.spawn(self.tree, self.status)
+        pidfd = child.spawn(self.tree, self.status, self.zygote.fork if self.zygote else None)
         self.selector.register(pidfd, selectors.EVENT_READ, lambda: self._on_exit(child))
 
     def _on_exit(self, child: Child) -> None:
@@ -398,6 +407,9 @@ class Supervisor:
 
     def models(self) -> list[Child]:
         return [c for c in self.children if c.spec.is_model]
+
+    def zygotes(self) -> list[Child]:
+        return self.zygote.children if self.zygote is not None else []
 
     def http_worker_pids(self) -> list[int]:
         first, count = self.plan.http_worker_slots
@@ -571,6 +583,7 @@ class Supervisor:
         self.status.beat_master()
         pids = self.sample_stats()
         sweep.sweep_dead_processes(self.tree, set(pids))
+        zygote.reap_orphans(c.pid for c in self.children if c.pid)
 
 
 def _wake_only(_signum: int, _frame: object) -> None:

@@ -17,9 +17,11 @@ import zmq
 
 from appliance import device as devices
 from appliance import logs
-from appliance.config import ConfigError
+from appliance.config import ConfigError, ModelConfig, ShmConfig
 from appliance.config_reader import read_snapshot
-from appliance.core.ring import Ring
+from appliance.core import dtypes
+from appliance.core.metadata import ModelMetadata
+from appliance.core.ring import ALIGN, Ring
 from appliance.core.segment import Segment
 from appliance.core.status import SlotState, StatusTable
 from appliance.core.tree import Tree
@@ -32,6 +34,12 @@ from appliance.worker.sequences import settings_for
 from appliance.worker.server import WorkerServer
 
 log = logging.getLogger("appliance.worker")
+
+# A response ring sized to its model holds this many of the largest batches'
+# outputs at once (more spill into one-off segments, as any reply too large
+# for a ring does), and never less than RING_FLOOR_BYTES.
+RING_BATCHES = 64
+RING_FLOOR_BYTES = 1 << 20
 
 
 def run(
@@ -78,7 +86,7 @@ def run(
     loaded.metadata.write(tree.metadata_path(model))
     status.set_note(slot, "")
 
-    ring_bytes = model_config.response_ring_bytes or config.shm.response_ring_bytes
+    ring_bytes = response_ring_bytes(loaded.metadata, model_config, config.shm)
     ring_name = tree.ring_name(what="out")
     ring = Ring(
         Segment.create(ring_name, ring_bytes),
@@ -111,7 +119,11 @@ def run(
     signal.signal(signal.SIGTERM, handle_term)
     try:
         socket.bind(tree.model_endpoint(slot, generation))
-        log.info("serving (max_batch_size %d)", loaded.max_batch_size)
+        log.info(
+            "serving (max_batch_size %d, response ring %d KiB)",
+            loaded.max_batch_size,
+            ring.capacity >> 10,
+        )
         server.serve()
     finally:
         status.set_state(slot, SlotState.STOPPING)
@@ -121,3 +133,34 @@ def run(
         ring.close()
     log.info("stopped")
     return ExitCode.OK
+
+
+def response_ring_bytes(metadata: ModelMetadata, model: ModelConfig, shm: ShmConfig) -> int:
+    """The response ring's size: the model's own setting, else what its outputs need.
+
+    Where the declared outputs (and, for a model with derivatives, its inputs,
+    which a gradient mirrors) bound a batch's bytes, the ring holds
+    RING_BATCHES such batches, at least RING_FLOOR_BYTES and at most
+    ``shm.response_ring_bytes``; where they do not (a free dimension, BYTES,
+    no declaration), ``shm.response_ring_bytes``. Most models' outputs are
+    small, and a hundred idle models then need megabytes, not gigabytes.
+    """
+    if model.response_ring_bytes:
+        return model.response_ring_bytes
+    specs = list(metadata.outputs or ())
+    derivatives = ("gradient", "apply_jacobian", "apply_hessian")
+    if any(metadata.supports.get(name) for name in derivatives):
+        specs += metadata.inputs or ()
+    total = 0
+    for spec in specs:
+        # A batch's rows may each be a request of its own, each in its own block.
+        rows, shape = 1, spec.shape
+        if metadata.max_batch_size > 0 and shape and shape[0] == -1:
+            rows, shape = metadata.max_batch_size, shape[1:]
+        size = dtypes.item_size(spec.dtype)
+        if any(dim < 0 for dim in shape) or size == 0:
+            return shm.response_ring_bytes
+        total += rows * -(-dtypes.element_count(shape) * size // ALIGN) * ALIGN
+    if metadata.outputs is None or total == 0:
+        return shm.response_ring_bytes
+    return min(shm.response_ring_bytes, max(RING_FLOOR_BYTES, total * RING_BATCHES))
