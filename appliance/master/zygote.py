@@ -39,7 +39,7 @@ log = logging.getLogger("appliance.master")
 
 _PR_SET_CHILD_SUBREAPER = 36
 # A fork takes a few milliseconds; a zygote this slow is stuck, and is replaced.
-ANSWER_TIMEOUT_S = 5.0
+ANSWER_TIMEOUT_S = 3.0
 # How long the first model workers wait for the zygote's imports at start.
 READY_TIMEOUT_S = 30.0
 
