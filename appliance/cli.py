@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--config", type=Path, help="find the control socket from this config")
     ctl.add_argument("--json", action="store_true", help="print the raw JSON reply")
     ctl.add_argument(
+        "--all", action="store_true", help="status: list every process, however many models"
+    )
+    ctl.add_argument(
         "action", choices=["status", "online", "offline", "reload", "load", "unload", "stop"]
     )
     ctl.add_argument("model", nargs="?", help="load/unload: the model's name")
@@ -100,7 +103,7 @@ def _ctl(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(reply, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif args.action == "status":
-        sys.stdout.write(format_status(reply))
+        sys.stdout.write(format_status(reply, every=args.all))
     else:
         print(_summary(args.action, reply))
     return 0

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 _COLUMNS = ("pid", "role", "model", "state", "restarts", "rss", "cpu", "device")
+# Past this many model processes, ready ones are counted rather than listed:
+# two hundred rows would bury the one that failed.
+SUMMARY_ABOVE = 24
 
 
-def format_status(reply: dict[str, Any]) -> str:
-    """Return a header line and one row per process."""
+def format_status(reply: dict[str, Any], every: bool = False) -> str:
+    """Return a header line and one row per process.
+
+    With more than SUMMARY_ABOVE model processes, and ``every`` False, the
+    ready model processes are counted by state instead of listed; the others
+    (starting, dead, failed) are still listed.
+    """
     online = "online" if reply.get("online") else "offline"
     ready = "ready" if reply.get("ready") else "not ready"
     draining = ", draining" if reply.get("draining") else ""
@@ -21,7 +30,17 @@ def format_status(reply: dict[str, Any]) -> str:
         "",
     ]
     rows = [_COLUMNS]
-    for process in reply.get("processes", []):
+    processes = list(reply.get("processes", []))
+    models = [process for process in processes if process.get("model")]
+    summary = ""
+    if not every and len(models) > SUMMARY_ABOVE:
+        states = Counter(str(process.get("state", "")) for process in models)
+        summary = f"{len(models)} model processes: " + ", ".join(
+            f"{count} {state}" for state, count in states.most_common()
+        )
+        summary += "; the ready ones are not listed (appliance ctl status --all lists them)"
+        processes = [p for p in processes if not p.get("model") or p.get("state") != "ready"]
+    for process in processes:
         rows.append(
             (
                 str(process.get("pid") or "-"),
@@ -37,7 +56,9 @@ def format_status(reply: dict[str, Any]) -> str:
     widths = [max(len(row[index]) for row in rows) for index in range(len(_COLUMNS))]
     for row in rows:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
-    notes = [p for p in reply.get("processes", []) if p.get("note")]
+    if summary:
+        lines += ["", summary]
+    notes = [p for p in processes if p.get("note")]
     for process in notes:
         lines.append(f"{process['role']}: {process['note']}")
     if reply.get("sizing"):
