@@ -45,6 +45,8 @@ footer{margin-top:1.2em;color:#57606a;font-size:.85em}
 SCRIPT = """
 (() => {
   const POLL = POLL_MS, KEEP_MS = 600000, WINDOW_MS = 5000;
+  // Charts draw the busiest models only: two hundred lines would be one smear.
+  const MOST_SERIES = 8;
   const COLORS = ['#0969da', '#cf222e', '#1f883d', '#8250df', '#bf8700', '#1b7c83',
                   '#e16f24', '#6e7781', '#bf3989', '#4d2d00'];
   const $ = (id) => document.getElementById(id);
@@ -157,9 +159,27 @@ SCRIPT = """
     }
   }
 
+  // "200 models: 198 ready, 2 not ready", as html.tally writes it.
+  function tally(noun, states) {
+    const counts = new Map();
+    for (const s of states) counts.set(s, (counts.get(s) || 0) + 1);
+    const ranked = [...counts].sort((a, b) => b[1] - a[1]).map(([s, n]) => `${n} ${s}`);
+    return `${states.length} ${noun}: ` + ranked.join(', ');
+  }
+
+  function busiest(names) {
+    if (names.length <= MOST_SERIES) return names;
+    const load = new Map(names.map((n) => [n, 0]));
+    for (const p of points) {
+      for (const n of names) if (p.models[n]) load.set(n, load.get(n) + p.models[n].rate);
+    }
+    return names.slice().sort((a, b) => load.get(b) - load.get(a)).slice(0, MOST_SERIES);
+  }
+
   function drawCharts(latest) {
-    const names = latest.models.map((m) => m.name);
-    if (latest.traffic.models['(unknown)']) names.push('(unknown)');
+    const all = latest.models.map((m) => m.name);
+    if (latest.traffic.models['(unknown)']) all.push('(unknown)');
+    const names = busiest(all);
     const pick = (fn) => points.map((p) => [p.t, fn(p)]);
     const byModel = (key, none) => names.map((n) => ({
       name: n, values: pick((p) => p.models[n] ? p.models[n][key] : none)}));
@@ -168,6 +188,13 @@ SCRIPT = """
     latency.push({name: 'p99 all', dash: true,
                   values: pick((p) => p.p99 === null ? null : 1000 * p.p99)});
     chart('latency', latency, '');
+    if (names.length < all.length) {
+      for (const key of ['rate', 'latency']) {
+        const note = document.createElement('span');
+        note.textContent = `(the busiest ${names.length} of ${all.length} models)`;
+        $('legend-' + key).append(note);
+      }
+    }
     const protocols = Object.keys(latest.traffic.protocols).sort();
     chart('protocol', protocols.map((n) => ({
       name: n, values: pick((p) => p.protocols[n] || 0)})), '');
@@ -215,6 +242,9 @@ SCRIPT = """
         String(Math.round(calls.ok + calls.fail)), String(Math.round(calls.fail))]);
     }
     for (const name of b.unloaded) row(body, [name, 'unloaded', '-']);
+    const states = b.models.map((m) => m.ready ? 'ready' : 'not ready');
+    $('models-summary').textContent = tally('models',
+                                            [...states, ...b.unloaded.map(() => 'unloaded')]);
     if (b.time_ms > a.time_ms) {
       $('rps').textContent = fixed(span.rps, 1);
       $('eps').textContent = fixed(span.eps, 1);
@@ -234,6 +264,7 @@ SCRIPT = """
         !p.device ? '-' : p.device.startsWith('cuda') && p.device_memory_bytes
           ? p.device + ' (' + fixed(p.device_memory_bytes / 1e6, 1) + ' MB)' : p.device]);
     }
+    $('processes-summary').textContent = tally('processes', latest.processes.map((p) => p.state));
   }
 
   function drawHeader(s) {

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from appliance.ctl_format import format_sizing
+from appliance.ctl_format import SUMMARY_ABOVE, format_sizing
 from appliance.protocols.dashboard.assets import SCRIPT, STYLE
 
 STATE_PATH = "/dashboard/state"
@@ -66,14 +66,44 @@ def render(state: dict[str, Any]) -> str:
             _cards(),
             _charts(),
             "<h2>models</h2>",
-            _table(_MODEL_COLUMNS, "models", _model_rows(state)),
+            _folded(
+                "models",
+                _table(_MODEL_COLUMNS, "models", _model_rows(state)),
+                ["ready" if m["ready"] else "not ready" for m in state["models"]]
+                + ["unloaded"] * len(state["unloaded"]),
+            ),
             "<h2>processes</h2>",
-            _table(_PROCESS_COLUMNS, "processes", [_process_row(p) for p in state["processes"]]),
+            _folded(
+                "processes",
+                _table(
+                    _PROCESS_COLUMNS, "processes", [_process_row(p) for p in state["processes"]]
+                ),
+                [str(p.get("state", "")) for p in state["processes"]],
+            ),
             _sizing(state.get("sizing")),
             "<footer id='updated'>updated when loaded; refreshes every second</footer>",
             f"<script id='initial' type='application/json'>{initial}</script>",
             f"<script>{script}</script></body></html>",
         ]
+    )
+
+
+def tally(noun: str, states: list[str]) -> str:
+    """Return "200 models: 198 ready, 2 not ready" (the script writes the same)."""
+    counts: dict[str, int] = {}
+    for state in states:
+        counts[state] = counts.get(state, 0) + 1
+    ranked = sorted(counts.items(), key=lambda item: -item[1])
+    return f"{len(states)} {noun}: " + ", ".join(f"{count} {state}" for state, count in ranked)
+
+
+def _folded(key: str, table: str, states: list[str]) -> str:
+    """The table of ``key`` (one row per state) under a line that counts its rows
+    by state, folded away when it is long (hundreds of models)."""
+    opened = " open" if len(states) <= SUMMARY_ABOVE else ""
+    return (
+        f"<details id='{key}-box'{opened}><summary id='{key}-summary'>"
+        f"{html.escape(tally(key, states))}</summary>{table}</details>"
     )
 
 
