@@ -174,3 +174,45 @@ class Rendezvous(Model):
             if time.monotonic() > deadline:
                 raise TimeoutError("the other calls never reached a model")
             time.sleep(0.01)
+
+
+# Stand-ins for the three models of the ensemble in Triton's architecture guide
+# (docs/user_guide/architecture.md): an image's bytes -> a 3x224x224 tensor, read
+# by a classifier and a segmenter. Each result is a function of the image's length.
+IMAGE = [-1, 3, 224, 224]
+
+
+class ImagePreprocess(Model):
+    """RAW_IMAGE (bytes) -> PREPROCESSED_OUTPUT, every element the image's length."""
+
+    inputs = [spec("RAW_IMAGE", "BYTES", [-1, 1])]
+    outputs = [spec("PREPROCESSED_OUTPUT", "FP32", IMAGE)]
+    max_batch_size = 1
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        sizes = [len(row[0]) for row in inputs["RAW_IMAGE"]]
+        return {"PREPROCESSED_OUTPUT": np.stack([np.full(IMAGE[1:], n, np.float32) for n in sizes])}
+
+
+class Classification(Model):
+    """FORMATTED_IMAGE -> CLASSIFICATION_OUTPUT: 1000 scores, each the image's mean."""
+
+    inputs = [spec("FORMATTED_IMAGE", "FP32", IMAGE)]
+    outputs = [spec("CLASSIFICATION_OUTPUT", "FP32", [-1, 1000])]
+    max_batch_size = 1
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        image = inputs["FORMATTED_IMAGE"]
+        means = image.reshape(image.shape[0], -1).mean(axis=1, keepdims=True)
+        return {"CLASSIFICATION_OUTPUT": np.repeat(means, 1000, axis=1)}
+
+
+class Segmentation(Model):
+    """FORMATTED_IMAGE -> SEGMENTATION_OUTPUT: the image, doubled."""
+
+    inputs = [spec("FORMATTED_IMAGE", "FP32", IMAGE)]
+    outputs = [spec("SEGMENTATION_OUTPUT", "FP32", IMAGE)]
+    max_batch_size = 1
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        return {"SEGMENTATION_OUTPUT": 2 * inputs["FORMATTED_IMAGE"]}

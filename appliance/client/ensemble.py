@@ -310,8 +310,9 @@ class _Run:
                     waiting.remove(index)
                     started = time.perf_counter()
                     flying.append((index, (yield from self._send(index)), started))
-                index, call, started = flying.popleft()
+                index, call, started = flying[0]
                 yield call
+                flying.popleft()  # not before: a run closed at the yield still owns it
                 self._receive(index, call, started, finals)
             return self._result(finals)
         except BaseException:

@@ -9,12 +9,16 @@ without copying, and give back when done.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -118,16 +122,98 @@ MODELS: list[dict[str, Any]] = [
 ]
 
 
+# The ensemble of Triton's architecture guide (docs/user_guide/architecture.md),
+# as it writes it: one step's output read by two steps. Its three models are
+# stand-ins (tests/models.py) served as [[models]] beside its repository.
+ARCHITECTURE = """
+name: "ensemble_model"
+platform: "ensemble"
+max_batch_size: 1
+input [
+  {
+    name: "IMAGE"
+    data_type: TYPE_STRING
+    dims: [ 1 ]
+  }
+]
+output [
+  {
+    name: "CLASSIFICATION"
+    data_type: TYPE_FP32
+    dims: [ 1000 ]
+  },
+  {
+    name: "SEGMENTATION"
+    data_type: TYPE_FP32
+    dims: [ 3, 224, 224 ]
+  }
+]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "image_preprocess_model"
+      model_version: -1
+      input_map {
+        key: "RAW_IMAGE"
+        value: "IMAGE"
+      }
+      output_map {
+        key: "PREPROCESSED_OUTPUT"
+        value: "preprocessed_image"
+      }
+    },
+    {
+      model_name: "classification_model"
+      model_version: -1
+      input_map {
+        key: "FORMATTED_IMAGE"
+        value: "preprocessed_image"
+      }
+      output_map {
+        key: "CLASSIFICATION_OUTPUT"
+        value: "CLASSIFICATION"
+      }
+    },
+    {
+      model_name: "segmentation_model"
+      model_version: -1
+      input_map {
+        key: "FORMATTED_IMAGE"
+        value: "preprocessed_image"
+      }
+      output_map {
+        key: "SEGMENTATION_OUTPUT"
+        value: "SEGMENTATION"
+      }
+    }
+  ]
+}
+"""
+STAND_INS = [
+    {"name": "image_preprocess_model", "class": "tests.models:ImagePreprocess"},
+    {"name": "classification_model", "class": "tests.models:Classification"},
+    {"name": "segmentation_model", "class": "tests.models:Segmentation"},
+]
+
+
 @pytest.fixture(scope="module")
 def appliance() -> Iterator[Appliance]:
+    run_dir = new_run_dir()
     config = make_config(
-        new_run_dir(),
-        MODELS,
+        run_dir,
+        [*MODELS, *STAND_INS],
         shm={"inline_threshold_bytes": 64},
         mip={"listeners": [{"port": 0, "model": "six"}]},
     )
-    with serving(config) as started:
-        yield started
+    repository = Path(tempfile.mkdtemp(prefix="repo-", dir="/tmp"))
+    (repository / "ensemble_model" / "1").mkdir(parents=True)
+    (repository / "ensemble_model" / "config.pbtxt").write_text(ARCHITECTURE)
+    config["repositories"] = [{"path": str(repository)}]
+    try:
+        with serving(config) as started:
+            yield started
+    finally:
+        shutil.rmtree(repository, ignore_errors=True)
 
 
 @pytest.fixture
@@ -176,6 +262,26 @@ def test_a_dag_runs_two_consumers_of_one_tensor_and_a_step_with_two_producers(
         assert np.array_equal(result.array("DIFF"), np.zeros_like(x))
     with client.infer("dag", {"X": x[:2]}, outputs=["DIFF"]) as result:
         assert list(result.outputs) == ["DIFF"]
+    assert eventually(lambda: all_given_back(client), 5.0)
+
+
+def test_tritons_architecture_guide_ensemble_serves_as_triton_writes_it(
+    appliance: Appliance, client: ModelClient
+) -> None:
+    image = np.array([[b"\x89PNG" + bytes(60)]], dtype=object)  # 64 bytes
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    try:
+        raw = grpcclient.InferInput("IMAGE", [1, 1], "BYTES")
+        raw.set_data_from_numpy(image)
+        answer = grpc.infer("ensemble_model", [raw])
+        config = grpc.get_model_config("ensemble_model", as_json=True)["config"]
+    finally:
+        grpc.close()
+    assert answer.as_numpy("CLASSIFICATION").shape == (1, 1000)
+    assert np.all(answer.as_numpy("CLASSIFICATION") == 64)
+    assert np.all(answer.as_numpy("SEGMENTATION") == 128)
+    assert answer.as_numpy("SEGMENTATION").shape == (1, 3, 224, 224)
+    assert len(config["ensemble_scheduling"]["step"]) == 3
     assert eventually(lambda: all_given_back(client), 5.0)
 
 
