@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import callers  # noqa: E402
-from bench.bench_peers import appliance_endpoints  # noqa: E402
 from bench.loadgen import ClientPool, ProcessTree, write_results  # noqa: E402
 from bench.plan import (  # noqa: E402
     APPLIANCE,
@@ -50,6 +49,17 @@ from tests.system.harness import running  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 MiB = 1 << 20
 VARIANTS = ("before", "after")
+
+
+def appliance_endpoints(appliance: Any) -> dict[str, Any]:
+    """Where bench_peers' callers reach an appliance (as bench_peers.py has it)."""
+    ports = appliance.ports
+    return {
+        "grpc": f"127.0.0.1:{ports['grpc']}",
+        "http": f"127.0.0.1:{ports['http']}",
+        "mip": {x["model"]: int(x["port"]) for x in appliance.state["mip_listeners"]},
+        "run_dir": str(appliance.run_dir),
+    }
 
 
 def variant_setup(variant: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
