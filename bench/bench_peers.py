@@ -333,9 +333,10 @@ def batching(
 
 def event_loops(pool: ClientPool, args: argparse.Namespace, record: dict[str, Any]) -> None:
     """server.event_loop A/B: the appliance on uvloop and on asyncio's loop, back to back
-    (the order alternating between repeats), at 16 B over HTTP, gRPC and MIP."""
+    (the order alternating between repeats, two at least: A B B A), at 16 B over HTTP,
+    gRPC and MIP."""
     models = appliance_models(umbridge=False)
-    for repeat in range(args.repeats):
+    for repeat in range(max(2, args.repeats)):
         kinds = EVENT_LOOPS if repeat % 2 == 0 else EVENT_LOOPS[::-1]
         for kind in kinds:
             sections = appliance_sections()

@@ -40,9 +40,10 @@ from gunicorn.app.base import BaseApplication
 
 from appliance import logs
 from appliance.client.api import ModelClient
-from appliance.client.inflight import InferResult, Outbox, TensorLike, _tensor
+from appliance.client.inflight import InferResult, Outbox, TensorLike
 from appliance.config import ApplianceConfig
 from appliance.config_reader import read_snapshot
+from appliance.core.tensor import Tensor
 from appliance.core.tree import Tree
 from appliance.frontends import auth, http
 from appliance.frontends.observe import HttpObserver
@@ -137,10 +138,15 @@ class InPlaceClient(ModelClient):
     ) -> Any:
         meta = self.metadata(body["model"])
         outputs = {
-            out.name: _tensor(out.name, inputs[given.name])
+            out.name: _as_tensor(inputs[given.name])
             for given, out in zip(meta.inputs, meta.outputs, strict=True)
         }
         yield InferResult(outputs, None)
+
+
+def _as_tensor(value: TensorLike) -> Any:
+    """A decoded input as the output it becomes (the codecs here pass arrays or Tensors)."""
+    return value if isinstance(value, Tensor) else Tensor.from_array(value)
 
 
 class Ladder(BaseApplication):  # type: ignore[misc]
