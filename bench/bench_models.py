@@ -308,6 +308,40 @@ def measure_mlserver(models: list[tuple[str, str]], repo: Path) -> dict[str, Any
     return {"ready_s": ready_s, **memory, **calls}
 
 
+# -- a ring's first touch ----------------------------------------------------------
+
+
+def ring_touch(repeats: int = 15) -> list[dict[str, Any]]:
+    """What pre-faulting a response ring costs where: the worker making it, or the
+    frontend's first reply (its attach reads every page, allocating any not yet there)."""
+    from appliance.core.segment import Segment
+
+    rows = []
+    for size in (MiB, 32 * MiB):
+        for prefault in (True, False):
+            made, attached = [], []
+            for index in range(repeats):
+                name = f"appliance-benchmodels{os.getpid()}-x{index}"
+                began = time.perf_counter()
+                owner = Segment.create(name, size, prefault=prefault)
+                made.append(time.perf_counter() - began)
+                began = time.perf_counter()
+                reader = Segment.attach(name)
+                attached.append(time.perf_counter() - began)
+                reader.close()
+                owner.close()
+                owner.unlink()
+            rows.append(
+                {
+                    "ring_mib": size // MiB,
+                    "prefault": prefault,
+                    "create_ms": statistics.median(made) * 1e3,
+                    "first_attach_ms": statistics.median(attached) * 1e3,
+                }
+            )
+    return rows
+
+
 # -- the run ---------------------------------------------------------------------
 
 
@@ -397,6 +431,20 @@ def table(summaries: dict[str, dict[str, dict[str, Any]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def touch_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| response ring | pre-faulted by the worker | making it ms "
+        "| a frontend's first attach ms |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['ring_mib']} MiB | {'yes' if row['prefault'] else 'no'} | "
+            f"{row['create_ms']:.2f} | {row['first_attach_ms']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 and 10 models, one round")
@@ -414,6 +462,10 @@ def main() -> int:
     record: dict[str, Any] = {"args": vars(args), "runs": runs, "cut_short": False}
     signal.signal(signal.SIGTERM, _interrupt)
     began = time.monotonic()
+    quiet(wait_s)
+    record["ring_touch"] = ring_touch()
+    for row in record["ring_touch"]:
+        log(f"ring touch: {row}")
     with tempfile.TemporaryDirectory(prefix="bench-models-repo-") as repo_dir:
         repo = Path(repo_dir)
         repository(point_models("mixed"), repo)
@@ -435,7 +487,7 @@ def main() -> int:
     record["elapsed_s"] = time.monotonic() - began
     name = "models-quick" if args.quick else "models"
     write_results(RESULTS / f"{name}.json", **record)
-    text = table(summaries)
+    text = table(summaries) + "\n" + touch_table(record["ring_touch"])
     (RESULTS / f"{name}.md").write_text(text)
     print(text)
     return 0
