@@ -1,9 +1,10 @@
 """GET /metrics: Prometheus text for the whole tree, from any HTTP worker.
 
 Counters and histograms come from every process's multiprocess files (see
-``appliance/metrics.py``). Gauges are read at scrape time: readiness, queue
-depths and ring occupancy from the status table, and restarts, RSS and CPU
-of every process from the master (one control-socket call per scrape).
+``appliance/metrics.py``), merged by ``appliance/metric_files.py``. Gauges are read at
+scrape time: readiness, queue depths and ring occupancy from the status
+table, and restarts, RSS and CPU of every process from the master (one
+control-socket call per scrape).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from typing import Any
 import falcon
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from appliance.client.api import ModelClient
 from appliance.core.status import Role, SlotState
+from appliance.metric_files import MetricFiles
 from appliance.protocols.web import blocking
 
 
@@ -116,13 +117,17 @@ class MetricsResource:
 
     def __init__(self, client: ModelClient) -> None:
         self.client = client
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        self.files = MetricFiles(directory) if directory else None
 
     @blocking  # reads every process's metrics files, and asks the master
     def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         registry = CollectorRegistry()
-        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-        if directory:
-            MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+        counted = b""
+        if self.files is not None:
+            counted, others = self.files.text()
+            if others is not None:
+                registry.register(others)
         registry.register(TreeCollector(self.client))
         resp.content_type = CONTENT_TYPE_LATEST
-        resp.data = generate_latest(registry)
+        resp.data = counted + generate_latest(registry)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY
-from prometheus_client.multiprocess import MultiProcessCollector
+
+from appliance.metric_files import MetricFiles
 
 # A call whose model is unknown is recorded with an empty model label.
 UNKNOWN_MODEL = "(unknown)"
@@ -27,6 +27,7 @@ _REQUESTS = "appliance_model_requests_total"
 _BUCKET = "appliance_model_request_duration_seconds_bucket"
 _SUM = "appliance_model_request_duration_seconds_sum"
 _COUNT = "appliance_model_request_duration_seconds_count"
+_files: MetricFiles | None = None
 
 
 def read() -> dict[str, Any]:
@@ -75,16 +76,16 @@ def _entry(models: dict[str, dict[str, Any]], model: str) -> dict[str, Any]:
 
 def _samples() -> Iterable[tuple[str, dict[str, str], float]]:
     """Yield (sample name, labels, value) of the two model-call families."""
+    global _files
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
-        # PERF: only counters and histograms; gauges are not needed here.
-        files = [str(path) for path in Path(directory).glob("counter_*.db")]
-        files += [str(path) for path in Path(directory).glob("histogram_*.db")]
-        metrics: Iterable[Any] = MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
-    else:
-        # A process outside an appliance tree records in memory only.
-        metrics = REGISTRY.collect()
-    for metric in metrics:
+        # PERF: kept between reads, so the files of idle models are not parsed again.
+        if _files is None or str(_files.directory) != directory:
+            _files = MetricFiles(directory)
+        yield from _files.samples(_FAMILIES)
+        return
+    # A process outside an appliance tree records in memory only.
+    for metric in REGISTRY.collect():
         if metric.name in _FAMILIES:
             for sample in metric.samples:
                 yield sample.name, sample.labels, sample.value
