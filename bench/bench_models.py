@@ -42,6 +42,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -56,6 +57,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from appliance.config_reader import load  # noqa: E402
 from bench import servers  # noqa: E402
 from bench.loadgen import write_results  # noqa: E402
 from tests.system.harness import Appliance, make_config, new_run_dir, start  # noqa: E402
@@ -67,6 +69,8 @@ QUIET_WAIT_S = 600.0
 # After ready, before memory is read: the last workers finish their start.
 IDLE_S = 3.0
 COLD_SAMPLES = 5
+# From this many models, a run also measures what reading the host's state costs.
+LARGE = 200
 WARM_CALLS = 20
 READY_TIMEOUT_S = 900.0
 VARIANTS = ("before", "exec", "zygote", "mlserver")
@@ -249,8 +253,68 @@ def measure_appliance(variant: str, models: list[tuple[str, str]], repo: Path) -
         workers = {int(row["pid"]) for row in rows if row["model"] and row["pid"]}
         forked = appliance.log().count("forked model[")
         memory = tree_memory(appliance.process.pid, f"appliance-{appliance.tree}-", workers)
-        calls = latencies(f"http://127.0.0.1:{appliance.ports['http']}", models)
-    return {"ready_s": ready_s, "forked": forked, **memory, **calls}
+        base = f"http://127.0.0.1:{appliance.ports['http']}"
+        calls = latencies(base, models)
+        large = large_config(appliance, base, models) if len(models) >= LARGE else {}
+    return {"ready_s": ready_s, "forked": forked, **memory, **calls, **large}
+
+
+def large_config(appliance: Appliance, base: str, models: list[tuple[str, str]]) -> dict[str, Any]:
+    """What reading the state of a host with many models costs, once each model was called
+    over KServe REST: /metrics (the first scrape of a worker, then later ones), the
+    dashboard's state, ``ctl status`` (its reply, and the text), and a scan of a model
+    repository of as many directories."""
+    with requests.Session() as session:
+        for name, kind in models:
+            if kind == "simple":
+                call(session, base, name, SIMPLE_BODY)
+        time.sleep(2.5)  # the workers publish their counters
+        scrapes = []
+        for _ in range(6):
+            began = time.perf_counter()
+            reply = session.get(f"{base}/metrics", timeout=60)
+            scrapes.append((time.perf_counter() - began) * 1000)
+        size = len(reply.content)
+        dashboard = []
+        for _ in range(5):
+            began = time.perf_counter()
+            session.get(f"{base}/dashboard/state", timeout=60).raise_for_status()
+            dashboard.append((time.perf_counter() - began) * 1000)
+    replies = []
+    for _ in range(5):
+        began = time.perf_counter()
+        appliance.ctl("status")
+        replies.append((time.perf_counter() - began) * 1000)
+    began = time.perf_counter()
+    text = subprocess.run(
+        [sys.executable, "-m", "appliance", "ctl", "--socket", str(appliance.control), "status"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    ctl_ms = (time.perf_counter() - began) * 1000
+    with tempfile.TemporaryDirectory(prefix="bench-models-scan-") as where:
+        for index in range(len(models)):
+            shutil.copytree(REPOSITORY / "digits_onnx", Path(where, f"d{index}"))
+        config = Path(where, "config.toml")
+        config.write_text(f'[[repositories]]\npath = "{where}"\n')
+        scans = []
+        for _ in range(5):
+            began = time.perf_counter()
+            scanned = load(config)
+            scans.append((time.perf_counter() - began) * 1000)
+    assert len(scanned.models) == len(models)
+    return {
+        "metrics_first_ms": scrapes[0],
+        "metrics_ms": statistics.median(scrapes[1:]),
+        "metrics_bytes": size,
+        "dashboard_state_ms": statistics.median(dashboard),
+        "ctl_status_reply_ms": statistics.median(replies),
+        "ctl_status_command_ms": ctl_ms,
+        "ctl_status_lines": len(text.splitlines()),
+        "repository_scan_ms": statistics.median(scans),
+    }
 
 
 # -- MLServer --------------------------------------------------------------------
@@ -385,7 +449,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if not done:
         return {"skipped": (runs[0] if runs else {}).get("skipped", "no run")}
     keys = ("ready_s", "processes_mib", "shm_mib", "all_mib", "worker_uss_mib")
-    keys += ("worker_pss_mib", "warm_ms", "load")
+    keys += ("worker_pss_mib", "warm_ms", "load", "metrics_first_ms", "metrics_ms")
+    keys += ("metrics_bytes", "dashboard_state_ms", "ctl_status_reply_ms")
+    keys += ("ctl_status_command_ms", "ctl_status_lines", "repository_scan_ms")
     summary: dict[str, Any] = {"rounds": len(done)}
     for key in keys:
         values = [run[key] for run in done if run.get(key) is not None]
@@ -428,6 +494,34 @@ def table(summaries: dict[str, dict[str, dict[str, Any]]]) -> str:
                 f"{'-' if per is None else f'{per:.1f}'} | {worker} | {row['shm_mib']:.0f} | "
                 f"{cold} | {row['warm_ms']:.2f} |"
             )
+    return "\n".join(lines) + "\n"
+
+
+def large_table(summaries: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """What reading the state of a host with LARGE models costs, per variant that ran it."""
+    names = {
+        "metrics_first_ms": "/metrics, a worker's first scrape, ms",
+        "metrics_ms": "/metrics, later scrapes, ms",
+        "metrics_bytes": "/metrics, bytes",
+        "dashboard_state_ms": "dashboard state, ms",
+        "ctl_status_reply_ms": "ctl status reply, ms",
+        "ctl_status_command_ms": "`appliance ctl status` command, ms",
+        "ctl_status_lines": "`appliance ctl status` lines",
+        "repository_scan_ms": f"scan of a repository of {LARGE} directories, ms",
+    }
+    found = [
+        (point, variant, row)
+        for point, by_variant in summaries.items()
+        for variant, row in by_variant.items()
+        if row.get("metrics_ms") is not None
+    ]
+    if not found:
+        return ""
+    head = " | ".join(f"{point} {variant}" for point, variant, _row in found)
+    lines = [f"| with {LARGE} models | {head} |", "|---|" + "---|" * len(found)]
+    for key, label in names.items():
+        cells = " | ".join(f"{row[key]:,.0f}" for _point, _variant, row in found)
+        lines.append(f"| {label} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
@@ -488,6 +582,7 @@ def main() -> int:
     name = "models-quick" if args.quick else "models"
     write_results(RESULTS / f"{name}.json", **record)
     text = table(summaries) + "\n" + touch_table(record["ring_touch"])
+    text += "\n" + large_table(summaries)
     (RESULTS / f"{name}.md").write_text(text)
     print(text)
     return 0
