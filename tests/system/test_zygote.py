@@ -119,6 +119,10 @@ def test_model_workers_are_the_masters_children_and_forked_ones_share_pages(mode
             assert parent_of(rows[role]["pid"]) == master
         verb = "forked" if mode == "zygote" else "started"
         assert f"{verb} model[simple#0] (pid {rows['model[simple#0]']['pid']})" in appliance.log()
+        worker = rows["model[simple#0]"]["pid"]
+        # systemd counts it in the service's cgroup, as any child.
+        cgroup = Path(f"/proc/{master}/cgroup").read_text()
+        assert Path(f"/proc/{worker}/cgroup").read_text() == cgroup
         if mode == "zygote":
             zygote = rows["zygote"]
             assert zygote["state"] == "ready"
@@ -130,6 +134,12 @@ def test_model_workers_are_the_masters_children_and_forked_ones_share_pages(mode
         a = np.arange(16, dtype=np.int32).reshape(1, 16)
         with client.infer("simple", {"INPUT0": a, "INPUT1": a}) as result:
             assert result.array("OUTPUT0").tolist() == (2 * a).tolist()
+        # Its metrics go to files of its own pid (prometheus_client sees the fork),
+        # none to the zygote's.
+        metrics = appliance.run_dir / appliance.tree / "metrics"
+        assert eventually(lambda: any(metrics.glob(f"*_{worker}.db")), 10.0)
+        if mode == "zygote":
+            assert not list(metrics.glob(f"*_{rows['zygote']['pid']}.db"))
 
 
 def test_a_stuck_zygote_is_replaced_and_workers_exec_meanwhile() -> None:
