@@ -545,11 +545,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, help="rounds of every point (3; quick 1)")
     parser.add_argument("--points", help=f"comma-separated, of {','.join(POINTS)}")
     parser.add_argument("--variants", help=f"comma-separated, of {','.join(VARIANTS)}")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        help=f"the longest wait per run for a quiet host, s ({QUIET_WAIT_S:.0f}; quick 0)",
+    )
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
     points = args.points.split(",") if args.points else (["1", "10"] if args.quick else POINTS)
     variants = args.variants.split(",") if args.variants else list(VARIANTS)
-    wait_s = 0.0 if args.quick else QUIET_WAIT_S
+    wait_s = (
+        args.quiet_wait if args.quiet_wait is not None else (0.0 if args.quick else QUIET_WAIT_S)
+    )
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         point: {variant: [] for variant in variants} for point in points
     }
