@@ -10,9 +10,10 @@ its kills leaves the port with no process at all until gunicorn forks the
 next; gRPC and MIP run four, and each kill takes the one whose slot was
 killed longest ago (a slot killed again soon restarts after a backoff).
 
-One killer thread per transport SIGKILLs a ready process of its kind, waits
-until the master (or gunicorn's arbiter) has a replacement serving, and goes
-on, twenty times. Meanwhile several threads per protocol call ``faulty``
+One killer thread per transport SIGKILLs ready processes of its kind, twenty
+in all: HTTP's worker each time once its replacement serves; gRPC's and
+MIP's with up to two awaiting their replacement by the master, so that two
+of four always serve. Meanwhile several threads per protocol call ``faulty``
 (y = 2x) with stock clients that reconnect after an error: a call may fail
 only while a process of its own transport was being killed and replaced,
 at most one call per client thread and kill (the one in flight on the
@@ -45,6 +46,10 @@ WAIT_S = 30.0
 # call, a pace (and a busy host's scheduling delay) after the kill.
 NOTICE_S = 2.0
 PROCESSES = 4
+# Kills of a transport awaiting their replacement at once: half the gRPC and
+# MIP processes keep serving; HTTP's one worker is killed again only once its
+# replacement serves.
+AT_ONCE = {"http": 1, "grpc": PROCESSES // 2, "mip": PROCESSES // 2}
 # Which protocols ride each transport's port, and the process to kill there.
 VICTIMS = {
     "http": ("http worker", (traffic.KserveRest, traffic.UmBridge)),
@@ -137,44 +142,61 @@ class Kill:
 
 
 class Killer(threading.Thread):
-    """SIGKILL a ready process of one role KILLS times, each once the last is replaced."""
+    """SIGKILL ready processes of one role KILLS times, ``at_once`` at most awaiting replacement."""
 
-    def __init__(self, served: Appliance, transport: str, role: str) -> None:
+    def __init__(self, served: Appliance, transport: str, role: str, at_once: int) -> None:
         super().__init__(name=f"killer-{transport}", daemon=True)
         self.served = served
         self.transport = transport
         self.role = role
+        self.at_once = at_once
         self.kills: list[Kill] = []
         self.error = ""
+        self._pending: list[tuple[str, int, float]] = []  # title, pid, when killed
         self._last_killed: dict[str, float] = {}
 
     def run(self) -> None:
         try:
-            for _ in range(KILLS):
-                self._kill_one()
+            while len(self.kills) < KILLS:
+                ready = live(self.served, self.role)
+                self._note_replaced(ready)
+                if len(self.kills) + len(self._pending) < KILLS:
+                    self._maybe_kill(ready)
+                time.sleep(0.05)
         except Exception as ex:
             self.error = f"{self.transport}: {traffic.describe(ex)}"
 
-    def _kill_one(self) -> None:
-        ready = live(self.served, self.role)
-        wanted = len(ready)
+    def _maybe_kill(self, ready: dict[str, int]) -> None:
+        if len(self._pending) >= self.at_once:
+            return
+        doomed = {pid for _title, pid, _at in self._pending}
+        candidates = {title: pid for title, pid in ready.items() if pid not in doomed}
+        if not candidates:
+            return
         # The slot killed longest ago: a slot's restart backs off only while
         # its process keeps dying young.
-        title, pid = min(ready.items(), key=lambda item: self._last_killed.get(item[0], 0.0))
+        title = min(candidates, key=lambda t: self._last_killed.get(t, 0.0))
         at = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
+        os.kill(candidates[title], signal.SIGKILL)
         self._last_killed[title] = at
-        replaced = eventually(lambda: self._replaced(pid, wanted), WAIT_S)
-        assert replaced, f"{self.transport}: {title} not replaced: {self.served.processes()}"
-        self.kills.append(Kill(self.transport, title, pid, at, time.monotonic()))
+        self._pending.append((title, candidates[title], at))
 
-    def _replaced(self, victim: int, wanted: int) -> bool:
-        pids = set(live(self.served, self.role).values())
-        if victim in pids or len(pids) < wanted:
-            return False
+    def _note_replaced(self, ready: dict[str, int]) -> None:
+        now = time.monotonic()
+        for title, pid, at in list(self._pending):
+            if self._replaced(title, pid, ready):
+                self._pending.remove((title, pid, at))
+                self.kills.append(Kill(self.transport, title, pid, at, now))
+            else:
+                assert now - at < WAIT_S, f"{title} not replaced: {self.served.processes()}"
+
+    def _replaced(self, title: str, victim: int, ready: dict[str, int]) -> bool:
+        if self.transport != "http":
+            return ready.get(title) not in (None, victim)
         # gunicorn lists a worker as soon as it forks it; with one worker,
         # an answered request shows the new one serves.
-        return self.transport != "http" or _http_answers(self.served.ports["http"])
+        others = set(ready.values()) - {victim}
+        return bool(others) and _http_answers(self.served.ports["http"])
 
 
 def live(served: Appliance, role: str) -> dict[str, int]:
@@ -261,7 +283,10 @@ def test_killing_frontends_resets_and_refuses_no_connection_and_fails_only_their
     callers = [c for _, kinds in VICTIMS.values() for c in kinds]
     loops = traffic.start_loops(ep, PACE_S, callers * THREADS)
     prober = Prober({name: ports[name] for name in VICTIMS})
-    killers = [Killer(served, transport, role) for transport, (role, _) in VICTIMS.items()]
+    killers = [
+        Killer(served, transport, role, AT_ONCE[transport])
+        for transport, (role, _) in VICTIMS.items()
+    ]
     started = time.monotonic()
     try:
         assert eventually(lambda: traffic.all_succeeded_since(loops, 0.0), WAIT_S)
