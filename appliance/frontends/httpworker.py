@@ -4,8 +4,9 @@ gunicorn stays the process manager (its arbiter holds the master's listening
 socket, forks the workers and replaces dead ones); each worker is one uvloop
 loop (``server.event_loop``) running uvicorn's HTTP/1.1 protocol on the
 httptools (llhttp) parser.
-It costs about 0.4x of gunicorn's own ASGI worker per new connection and
-0.6x per keep-alive request (bench/profiles/README.md, "The HTTP stack"). A
+Against gunicorn's own ASGI worker it costs about half the server CPU per
+new connection and up to a third less per keep-alive request
+(bench/profiles/README.md, "The HTTP stack"). A
 request waiting on a model holds no thread, and a slow client holds only its
 connection. What the appliance adds to uvicorn's worker:
 
