@@ -3,12 +3,11 @@
 gunicorn stays the process manager (its arbiter holds the master's listening
 socket, forks the workers and replaces dead ones); each worker is one uvloop
 loop (``server.event_loop``) running uvicorn's HTTP/1.1 protocol on the
-httptools (llhttp) parser.
-Against gunicorn's own ASGI worker it costs about half the server CPU per
-new connection and up to a third less per keep-alive request
-(bench/profiles/README.md, "The HTTP stack"). A
-request waiting on a model holds no thread, and a slow client holds only its
-connection. What the appliance adds to uvicorn's worker:
+httptools (llhttp) parser. Against gunicorn's own ASGI worker it costs about
+half the server CPU per new connection and up to a third less per keep-alive
+request (bench/profiles/README.md, "The HTTP stack"). A request waiting on a
+model holds no thread, and a slow client holds only its connection. What the
+appliance adds to uvicorn's worker:
 
 - A request's headers, and a body up to ``BODY_DEADLINE_BYTES`` declared by
   Content-Length, must arrive within ``http.read_timeout_s`` of the
