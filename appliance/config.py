@@ -127,6 +127,32 @@ class ShmConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TracesConfig:
+    """Request traces (appliance/tracing.py): where spans go, and the starting settings.
+
+    ``level``, ``rate`` and ``max_traces`` are Triton's trace_level,
+    trace_rate and trace_count (0: unlimited); the trace extension's API
+    changes them at run time.
+    """
+
+    level: str = "OFF"
+    rate: int = 1000
+    max_traces: int = 0
+    # OTLP/HTTP traces endpoint; "" uses OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or the default.
+    url: str = ""
+    # Spans go out in batches this often.
+    export_ms: int = 1000
+
+    def initial(self) -> dict[str, Any]:
+        """These values as Triton's trace settings."""
+        return {
+            "trace_level": [self.level.upper()],
+            "trace_rate": str(self.rate),
+            "trace_count": str(self.max_traces or -1),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class TlsConfig:
     """TLS for HTTP and gRPC: PEM files, absolute once read ("" = plain TCP)."""
 
@@ -266,6 +292,7 @@ class ApplianceConfig:
     repositories: tuple[RepositoryConfig, ...] = ()
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
+    traces: TracesConfig = TracesConfig()
     # Ensembles, from [[models]] tables with steps and from repositories: no
     # process serves one, so they are kept apart from ``models``.
     ensembles: tuple[EnsembleConfig, ...] = ()

@@ -38,10 +38,12 @@ from appliance.config import (
     ServerConfig,
     ShmConfig,
     TlsConfig,
+    TracesConfig,
     read_tokens,
 )
 from appliance.core.sequences import STRATEGIES
 from appliance.repository import RepositoryError
+from appliance.tracing import LEVELS as TRACE_LEVELS
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
 
@@ -139,7 +141,7 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
     """Check a config mapping and build it (see :func:`from_dict`)."""
     # "source" and "auto" are written by the master into its snapshot.
     known = {"server", "http", "grpc", "mip", "shm", "models", "repositories", "source", "auto"}
-    known |= {"tls", "auth"}
+    known |= {"tls", "auth", "traces"}
     Reader(source).no_extra(data, known, "")
     server = data.get("server", {})
     reader = Reader(source, Reader(source).cpus(server))
@@ -176,6 +178,7 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
         repositories=repositories,
         tls=reader.tls(data.get("tls", {})),
         auth=reader.auth(data.get("auth", {})),
+        traces=reader.section(TracesConfig, data.get("traces", {}), "traces"),
         ensembles=served_ensembles,
         auto=(*reader.value("auto", data.get("auto", ()), "tuple[str, ...]"), *reader.auto),
     )
@@ -189,6 +192,10 @@ MODEL_STARTS = ("zygote", "exec")
 
 
 def _check(config: ApplianceConfig, reader: Reader) -> None:
+    if config.traces.level.upper() not in TRACE_LEVELS:
+        reader.fail("traces.level", f"expected one of {', '.join(TRACE_LEVELS)}")
+    if config.traces.rate < 1:
+        reader.fail("traces.rate", "expected a whole number >= 1 (trace every N-th request)")
     names = [model.name for model in config.models]
     names += [ensemble.name for ensemble in config.ensembles]
     for name in names:

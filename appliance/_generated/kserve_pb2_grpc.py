@@ -125,6 +125,11 @@ class GRPCInferenceServiceStub(object):
                 request_serializer=kserve__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
                 response_deserializer=kserve__pb2.CudaSharedMemoryUnregisterResponse.FromString,
                 _registered_method=True)
+        self.TraceSetting = channel.unary_unary(
+                '/inference.GRPCInferenceService/TraceSetting',
+                request_serializer=kserve__pb2.TraceSettingRequest.SerializeToString,
+                response_deserializer=kserve__pb2.TraceSettingResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer(object):
@@ -238,6 +243,12 @@ class GRPCInferenceServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TraceSetting(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -330,6 +341,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.CudaSharedMemoryUnregister,
                     request_deserializer=kserve__pb2.CudaSharedMemoryUnregisterRequest.FromString,
                     response_serializer=kserve__pb2.CudaSharedMemoryUnregisterResponse.SerializeToString,
+            ),
+            'TraceSetting': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceSetting,
+                    request_deserializer=kserve__pb2.TraceSettingRequest.FromString,
+                    response_serializer=kserve__pb2.TraceSettingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -818,6 +834,33 @@ class GRPCInferenceService(object):
             '/inference.GRPCInferenceService/CudaSharedMemoryUnregister',
             kserve__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
             kserve__pb2.CudaSharedMemoryUnregisterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceSetting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/TraceSetting',
+            kserve__pb2.TraceSettingRequest.SerializeToString,
+            kserve__pb2.TraceSettingResponse.FromString,
             options,
             channel_credentials,
             insecure,

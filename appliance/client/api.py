@@ -39,6 +39,7 @@ import numpy.typing as npt
 import orjson
 import zmq
 
+from appliance import tracing
 from appliance.client import control
 from appliance.client.aio import AsyncChannel
 from appliance.client.channel import Channel, Wiring
@@ -301,6 +302,9 @@ class ModelClient:
         # PERF: try/except rather than the _recorded context manager: this is
         # every call's path.
         started = time.perf_counter()
+        traced, traceparent = tracing.start_call(model)
+        if traceparent:
+            body["trace"] = traceparent  # the worker's spans go under this call's
         try:
             target, deadline = yield from self._pick(model, timeout_s, body.get("params"))
             call = self._flight.send(channel, target, deadline, body, inputs)
@@ -308,8 +312,12 @@ class ModelClient:
             result = self._flight.settle(call)
         except ApplianceError as ex:
             record_call(model, ex.code, started)
+            if traced is not None:
+                traced.end(ex.message)
             raise
         record_call(model, ErrorCode.OK, started)
+        if traced is not None:
+            traced.end()
         yield result
 
     def _pick(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance import tracing
 from appliance.client.api import ModelClient
 from appliance.config import ApplianceConfig
 from appliance.config_reader import read_snapshot
@@ -34,6 +35,7 @@ class FrontendContext:
 
     def client(self, publish_slot: int | None) -> ModelClient:
         """Build this process's model client; call only after any fork."""
+        tracing.configure_from(self.tree.dir, self.config.traces)
         return ModelClient(
             self.tree,
             self.config,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import falcon
 import grpc
 
+from appliance import tracing
 from appliance.metrics import MODEL, PROTOCOL, log_access
 from appliance.protocols.grpc_server import Handler
 
@@ -46,6 +47,7 @@ class HttpObserver:
         MODEL.set("")
         req.context.protocol = protocol
         req.context.started = time.perf_counter()
+        tracing.begin_request(protocol, lambda: req.get_header("traceparent"))
 
     async def process_response(
         self, req: falcon.Request, resp: falcon.Response, _resource: object, _ok: bool
@@ -54,6 +56,7 @@ class HttpObserver:
         if started is not None:
             status = str(resp.status).split(" ", 1)[0]
             log_access(req.context.protocol, status, started, f"{req.method} {req.path}")
+            tracing.finish_request(status)
 
 
 # grpc-stubs makes it generic; at run time it is a plain class.
@@ -106,10 +109,18 @@ def _code(context: Context) -> str:
     return str(getattr(code, "name", code))
 
 
-def _begin(protocol: str) -> float:
+def _begin(protocol: str, context: Context) -> float:
     PROTOCOL.set(protocol)
     MODEL.set("")
+    tracing.begin_request(protocol, lambda: _metadata(context, "traceparent"))
     return time.perf_counter()
+
+
+def _metadata(context: Context, key: str) -> str | None:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return str(value)
+    return None
 
 
 def _failed(context: Context) -> str:
@@ -119,7 +130,7 @@ def _failed(context: Context) -> str:
 
 def _unary(behavior: Any, protocol: str, method: str) -> Any:
     async def observed(request: Any, context: Context) -> Any:
-        started = _begin(protocol)
+        started = _begin(protocol, context)
         status = "UNKNOWN"
         try:
             reply = await behavior(request, context)
@@ -130,13 +141,14 @@ def _unary(behavior: Any, protocol: str, method: str) -> Any:
             raise
         finally:
             log_access(protocol, status, started, method)
+            tracing.finish_request(status)
 
     return observed
 
 
 def _streaming(behavior: Any, protocol: str, method: str) -> Any:
     async def observed(request: Any, context: Context) -> AsyncIterator[Any]:
-        started = _begin(protocol)
+        started = _begin(protocol, context)
         status = "UNKNOWN"
         try:
             async for item in behavior(request, context):
@@ -147,5 +159,6 @@ def _streaming(behavior: Any, protocol: str, method: str) -> Any:
             raise
         finally:
             log_access(protocol, status, started, method)
+            tracing.finish_request(status)
 
     return observed

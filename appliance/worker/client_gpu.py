@@ -22,8 +22,14 @@ from typing import Any
 import numpy as np
 
 from appliance import device as devices
-from appliance.core.descriptor import Message
-from appliance.core.device_tensors import CudaPlace, device_array, is_cuda_place, on_device
+from appliance.core.descriptor import Kind, Message
+from appliance.core.device_tensors import (
+    OPEN_REGION,
+    CudaPlace,
+    device_array,
+    is_cuda_place,
+    on_device,
+)
 from appliance.core.dtypes import DType
 from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import Tensor
@@ -92,13 +98,16 @@ class ClientGpu:
         if targets:
             pending.targets = self._targets(targets)
 
-    def open_region(self, message: Message) -> int:
-        """Open the region a registration names; return the bytes it holds from its offset.
+    def open_region(self, message: Message, pid: int) -> Message:
+        """Open the region a registration names; reply with the bytes it holds from its offset.
 
         Raises:
             BadRequest: it does not open.
         """
-        return self.regions.open(_place(message.body.get("region")))
+        held = self.regions.open(_place(message.body.get("region")))
+        entries = [[OPEN_REGION, DType.INT64.value, [1], 0]]
+        payload = held.to_bytes(8, "little", signed=True)
+        return Message(Kind.REPLY, message.request_id, pid, {"tensors": entries}, [payload])
 
     def off_gpu(self, batch: list[Pending], produced: Any) -> Any:
         """Write a lone request's GPU outputs into the client's GPU memory; copy others to host.

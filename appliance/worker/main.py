@@ -16,7 +16,7 @@ from pathlib import Path
 import zmq
 
 from appliance import device as devices
-from appliance import logs
+from appliance import logs, tracing
 from appliance.config import ConfigError, ModelConfig, ShmConfig
 from appliance.config_reader import read_snapshot
 from appliance.core import dtypes
@@ -84,6 +84,7 @@ def run(
             loaded.model, dataclasses.replace(loaded.metadata, sequence=sequences.describe())
         )
     loaded.metadata.write(tree.metadata_path(model))
+    tracing.configure_from(tree.dir, config.traces)
     status.set_note(slot, "")
 
     ring_bytes = response_ring_bytes(loaded.metadata, model_config, config.shm)

@@ -49,6 +49,8 @@ class Pending:
     # there (see cuda_regions.py).
     targets: dict[str, CudaPlace] | None = None
     written: set[str] | None = None
+    # A traced request's parent span and times (see traces.py).
+    trace: Any = None
 
     @property
     def request_id(self) -> int:

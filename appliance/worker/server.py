@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
-import numpy as np
 import zmq
 
 from appliance import device as devices
@@ -55,7 +54,7 @@ from appliance.errors import (
 )
 from appliance.metrics import flush_batches, record_batch
 from appliance.process import pid_alive
-from appliance.worker import methods
+from appliance.worker import methods, traces
 from appliance.worker.batcher import DERIVATIVES, STREAM, batch_inputs, check_request, split_outputs
 from appliance.worker.client_gpu import ClientGpu
 from appliance.worker.cuda_regions import CudaRegions
@@ -284,6 +283,8 @@ class WorkerServer:
             entries = body.get("tensors", [])
             tensors = read_tensors(entries, message.payloads, self.reader)
             pending = check_request(self.metadata, message, tensors)
+            if "trace" in body:
+                traces.accepted(pending)
             if ClientGpu.names_any(message):
                 if self.cuda is None:
                     raise BadRequest("this model worker serves no CUDA shared memory")
@@ -313,16 +314,11 @@ class WorkerServer:
         try:
             if self.cuda is None:
                 raise BadRequest("this model worker serves no CUDA shared memory")
-            held = self.cuda.open_region(message)
+            reply = self.cuda.open_region(message, self.pid)
         except ApplianceError as ex:
             self._fail(message, ex)
             return
-        payloads: list[Any] = []
-        blocks: list[Block] = []
-        size = Tensor.from_array(np.array([held], np.int64))
-        entries = place_tensors({OPEN_REGION: size}, self.ring, 64, payloads, blocks)
-        reply = Message(Kind.REPLY, message.request_id, self.pid, {"tensors": entries}, payloads)
-        self.outbox.send(reply, reply_to(message), blocks)
+        self.outbox.send(reply, reply_to(message), [])
 
     def _admit(self, pending: Pending) -> None:
         """Attach a step to its sequence, or refuse sequence parameters (sequences.py)."""
@@ -396,6 +392,7 @@ class WorkerServer:
     def _predict(self, batch: list[Pending], started: float) -> None:
         self.status.beat(self.slot, busy_since=started)
         begin = time.perf_counter_ns()
+        began_ns = time.time_ns()  # spans are on the wall clock
         try:
             inputs = batch_inputs(batch)
             sequences = self.sequences
@@ -415,6 +412,7 @@ class WorkerServer:
         finally:
             self.status.beat(self.slot)
         compute_ns = time.perf_counter_ns() - begin
+        traces.batch_ran(self.metadata.name, batch, began_ns, began_ns + compute_ns)
         for pending, outputs in zip(batch, results, strict=True):
             if pending.whole is None:
                 self._reply(pending, Kind.REPLY, outputs)
@@ -531,6 +529,8 @@ class WorkerServer:
             body["borrowed"] = list(borrowed)
         message = Message(kind, pending.request_id, self.pid, body, payloads)
         self.outbox.send(message, reply_to(pending.message), blocks)
+        if pending.trace is not None and finished:
+            traces.replied(pending)
         if finished:
             self._done_with(pending)
 

@@ -99,6 +99,7 @@ def test_health_and_metadata(client: grpcclient.InferenceServerClient) -> None:
         "model_configuration",
         "system_shared_memory",
         "model_repository",
+        "trace",
     }
     model = client.get_model_metadata("simple", as_json=True)
     assert model["name"] == "simple"

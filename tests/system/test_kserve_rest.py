@@ -459,9 +459,9 @@ def test_repository_index_and_model_control(client: httpclient.InferenceServerCl
 def test_unserved_endpoints_answer_in_kserve_form(
     client: httpclient.InferenceServerClient, conn: http.client.HTTPConnection
 ) -> None:
-    error = failure(lambda: client.get_trace_settings())
+    error = failure(lambda: client.get_log_settings())
     assert error.status() == "404"
-    assert "GET /v2/trace/setting is not an endpoint" in error.message()
+    assert "GET /v2/logging is not an endpoint" in error.message()
     status, _response, body = call(conn, "GET", "/v2/")
     assert status == 200
     assert orjson.loads(body)["name"] == "triton"

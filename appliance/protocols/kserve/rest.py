@@ -189,6 +189,18 @@ class RepositoryResource(Resource):
         repository.unload(self.client, model)
 
 
+class TraceResource(Resource):
+    """The trace extension: GET and POST /v2[/models/{model}]/trace/setting."""
+
+    @responder
+    def on_get(self, _req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
+        _json(resp, service.trace_settings(self.client, model, None))
+
+    @responder
+    def on_post(self, req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
+        _json(resp, service.trace_settings(self.client, model, self.json_body(req)))
+
+
 class SystemSharedMemoryResource(Resource):
     @responder
     def on_get_status(self, _req: falcon.Request, resp: falcon.Response, name: str = "") -> None:
@@ -271,6 +283,9 @@ def add_routes(app: App, client: ModelClient) -> None:
         app.add_route(base, model)
         for suffix in ("ready", "config", "stats", "infer"):
             app.add_route(f"{base}/{suffix}", model, suffix=suffix)
+    trace = TraceResource(client, regions)
+    app.add_route("/v2/trace/setting", trace)
+    app.add_route("/v2/models/{model}/trace/setting", trace)
     repository = RepositoryResource(client, regions)
     app.add_route("/v2/repository/index", repository, suffix="index")
     app.add_route("/v2/repository/models/{model}/load", repository, suffix="load")

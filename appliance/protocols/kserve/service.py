@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import appliance
+from appliance import tracing
 from appliance.client.api import ModelClient
 from appliance.core import cuda, dtypes
 from appliance.core.client_memory import ClientSpan, ClientTensor
@@ -22,7 +23,7 @@ from appliance.core.dtypes import DType
 from appliance.core.metadata import ModelMetadata
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor, TensorSpec
-from appliance.errors import ApplianceError, BadRequest, ModelNotFound
+from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Unsupported
 from appliance.protocols.kserve.ensemble import ensemble_config
 from appliance.protocols.kserve.inference import (
     InferRequest,
@@ -45,6 +46,7 @@ EXTENSIONS = (
     "model_configuration",
     "system_shared_memory",
     "model_repository",
+    "trace",
 )
 # Advertised only where a CUDA driver is installed (shm.py, cuda.py).
 CUDA_EXTENSION = "cuda_shared_memory"
@@ -54,6 +56,29 @@ _STAT_KEYS = ("compute_input", "compute_output", "cache_hit", "cache_miss")
 def server_metadata() -> dict[str, Any]:
     extensions = [*EXTENSIONS, CUDA_EXTENSION] if cuda.installed() else list(EXTENSIONS)
     return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": extensions}
+
+
+def trace_settings(
+    client: ModelClient, model: str | None, changes: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Read (``changes`` None) or change the trace settings, global or of ``model``.
+
+    A None value in ``changes`` clears the model's own setting (it follows
+    the global one again).
+
+    Raises:
+        ModelNotFound: no such model.
+        BadRequest: an unknown setting or a bad value.
+        Unsupported: this process keeps no trace settings.
+    """
+    settings = tracing.settings()
+    if settings is None:
+        raise Unsupported("this server process keeps no trace settings")
+    if model and model not in client.models():
+        raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+    if changes:
+        return settings.update(model or None, changes)
+    return settings.get(model or None)
 
 
 def served_name(client: ModelClient, model: str, version: str) -> str:

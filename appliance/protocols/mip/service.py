@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 
+from appliance import tracing
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError
 from appliance.metrics import MODEL, PROTOCOL, log_access
@@ -20,6 +21,11 @@ from appliance.protocols.mip.codec import ErrorCode, InferRequest, Kind, MipErro
 from appliance.protocols.mip.errors import from_appliance
 
 log = logging.getLogger("appliance.mip")
+
+
+def _no_context() -> None:
+    """MIP frames carry no trace context: a sampled request starts its own trace."""
+    return None
 
 
 class MipService:
@@ -35,10 +41,12 @@ class MipService:
         # tags: model calls count under "mip" (see appliance/metrics.py).
         PROTOCOL.set("mip")
         MODEL.set(self.model)
+        tracing.begin_request("mip", _no_context)
         started = time.perf_counter()
         reply = await self._answer(payload)
         status = ErrorCode(reply[2]).name if reply[1] == Kind.ERROR else "OK"
         log_access("mip", status, started, "inference")
+        tracing.finish_request(status)
         return reply
 
     async def _answer(self, payload: bytes | bytearray) -> bytes:
