@@ -149,24 +149,19 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
     entries = reader.models(data.get("models", []))
     models = [entry for entry in entries if isinstance(entry, ModelConfig)]
     declared = {f"models[{i}]": e for i, e in enumerate(entries) if isinstance(e, EnsembleConfig)}
-    found: list[EnsembleConfig] = []
+    # SAFETY: a snapshot's ensembles were resolved from the config file; a
+    # step's model since unloaded makes that step not ready, never the
+    # snapshot unreadable (every process that starts reads it).
+    served_ensembles = tuple(declared.values())
     if scan_repositories:
-        for entry in reader.repository_models(repositories):
-            if isinstance(entry, ModelConfig):
-                models.append(entry)
-            else:
-                found.append(entry)
-    if scan_repositories:
+        scanned = reader.repository_models(repositories)
+        models += [entry for entry in scanned if isinstance(entry, ModelConfig)]
+        found = [entry for entry in scanned if isinstance(entry, EnsembleConfig)]
         try:
             served_ensembles, broken = ensembles.resolve_all(models, declared, found)
         except ensembles.EnsembleError as ex:
             reader.fail(ex.where, str(ex))
         models += [reader.model("repositories", entry) for entry in broken]
-    else:
-        # SAFETY: a snapshot's ensembles were resolved from the config file;
-        # a step's model since unloaded makes that step not ready, never the
-        # snapshot unreadable (every process that starts reads it).
-        served_ensembles = tuple(declared.values())
     config = ApplianceConfig(
         source=source,
         server=reader.section(ServerConfig, reader.with_cpus(server), "server"),
