@@ -66,7 +66,10 @@ class RestartWaits:
         try:
             while True:
                 now = time.monotonic()
-                if now >= give_up or not self.router.coming(model, give_up - now):
+                # Ready counts too: an instance can turn ready between the
+                # caller's failed try and this look, and deserves one more.
+                hope = self.router.ready(model) or self.router.coming(model, give_up - now)
+                if now >= give_up or not hope:
                     break
                 yield min(POLL_S, give_up - now)
         finally:
