@@ -36,14 +36,21 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
+    # The address every listener (HTTP, gRPC, MIP) binds; "0.0.0.0" for all.
     host: str = "127.0.0.1"
     run_dir: str = ""
+    # Ready as soon as every model is; false: out of rotation until `appliance ctl online`.
     start_online: bool = True
     grace_s: float = 1.0
     drain_timeout_s: float = 30.0
     stop_timeout_s: float = 10.0
+    # The model a request that names none goes to (GRPS, a MIP listener
+    # without a model, GraphPipe's root URL); "" = none for GRPS and the
+    # first model for MIP.
     default_model: str = ""
+    # debug, info, warning or error, for every process.
     log_level: str = "info"
+    # Directories model workers add to sys.path before importing a model's class.
     python_path: tuple[str, ...] = ()
     spin_wait_us: int = 200
     # True (or "text"): one text line per request; "json": JSON lines; False: none.
@@ -62,6 +69,7 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
+    # KServe REST, GRPS REST, GraphPipe, UM-Bridge, /metrics and the dashboard (0: any free port).
     port: int = 8000
     workers: int = 2
     # Per worker, for the routes that block (see protocols/web.py); requests
@@ -74,7 +82,9 @@ class HttpConfig:
     # within read_timeout_s; each read of a larger body and each write of a
     # response may wait io_timeout_s; an idle connection closes after keepalive_s.
     read_timeout_s: float = 30.0
+    # The longest wait for each read of a larger body and each write of a reply.
     io_timeout_s: float = 60.0
+    # An idle keep-alive connection closes after this many seconds.
     keepalive_s: int = 30
     # KServe REST compresses a response (when the client accepts gzip or
     # deflate) from this size on: a smaller one costs more to compress than it saves.
@@ -85,9 +95,12 @@ class HttpConfig:
 
 @dataclass(frozen=True, slots=True)
 class GrpcConfig:
+    # KServe gRPC and GRPS gRPC (0: any free port).
     port: int = 8001
+    # gRPC processes, all accepting on the port the master holds.
     workers: int = 1
     threads: int = 8
+    # The largest message received or sent; beyond it a call ends RESOURCE_EXHAUSTED.
     max_message_bytes: int = 1 << 30
 
 
@@ -95,7 +108,9 @@ class GrpcConfig:
 class MipListener:
     """One MIP port and the model it serves ("" = server.default_model)."""
 
+    # The TCP port.
     port: int
+    # The model every request on the port goes to ("" = server.default_model).
     model: str = ""
     # With [auth] on, MIP (which cannot carry a token) is refused unless trusted.
     trusted: bool = False
@@ -105,6 +120,7 @@ class MipListener:
 class MipConfig:
     """MIP listeners and the limits each MIP process applies per connection."""
 
+    # MIP processes; each serves every listener.
     workers: int = 1
     listeners: tuple[MipListener, ...] = (MipListener(8002),)
     max_frame_bytes: int = 64 * MiB
@@ -118,6 +134,8 @@ class ShmConfig:
     request_ring_bytes: int = 32 * MiB
     response_ring_bytes: int = 32 * MiB
     inline_threshold_bytes: int = 16 * 1024
+    # A tensor larger than a ring goes into a one-off segment up to this size;
+    # a larger one fails its request with an error that names this key.
     max_tensor_bytes: int = 1 << 30
     spill_limit_bytes: int = 2 << 30
     # Who reads and writes KServe CUDA shared memory: "model_worker" (on its
@@ -137,6 +155,7 @@ class TracesConfig:
 
     level: str = "OFF"
     rate: int = 1000
+    # Traces left to take, per frontend process (0: unlimited).
     max_traces: int = 0
     # OTLP/HTTP traces endpoint; "" uses OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or the default.
     url: str = ""
@@ -157,6 +176,7 @@ class TlsConfig:
     """TLS for HTTP and gRPC: PEM files, absolute once read ("" = plain TCP)."""
 
     cert: str = ""
+    # The private key (PEM); refused when others may read it.
     key: str = ""
 
     @property
@@ -168,6 +188,7 @@ class TlsConfig:
 class AuthConfig:
     """Bearer-token auth on every protocol: a file of tokens ("" = off), absolute once read."""
 
+    # One token a line (# comments); refused when others may read it; re-read when it changes.
     tokens_file: str = ""
 
     @property
@@ -177,15 +198,24 @@ class AuthConfig:
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
+    # The name clients call it by: 1-63 letters, digits, '_', '.' or '-'.
     name: str
+    # "module:Class", a subclass of appliance.model.Model (see server.python_path).
     cls: str
+    # Processes serving it, one instance each ("auto": one per 4 CPUs, 1..16);
+    # requests go to the least loaded.
     instances: int = 1
+    # Rows per batch, overriding the class's (0: no batching); larger requests are split.
     max_batch_size: int | None = None
     # "cpu", "cuda" (instance i on GPU i mod count) or "cuda:N"; see appliance/device.py.
     device: str = "cpu"
+    # An extra wait for a batch to fill (0: natural batching, no wait).
     max_queue_delay_ms: float = 0.0
+    # The instance's response ring (None: sized to the model's declared outputs).
     response_ring_bytes: int | None = None
+    # Outputs that are views of inputs are answered without a copy.
     passthrough: bool = True
+    # Passed to the model's constructor.
     options: Mapping[str, Any] = field(default_factory=dict)
     # Requests an instance holds queued before it answers Overloaded.
     max_queue: int = 1024
@@ -214,8 +244,11 @@ class EnsembleStep:
     each of its output names to the ensemble tensor it becomes.
     """
 
+    # The served model the step calls.
     model: str
+    # The model's input name -> the ensemble tensor it reads.
     input_map: Mapping[str, str]
+    # The model's output name -> the ensemble tensor it makes.
     output_map: Mapping[str, str]
     # The version asked for (-1: the one served); ``model`` is already the
     # served model that answers for it (``<name>.v<N>`` for an older one).
@@ -230,12 +263,19 @@ class EnsembleConfig:
     metadata is known without asking a step. See appliance/client/ensemble.py.
     """
 
+    # The name clients call it by.
     name: str
+    # The ensemble's inputs, each with its whole shape (-1: any size).
     inputs: tuple[Declared, ...]
+    # Its outputs, declared the same way; each is an input or a step's output.
     outputs: tuple[Declared, ...]
+    # The graph's steps, in any order: each runs once its inputs are made.
     steps: tuple[EnsembleStep, ...]
+    # Reported in its model config; above 0, every shape starts with the batch dimension -1.
     max_batch_size: int = 0
+    # Reported in its metadata.
     description: str = ""
+    # The version it reports.
     version: str = "1"
 
     def to_table(self) -> dict[str, Any]:
@@ -273,7 +313,9 @@ class RepositoryConfig:
     model's own config.toml may set another. ``path`` is absolute once read.
     """
 
+    # The directory of model directories (relative: from the config file's directory).
     path: str
+    # "latest", "all" or an array of version numbers; a model's config.toml may override it.
     versions: VersionPolicy = "latest"
     # Leave out models whose runtime's package is not installed, with a warning,
     # instead of serving them as failed (which keeps the host from being ready).
