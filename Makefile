@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?=
 GENERATED := appliance/_generated
 
-.PHONY: help install upgrade run test test-unit test-image lint fmt generate generate-check bench soak fuzz wire-capture clean install-systemd image image-base
+.PHONY: help install upgrade run test test-unit test-image lint fmt generate generate-check docs docs-reference docs-check bench soak fuzz wire-capture clean install-systemd image image-base
 
 # install-systemd: a virtual environment of its own under PREFIX, the unit, and
 # an example config (never overwritten). DESTDIR stages it elsewhere.
@@ -20,7 +20,9 @@ UNITDIR ?= /etc/systemd/system
 help:
 	@echo "make run       serve the demo models (HTTP 8000, gRPC 8001, MIP 8002)"
 	@echo "make test      install, then run the whole test suite"
-	@echo "make lint      ruff format --check, ruff check, mypy, import contracts"
+	@echo "make lint      ruff format --check, ruff check, mypy, import contracts, generated code and docs"
+	@echo "make docs      build the manual (docs/, mkdocs --strict) into build/site"
+	@echo "make docs-reference  regenerate docs/reference/configuration.md from appliance/config.py"
 	@echo "make upgrade   bring the venv's packages to the newest versions pyproject allows"
 	@echo "make bench     run the benchmarks; results in bench/results/"
 	@echo "make soak      10 minutes of load on every protocol; fails if memory, fds or shm grow"
@@ -94,9 +96,10 @@ test-image: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff format --check appliance tests bench tools deploy
 	$(BIN)/ruff check appliance tests bench tools deploy
-	$(BIN)/mypy appliance
+	$(BIN)/mypy appliance tools/config_reference.py
 	$(BIN)/lint-imports --no-cache
 	$(MAKE) --no-print-directory generate-check
+	$(MAKE) --no-print-directory docs-check
 
 fmt: $(STAMP)
 	$(BIN)/ruff format appliance tests bench tools deploy
@@ -107,6 +110,21 @@ generate: $(STAMP)
 
 generate-check: $(STAMP)
 	$(PY) tools/generate.py --check --out $(GENERATED)
+
+# The manual: docs/ built by MkDocs (mkdocs.yml) into build/site. --strict
+# turns every warning (a broken link or anchor, a page left out of nav) into
+# a failure. The configuration reference is generated from the config's
+# schema; docs-check (run by lint) fails when the committed page is stale.
+# NO_MKDOCS_2_WARNING quiets the Material theme's banner about MkDocs 2.0.
+docs: $(STAMP) docs-check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	@echo "built build/site/index.html"
+
+docs-reference: $(STAMP)
+	$(PY) tools/config_reference.py
+
+docs-check: $(STAMP)
+	$(PY) tools/config_reference.py --check
 
 # BENCH_ARGS reaches every script, e.g. `make bench BENCH_ARGS=--quick`.
 # bench_peers.py installs its peers into bench/.peers/ on first use.
