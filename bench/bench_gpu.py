@@ -21,8 +21,8 @@
    each, the GPU memory that processes other than model workers hold, per
    nvidia-smi.
 
-bench/results/gpu.json holds every repeat; README.md's GPU table (between the
-``bench-gpu`` markers) is rewritten. Without a usable GPU it says so and
+bench/results/gpu.json holds every repeat; the GPU table of docs/performance.md
+(between the ``bench-gpu`` markers) is rewritten. Without a usable GPU it says so and
 exits with 2. Usage::
 
     python bench/bench_gpu.py [--repeats N] [--seconds S] [--requests N]
@@ -50,12 +50,11 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.readme_table import update  # noqa: E402
+from bench.readme_table import PAGE, update  # noqa: E402
 from tests.gpu import cuda_missing, cudashm_missing, gpu_processes  # noqa: E402
 from tests.system.harness import Appliance, make_config, new_run_dir, start  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "gpu.json"
-README = ROOT / "README.md"
 DIGITS = ROOT / "appliance" / "demos" / "repository" / "digits_torch"
 BATCHES = (1, 8, 64)
 DEVICES = ("cpu", "cuda")
@@ -366,7 +365,7 @@ def main() -> int:
         print(f"p50 ratio model_worker / frontend: {result['cuda_shm']['p50_ratio']:.3f}")
     RESULTS.write_text(json.dumps(result, indent=2))
     print(f"wrote {RESULTS.relative_to(ROOT)}")
-    update(README, render(result), "bench-gpu")
+    update(PAGE, render(result), "bench-gpu")
     return 0
 
 

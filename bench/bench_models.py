@@ -30,7 +30,8 @@ and says so. Usage::
                                  [--variants before,exec,zygote,mlserver]
 
 Results: bench/results/models.json (models-quick.json with --quick) and the
-table in bench/results/models.md, which README.md's "Many models" quotes.
+table in bench/results/models.md; a full run also writes it into
+docs/performance.md, between the ``bench-models`` markers ("Many models").
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 from appliance.config_reader import load  # noqa: E402
 from bench import servers  # noqa: E402
 from bench.loadgen import write_results  # noqa: E402
+from bench.readme_table import PAGE, update  # noqa: E402
 from tests.system.harness import Appliance, make_config, new_run_dir, start  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -465,7 +467,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(summaries: dict[str, dict[str, dict[str, Any]]]) -> str:
-    """The README table: one row per point and variant, medians over rounds."""
+    """The table: one row per point and variant, medians over rounds."""
     lines = [
         "| models | start | ready s | memory in all MiB | per model MiB | worker USS / PSS MiB "
         "| /dev/shm MiB | cold first request ms | warm ms |",
@@ -591,6 +593,8 @@ def main() -> int:
     text = table(summaries) + "\n" + touch_table(record["ring_touch"])
     text += "\n" + large_table(summaries)
     (RESULTS / f"{name}.md").write_text(text)
+    if not args.quick:
+        update(PAGE, text, "bench-models")
     print(text)
     return 0
 

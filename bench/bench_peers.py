@@ -34,8 +34,8 @@ processes, each a closed loop with one request in flight, for a fixed time):
 5. Results: bench/results/peers.json (peers-quick.json with --quick,
    peers-scaling.json with --scaling-only; ``-<N>core`` added on a host with
    8 CPUs or more), bench/results/peers.png (latency against throughput;
-   matplotlib in bench/.peers/plot), and the table in README.md's
-   Performance section (full runs only).
+   matplotlib in bench/.peers/plot), and the tables in docs/performance.md
+   (full runs; a many-core host's --scaling-only run writes its own table).
 6. The issue's targets, printed as met / MISSED with the values.
 
 Server CPU per request (psutil, the server's whole process tree) is in every
@@ -99,7 +99,7 @@ from bench.plan import (  # noqa: E402
 from tests.system.harness import running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-README = ROOT / "README.md"
+PAGE = readme_table.PAGE
 STARTED = time.monotonic()
 # What the run needs after the load grid: paced, batching, scaling, plot.
 RESERVE_S = 200.0
@@ -504,16 +504,16 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
             text = readme_table.render_scaling(
                 record | {"machine": machine()}, scaling_rows, targets
             )
-            if readme_table.update(README, text, tag):
-                print(f"updated the {tag} table in {README.name}")
+            if readme_table.update(PAGE, text, tag):
+                print(f"updated the {tag} table in {PAGE.relative_to(ROOT)}")
         return
     plot(results, RESULTS / f"{name}.png")
     if not args.quick:
         text = readme_table.render(
             record, summary, ratios, batching_rows, scaling_rows, targets, loop_rows
         )
-        if readme_table.update(README, text, tag):
-            print(f"updated the Performance table in {README.name}")
+        if readme_table.update(PAGE, text, tag):
+            print(f"updated the {tag} table in {PAGE.relative_to(ROOT)}")
 
 
 def plot(results: Path, png: Path) -> None:

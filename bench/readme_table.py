@@ -1,8 +1,10 @@
-"""bench_peers.py's tables: the console's extras and README.md's Performance section.
+"""bench_peers.py's tables: the console's extras and the manual's performance page.
 
 :func:`render` builds the markdown that :func:`update` puts between the
-``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers in README.md, so a
-rerun replaces the table and nothing else.
+``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers in
+docs/performance.md (:data:`PAGE`), so a rerun replaces the table and nothing
+else; bench_gpu.py and bench_models.py put theirs there the same way, between
+markers of their own.
 """
 
 from __future__ import annotations
@@ -31,9 +33,15 @@ from bench.plan import (
 )
 from bench.report import Summary, cell, find, ratio
 
+# The page the benchmarks write their tables into (mkdocs builds it; its
+# image paths are relative to docs/).
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 # The table sits between <!-- TAG:begin --> and <!-- TAG:end -->: "bench" for
 # this machine kind, "bench-<N>core" for a many-core host's run beside it.
 TAG = "bench"
+# The latency-throughput plot as the page shows it: docs/assets/peers.png is a
+# link to bench/results/peers.png, which bench_peers.py draws.
+PLOT = "assets/peers.png"
 LABELS = {
     "kserve-grpc": "appliance, KServe gRPC",
     "kserve-rest": "appliance, KServe REST (binary)",
@@ -66,7 +74,7 @@ LABELS |= {system.name: system.name for system in LADDER}
 # Rows with tables of their own (floors_table, connections_table, ladder_table).
 OWN_TABLES = {s.name for s in LADDER} | {n for n in SYSTEMS if n.endswith(f" {NEWCONN_TAG}")}
 BATCHING_LABELS = {"digits": "digits", "digits-2ms": f"digits + {CALL_COST_MS:g} ms per call"}
-# (header, payload, concurrency, key): the README's columns.
+# (header, payload, concurrency, key): the page's columns.
 COLUMNS = (
     ("16 B c=1 p50 ms", "16B", 1, "p50_ms"),
     ("16 B c=16 req/s", "16B", 16, "rps"),
@@ -247,7 +255,7 @@ def ladder_table(summary: Summary) -> list[str]:
 
 
 def http_tables(summary: Summary) -> list[str]:
-    """The floors, the connections and the ladder, with what each shows (README and console)."""
+    """The floors, the connections and the ladder, with what each shows (page and console)."""
     return [
         "The HTTP stacks gunicorn can run, each serving the falcon floor app (bench/peers/"
         "floor_asgi_app.py; one worker, as the appliance on this machine). The appliance's HTTP "
@@ -385,7 +393,7 @@ def render(
     targets: list[dict[str, Any]],
     loops: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The markdown between the README's markers."""
+    """The markdown between the page's markers."""
     del ratios  # the ratio table is computed from the summary, column by column
     args = record["args"]
     when = datetime.date.today().isoformat()
@@ -439,7 +447,7 @@ def render(
         "",
         *_peer_notes(record),
         "",
-        "![latency against throughput](bench/results/peers.png)",
+        f"![latency against throughput]({PLOT})",
     ]
     return "\n".join(out)
 
@@ -447,7 +455,7 @@ def render(
 def render_scaling(
     record: dict[str, Any], scaling: list[dict[str, Any]], targets: list[dict[str, Any]]
 ) -> str:
-    """The markdown of a many-core host's scaling-only run (its README table)."""
+    """The markdown of a many-core host's scaling-only run (its table on the page)."""
     machine, args = record["machine"], record["args"]
     start = ", ".join(f"{x:.1f}" for x in record["load_average_start"])
     cut = " It was stopped at its time bound; cells after that are missing." * bool(
@@ -487,15 +495,15 @@ def _peer_notes(record: dict[str, Any]) -> list[str]:
     return notes
 
 
-def update(readme: Path, text: str, tag: str = TAG) -> bool:
+def update(page: Path, text: str, tag: str = TAG) -> bool:
     """Replace what stands between ``tag``'s markers; False (and a warning) without them."""
     begin, end_marker = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
-    body = readme.read_text()
+    body = page.read_text()
     start, end = body.find(begin), body.find(end_marker)
     if start < 0 or end < start:
-        print(f"{readme.name} has no {begin} ... {end_marker} markers: table not written")
+        print(f"{page.name} has no {begin} ... {end_marker} markers: table not written")
         return False
-    readme.write_text(body[: start + len(begin)] + "\n" + text + "\n" + body[end:])
+    page.write_text(body[: start + len(begin)] + "\n" + text + "\n" + body[end:])
     return True
 
 

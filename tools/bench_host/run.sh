@@ -19,7 +19,7 @@
 #   bash tools/bench_host/prepare.sh
 #   run: bash tools/bench_host/run.sh gpu peers      carry: [".wh"]   (about 7 min)
 #   run: SCALING_BOUND_S=560 bash tools/bench_host/run.sh scaling
-#                                                    carry: [".wh"]   (README's 16-core table)
+#                                                    carry: [".wh"]   (the 16-core table)
 #
 # A device session has 30 minutes in all: issue the next call within 30 s of
 # the last one's return and the machine stays warm (no new start, no setup).
@@ -29,7 +29,8 @@
 # --no-scaling), scaling (bench_peers --scaling-only, SCALING_BOUND_S, default
 # 520 s; BENCH_SCALING_GRID picks a smaller grid), full (bench_peers, bounded).
 # A phase stopped at its bound still writes what it measured (cut_short).
-# Then commit what came back: bench/results/*-16core.json, gpu.json, README.md.
+# Then commit what came back: bench/results/*-16core.json, gpu.json, and
+# performance.md as docs/performance.md (the benchmarks write their tables there).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -40,7 +41,7 @@ export PIP_NO_INDEX=1 PIP_FIND_LINKS="$ROOT/.wh" PIP_DISABLE_PIP_VERSION_CHECK=1
 BENCH_BASE_SITE=$("$BASE" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 export BENCH_BASE_SITE
 PY=$ROOT/.venv/bin/python
-README_BEFORE=$(cksum < README.md)
+PAGE_BEFORE=$(cksum < docs/performance.md)
 failed=0
 
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
@@ -91,7 +92,7 @@ step() {
 
 collect() {
     cp bench/results/*core*.json bench/results/*core*.png bench/results/gpu.json "$OUT"/ 2>/dev/null
-    [ "$(cksum < README.md)" = "$README_BEFORE" ] || cp README.md "$OUT"/README.md
+    [ "$(cksum < docs/performance.md)" = "$PAGE_BEFORE" ] || cp docs/performance.md "$OUT"/performance.md
     # One file for the peers' logs: a device call returns at most 8 files.
     if compgen -G "bench/.peers/*.log" > /dev/null; then
         tar -C bench/.peers -czf "$OUT/peer-logs.tgz" $(cd bench/.peers && ls *.log)
