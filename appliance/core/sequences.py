@@ -4,7 +4,7 @@ A request belongs to a sequence when its parameters hold ``sequence_id`` (a
 non-zero integer or a non-empty string); ``sequence_start`` and
 ``sequence_end`` (booleans) mark its first and last step. These are Triton's
 names, and every protocol that passes request parameters to the model
-carries them the same way (see README "Stateful sequences").
+carries them the same way (see docs/models/sequences.md).
 """
 
 from __future__ import annotations

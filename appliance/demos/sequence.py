@@ -2,7 +2,7 @@
 
 Each takes one INT32 value per step (INPUT, [1, 1]) and returns OUTPUT, and
 each step carries a ``sequence_id`` with ``sequence_start`` on the first and
-``sequence_end`` on the last (see README "Stateful sequences"). What they
+``sequence_end`` on the last (see docs/models/sequences.md). What they
 compute is what the examples (``simple_*_sequence_*_client.py``) assert:
 
 - ``simple_sequence``: the input, plus 1 on a sequence's first step.

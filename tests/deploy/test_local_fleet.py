@@ -1,4 +1,4 @@
-"""README's one-machine fleet, as a user follows it.
+"""The manual's one-machine fleet (docs/operations/fleet.md), as a user follows it.
 
 ``deploy/local-fleet.sh start`` brings up two hosts with the demo config and
 HAProxy in front; stock clients (tritonclient over REST and gRPC) call

@@ -19,7 +19,7 @@ from appliance.errors import DeadlineExceeded
 from tests.system.harness import Appliance, demo_models, eventually, running
 
 HOLDOUT = Path(__file__).resolve().parent.parent / "data" / "digits_holdout.npz"
-# README: digits classifies 349 of the 360 held-out rows correctly.
+# docs/demo-models.md: digits classifies 349 of the 360 held-out rows correctly.
 CORRECT = 349
 # The whole scikit-learn digits set has this many rows (the example).
 FULL_SET_ROWS = 1797

@@ -1,6 +1,6 @@
 """Bind a decoded InferRequest to one model: names, types, shapes, config.
 
-The policies, which README's GraphPipe section repeats for users:
+The policies, which the manual's GraphPipe page (docs/protocols/graphpipe.md) repeats for users:
 
 - Input names. SPEC: specs/graphpipe.md §3.2.1 and PROTOCOL-FACTS §1.2 —
   an empty ``input_names`` vector, or an empty name, means "by position":
