@@ -125,70 +125,9 @@ MODELS: list[dict[str, Any]] = [
 # The ensemble of Triton's architecture guide (docs/user_guide/architecture.md),
 # as it writes it: one step's output read by two steps. Its three models are
 # stand-ins (tests/models.py) served as [[models]] beside its repository.
-ARCHITECTURE = """
-name: "ensemble_model"
-platform: "ensemble"
-max_batch_size: 1
-input [
-  {
-    name: "IMAGE"
-    data_type: TYPE_STRING
-    dims: [ 1 ]
-  }
-]
-output [
-  {
-    name: "CLASSIFICATION"
-    data_type: TYPE_FP32
-    dims: [ 1000 ]
-  },
-  {
-    name: "SEGMENTATION"
-    data_type: TYPE_FP32
-    dims: [ 3, 224, 224 ]
-  }
-]
-ensemble_scheduling {
-  step [
-    {
-      model_name: "image_preprocess_model"
-      model_version: -1
-      input_map {
-        key: "RAW_IMAGE"
-        value: "IMAGE"
-      }
-      output_map {
-        key: "PREPROCESSED_OUTPUT"
-        value: "preprocessed_image"
-      }
-    },
-    {
-      model_name: "classification_model"
-      model_version: -1
-      input_map {
-        key: "FORMATTED_IMAGE"
-        value: "preprocessed_image"
-      }
-      output_map {
-        key: "CLASSIFICATION_OUTPUT"
-        value: "CLASSIFICATION"
-      }
-    },
-    {
-      model_name: "segmentation_model"
-      model_version: -1
-      input_map {
-        key: "FORMATTED_IMAGE"
-        value: "preprocessed_image"
-      }
-      output_map {
-        key: "SEGMENTATION_OUTPUT"
-        value: "SEGMENTATION"
-      }
-    }
-  ]
-}
-"""
+ARCHITECTURE = (
+    Path(__file__).parent.parent / "data" / "triton_architecture_ensemble.pbtxt"
+).read_text()
 STAND_INS = [
     {"name": "image_preprocess_model", "class": "tests.models:ImagePreprocess"},
     {"name": "classification_model", "class": "tests.models:Classification"},

@@ -127,70 +127,13 @@ def test_an_ensemble_of_ensembles_and_a_name_taken_twice_are_refused() -> None:
         configured(chain(step("identity", "IN", "OUT"), name="identity"))
 
 
-ARCHITECTURE = """
-name: "ensemble_model"
-platform: "ensemble"
-max_batch_size: 1
-input [
-  {
-    name: "IMAGE"
-    data_type: TYPE_STRING
-    dims: [ 1 ]
-  }
-]
-output [
-  {
-    name: "CLASSIFICATION"
-    data_type: TYPE_FP32
-    dims: [ 1000 ]
-  },
-  {
-    name: "SEGMENTATION"
-    data_type: TYPE_FP32
-    dims: [ 3, 224, 224 ]
-  }
-]
-ensemble_scheduling {
-  step [
-    {
-      model_name: "image_preprocess_model"
-      model_version: -1
-      input_map {
-        key: "RAW_IMAGE"
-        value: "IMAGE"
-      }
-      output_map {
-        key: "PREPROCESSED_OUTPUT"
-        value: "preprocessed_image"
-      }
-    },
-    {
-      model_name: "classification_model"
-      model_version: -1
-      input_map {
-        key: "FORMATTED_IMAGE"
-        value: "preprocessed_image"
-      }
-      output_map {
-        key: "CLASSIFICATION_OUTPUT"
-        value: "CLASSIFICATION"
-      }
-    },
-    {
-      model_name: "segmentation_model"
-      model_version: 2
-      input_map {
-        key: "FORMATTED_IMAGE"
-        value: "preprocessed_image"
-      }
-      output_map {
-        key: "SEGMENTATION_OUTPUT"
-        value: "SEGMENTATION"
-      }
-    }
-  ]
-}
-"""
+_SEGMENTATION = 'model_name: "segmentation_model"\n      model_version: '
+# Triton's architecture guide's ensemble, its segmentation step asking for version 2.
+ARCHITECTURE = (
+    (Path(__file__).parent.parent / "data" / "triton_architecture_ensemble.pbtxt")
+    .read_text()
+    .replace(f"{_SEGMENTATION}-1", f"{_SEGMENTATION}2")
+)
 
 
 def repository(root: Path, ensemble: str) -> Path:
