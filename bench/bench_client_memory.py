@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import shutil
 import statistics
 import subprocess
@@ -49,7 +48,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import tomli_w
 
@@ -136,46 +134,8 @@ def measure(trees: Path, revisions: dict[str, str], args: argparse.Namespace) ->
 def make_call(spec: dict[str, Any], shared: dict[str, Any]) -> Call:
     """bench_peers' calls, and KServe system shared memory over HTTP beside them."""
     if spec["protocol"] == "kserve-shm-rest":
-        return kserve_shm_rest(spec, callers.Payload(spec))
+        return callers.kserve_shm(spec, callers.Payload(spec), rest=True)
     return callers.make_call(spec, shared)
-
-
-def kserve_shm_rest(spec: dict[str, Any], payload: callers.Payload) -> Call:
-    """tritonclient.http with system shared memory for the input and the output."""
-    import tritonclient.http as httpclient
-    import tritonclient.utils.shared_memory as shm
-
-    client = httpclient.InferenceServerClient(
-        spec["url"], connection_timeout=120.0, network_timeout=120.0
-    )
-    x = payload.x
-    out_bytes = int(np.prod(payload.out_shape)) * 4
-    tag = f"pr{os.getpid()}_{next(callers.REGIONS)}"
-    names = (f"{tag}_in", f"{tag}_out")
-    regions = [
-        shm.create_shared_memory_region(name, f"/{name}", size)
-        for name, size in zip(names, (x.nbytes, out_bytes), strict=True)
-    ]
-    client.register_system_shared_memory(names[0], f"/{names[0]}", x.nbytes)
-    client.register_system_shared_memory(names[1], f"/{names[1]}", out_bytes)
-
-    def call() -> None:
-        shm.set_shared_memory_region(regions[0], [x])
-        value = httpclient.InferInput(payload.input, list(x.shape), "FP32")
-        value.set_shared_memory(names[0], x.nbytes)
-        wanted = httpclient.InferRequestedOutput(payload.output)
-        wanted.set_shared_memory(names[1], out_bytes)
-        client.infer(payload.model, [value], outputs=[wanted])
-        payload.check(shm.get_contents_as_numpy(regions[1], np.float32, payload.out_shape))
-
-    def close() -> None:
-        for name in names:
-            client.unregister_system_shared_memory(name)
-        for region in regions:
-            shm.destroy_shared_memory_region(region)
-        client.close()
-
-    return callers.Closing(call, close)
 
 
 def git(*argv: str) -> str:

@@ -155,15 +155,23 @@ def kserve_rest_per_connection(spec: dict[str, Any], payload: Payload, binary: b
     return call
 
 
-def kserve_shm(spec: dict[str, Any], payload: Payload) -> Call:
-    """tritonclient.grpc with system shared memory for the input and the output."""
+def kserve_shm(spec: dict[str, Any], payload: Payload, rest: bool = False) -> Call:
+    """tritonclient.grpc (or .http) with system shared memory for the input and the output."""
     import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
     import tritonclient.utils.shared_memory as shm
 
-    client = grpcclient.InferenceServerClient(spec["url"])
+    module: Any = httpclient if rest else grpcclient
+    client: Any = (
+        httpclient.InferenceServerClient(
+            spec["url"], connection_timeout=120.0, network_timeout=120.0
+        )
+        if rest
+        else grpcclient.InferenceServerClient(spec["url"])
+    )
     x = payload.x
     out_bytes = int(np.prod(payload.out_shape)) * 4
-    tag = f"pb{os.getpid()}_{next(REGIONS)}"
+    tag = f"p{'r' if rest else 'b'}{os.getpid()}_{next(REGIONS)}"
     names = (f"{tag}_in", f"{tag}_out")
     regions = [
         shm.create_shared_memory_region(name, f"/{name}", size)
@@ -174,9 +182,9 @@ def kserve_shm(spec: dict[str, Any], payload: Payload) -> Call:
 
     def call() -> None:
         shm.set_shared_memory_region(regions[0], [x])
-        value = grpcclient.InferInput(payload.input, list(x.shape), "FP32")
+        value = module.InferInput(payload.input, list(x.shape), "FP32")
         value.set_shared_memory(names[0], x.nbytes)
-        wanted = grpcclient.InferRequestedOutput(payload.output)
+        wanted = module.InferRequestedOutput(payload.output)
         wanted.set_shared_memory(names[1], out_bytes)
         client.infer(payload.model, [value], outputs=[wanted])
         payload.check(shm.get_contents_as_numpy(regions[1], np.float32, payload.out_shape))
