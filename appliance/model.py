@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from appliance.core.sequences import State, state
+from appliance.core.sequences import Control, State, state
 from appliance.core.tensor import TensorSpec, spec
 
 __all__ = ["Arrays", "Model", "Outputs", "State", "TensorSpec", "spec", "state"]
@@ -78,7 +78,9 @@ class Model:
         sequence_controls: input name -> "start", "end", "ready" or
             "corrid": inputs the worker fills per step (1/0 flags as INT32,
             the sequence id as INT64, or BYTES for string ids), one row per
-            step of a batch. Neither these nor the state appear in metadata.
+            step of a batch; or -> a :class:`Control` for another type or
+            other false/true values. Neither these nor the state appear in
+            metadata.
 
     Request tensors are read-only views into shared memory, valid only during
     the call: copy what you keep. BYTES tensors arrive as object arrays of
@@ -95,7 +97,7 @@ class Model:
     device_inputs: bool = False
     sequence_batching: bool = False
     sequence_state: Sequence[State] = ()
-    sequence_controls: Mapping[str, str] = {}
+    sequence_controls: Mapping[str, str | Control] = {}
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         """Keep the config's ``options`` table; do heavy work in :meth:`load`."""

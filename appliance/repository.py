@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import device as devices
+from appliance.core.sequences import read_controls, read_states
 
 ONNX_CLASS = "appliance.runtimes.onnx:OnnxModel"
 TORCHSCRIPT_CLASS = "appliance.runtimes.torchscript:TorchScriptModel"
@@ -78,6 +79,8 @@ SETTINGS = (
     "max_sequence_idle_s",
     "sequence_strategy",
     "max_candidate_sequences",
+    "sequence_controls",
+    "sequence_state",
     "steps",
 )
 ENSEMBLE = "ensemble"
@@ -252,6 +255,13 @@ def read_settings(model_dir: Path) -> dict[str, Any]:
         problem = _check_setting(key, value)
         if problem:
             raise RepositoryError(f"{_short(path)}: {key}: {problem}")
+    implicit = "sequence_controls" in settings or "sequence_state" in settings
+    # The worker fills these inputs per step of a sequence: nothing else can.
+    if implicit and settings.setdefault("sequence_batching", True) is not True:
+        raise RepositoryError(
+            f"{_short(path)}: sequence_batching: false, but sequence_controls or "
+            "sequence_state declare inputs only a sequence's steps fill"
+        )
     if notes:
         settings[NOTES] = [f"{_short(path)}: {note}" for note in notes]
     return settings
@@ -339,6 +349,27 @@ def _check_tensors(value: object) -> str:
             and all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape)
         ):
             return f"[{index}].shape: expected a list of sizes (-1 = any), got {shape!r}"
+    return ""
+
+
+def _check_controls(value: object) -> str:
+    try:
+        read_controls(value)
+    except ValueError as ex:
+        return str(ex)
+    return ""
+
+
+def _check_states(value: object) -> str:
+    try:
+        read_states(value)
+    except ValueError as ex:
+        return str(ex)
+    assert isinstance(value, list)  # read_states checked it
+    for index, table in enumerate(value):
+        name = table.get("initial_file")
+        if name is not None and (name.startswith(("/", ".")) or ".." in name.split("/")):
+            return f"[{index}].initial_file: expected a path inside the model directory"
     return ""
 
 
@@ -453,4 +484,6 @@ _CHECKS: dict[str, Any] = {
     "inputs": _check_tensors,
     "outputs": _check_tensors,
     "steps": _check_steps,
+    "sequence_controls": _check_controls,
+    "sequence_state": _check_states,
 }

@@ -12,18 +12,30 @@ dimension is the batch (-1). A model is batched when every input and output
 has a free (-1) first dimension; it then takes up to
 :data:`DEFAULT_MAX_BATCH_SIZE` rows per batch unless ``config.toml`` sets
 ``max_batch_size`` (0 turns batching off).
+
+A sequence model's options may carry ``sequence_controls`` and
+``sequence_state`` (config.pbtxt's control_input and state, see
+appliance/core/sequences.py): inputs the worker fills on each step of a
+sequence, and state outputs it keeps for the next. They are the model's
+tensors but not its interface: :meth:`RuntimeModel.declare` leaves them out
+of what clients see (a state output stays when the config lists it among
+the outputs, as Triton lets a client read it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from appliance.core import dtypes
 from appliance.core.dtypes import DType
+from appliance.core.sequences import CORRID, Control, State, read_controls, read_states
 from appliance.core.tensor import TensorSpec
 from appliance.model import Model
 from appliance.repository import RUNTIME_PACKAGES
@@ -61,11 +73,123 @@ class RuntimeModel(Model):
         # Fields of a config.pbtxt the appliance does not use: said once, at load.
         for note in options.get("config_notes", ()):
             log.warning("%s", note)
+        self.pbtxt = config_file == "config.pbtxt"
+        # Checked when the repository was read; a config snapshot is checked again.
+        try:
+            self.sequence_controls: dict[str, Control] = read_controls(
+                list(options.get("sequence_controls", ()))
+            )
+        except ValueError as ex:
+            raise ModelFileError(f"{self.config_name}: sequence_controls{ex}") from None
+        try:
+            self.sequence_state: list[State] = read_states(list(options.get("sequence_state", ())))
+        except ValueError as ex:
+            raise ModelFileError(f"{self.config_name}: sequence_state{ex}") from None
+        # Every tensor of the model, the worker's inputs and kept outputs included.
+        self.model_inputs: list[TensorSpec] = []
+        self.model_outputs: list[TensorSpec] = []
 
     def declare(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
-        """Set the interface, and batching when every tensor has a free first dim."""
-        self.inputs, self.outputs = list(inputs), list(outputs)
+        """Set the interface, and batching when every tensor has a free first dim.
+
+        ``inputs`` and ``outputs`` are all the model's tensors; those of its
+        sequence controls and state are checked against the config and kept
+        out of the interface clients see.
+
+        Raises:
+            ModelFileError: a control or state tensor is missing or of another type.
+        """
+        self._check_implicit(inputs, outputs)
+        filled = {*self.sequence_controls, *(item.input for item in self.sequence_state)}
+        listed = {str(table.get("name")) for table in self.options.get("outputs") or ()}
+        kept = {item.output for item in self.sequence_state} - listed
+        self.model_inputs, self.model_outputs = list(inputs), list(outputs)
+        self.inputs = [spec for spec in inputs if spec.name not in filled]
+        self.outputs = [spec for spec in outputs if spec.name not in kept]
         self.max_batch_size = DEFAULT_MAX_BATCH_SIZE if batchable(inputs, outputs) else 0
+        self.sequence_state = [self._initial(item) for item in self.sequence_state]
+        if self.sequence_controls or self.sequence_state:
+            self.sequence_batching = True
+
+    def implicit_specs(self, batched: bool) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        """The control and state inputs and the state outputs, as the worker makes them.
+
+        A runtime whose file does not name its tensors (TorchScript) adds
+        these to the declared ones.
+        """
+        rows = (-1,) if batched else ()
+        inputs = [
+            TensorSpec(name, control.dtype or DType.INT64, (*rows, 1))
+            for name, control in self.sequence_controls.items()
+        ]
+        inputs += [
+            TensorSpec(item.input, item.dtype, (*rows, *item.shape)) for item in self.sequence_state
+        ]
+        outputs = [
+            TensorSpec(item.output, item.dtype, (*rows, *item.shape))
+            for item in self.sequence_state
+        ]
+        return inputs, outputs
+
+    def _check_implicit(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
+        have_in = {spec.name: spec for spec in inputs}
+        have_out = {spec.name: spec for spec in outputs}
+        wanted = [
+            (f"{self._field('control')}{name}", name, control.dtype, have_in, "input")
+            for name, control in self.sequence_controls.items()
+            if control.kind != CORRID or control.dtype is not None
+        ]
+        for item in self.sequence_state:
+            field = f"{self._field('state')}{item.input}"
+            wanted.append((field, item.input, item.dtype, have_in, "input"))
+            wanted.append((field, item.output, item.dtype, have_out, "output"))
+        for field, name, dtype, have, what in wanted:
+            spec = have.get(name)
+            if spec is None:
+                raise ModelFileError(
+                    f"{self.config_name}: {field}: {self.file_name} has no {what} {name!r} "
+                    f"(its {what}s: {', '.join(have) or 'none'})"
+                )
+            if spec.dtype is not dtype:
+                assert dtype is not None
+                raise ModelFileError(
+                    f"{self.config_name}: {field}: {what} {name} is {spec.dtype.value} in "
+                    f"{self.file_name}, the config gives {dtype.value}"
+                )
+
+    def _initial(self, item: State) -> State:
+        """The state with its ``initial_file`` read (as Triton reads it: row-major values)."""
+        files = {
+            str(table.get("input")): table.get("initial_file")
+            for table in self.options.get("sequence_state", ())
+        }
+        name = files.get(item.input)
+        if not name:
+            return item
+        path = self.path.parent.parent / str(name)
+        shape = item.first_shape
+        count = dtypes.element_count(shape)
+        try:
+            raw = path.read_bytes()
+            if item.dtype is DType.BYTES:
+                values = dtypes.unpack_bytes(raw, count)
+            else:
+                size = count * dtypes.item_size(item.dtype)
+                if len(raw) != size:
+                    raise ValueError(f"it holds {len(raw)} bytes, not {size}")
+                values = np.frombuffer(raw, dtype=dtypes.to_numpy(item.dtype))
+        except (OSError, ValueError) as ex:
+            raise ModelFileError(
+                f"{self.config_name}: {self._field('state')}{item.input}: initial state file "
+                f"{name} does not hold {count} {item.dtype.value} values: {ex}"
+            ) from None
+        return dataclasses.replace(item, initial=values.reshape(shape))
+
+    def _field(self, what: str) -> str:
+        """How the config names a control or a state, for a message."""
+        if self.pbtxt:
+            return f"sequence_batching.{'control_input' if what == 'control' else 'state'} "
+        return f"sequence_{'controls' if what == 'control' else 'state'} "
 
 
 def import_runtime(package: str) -> Any:

@@ -15,7 +15,15 @@ shapes, so the model's ``config.toml`` declares them::
 
 Inputs go to ``forward`` positionally, in the declared order. ``forward``
 returns one tensor, a tuple or list of them (in the declared order of the
-outputs), or a dict by output name. When every declared dimension but the
+outputs), or a dict by output name.
+
+A sequence model's control and state inputs (config.pbtxt's control_input
+and state, see interface.py) come after the declared inputs: controls in
+their order, then states; unless every input is named as one of
+``forward``'s arguments (they go in its order) or every name ends in
+``__<index>`` (Triton's PyTorch convention: in index order). Its state
+outputs come after the declared outputs, in the states' order (or by
+``__<index>``), or in its dict. When every declared dimension but the
 batch is fixed, the model is run once at load on zeros, so a config that
 does not fit the module fails at load with the reason, not at the first
 request.
@@ -61,6 +69,7 @@ from appliance.model import Arrays, Outputs
 from appliance.runtimes.interface import (
     ModelFileError,
     RuntimeModel,
+    batchable,
     declared,
     import_runtime,
     specs_from_config,
@@ -109,6 +118,11 @@ class TorchScriptModel(RuntimeModel):
             ) from None
         module = module.to(self.device)
         module.eval()
+        implicit_in, implicit_out = self.implicit_specs(batchable(inputs, outputs))
+        if implicit_in:
+            named = {spec.name for spec in outputs}
+            inputs = _forward_order(module, [*inputs, *implicit_in])
+            outputs = _indexed([*outputs, *(s for s in implicit_out if s.name not in named)])
         _check_arity(module, len(inputs), where)
         self._torch, self._module = torch, module
         self.declare(inputs, outputs)
@@ -130,7 +144,7 @@ class TorchScriptModel(RuntimeModel):
         return self._run(inputs)
 
     def _run(self, inputs: Arrays) -> dict[str, Any]:
-        values = [inputs[spec.name] for spec in self.inputs or ()]
+        values = [inputs[spec.name] for spec in self.model_inputs]
         on_gpu = any(map(on_device, values))
         args = [self._tensor(value) for value in values]
         with self._torch.inference_mode():
@@ -155,7 +169,7 @@ class TorchScriptModel(RuntimeModel):
         return self._torch.from_numpy(array)
 
     def _outputs(self, result: Any, on_gpu: bool = False) -> dict[str, Any]:
-        names = [spec.name for spec in self.outputs or ()]
+        names = [spec.name for spec in self.model_outputs]
         if isinstance(result, Mapping):
             missing = [name for name in names if name not in result]
             if missing:
@@ -178,7 +192,7 @@ class TorchScriptModel(RuntimeModel):
         """Run once on zeros when the declared shapes fix every size but the batch."""
         batched = self.max_batch_size > 0
         shapes = []
-        for spec in self.inputs or ():
+        for spec in self.model_inputs:
             shape = (1, *spec.shape[1:]) if batched else spec.shape
             if any(dim < 0 for dim in shape):
                 return
@@ -193,7 +207,7 @@ class TorchScriptModel(RuntimeModel):
                 f"{self.file_name}: a trial run on zeros of the shapes in {where} failed: "
                 f"{type(ex).__name__}: {ex}"
             ) from None
-        for spec in self.outputs or ():
+        for spec in self.model_outputs:
             got = produced[spec.name]
             if not spec.matches_shape(got.shape) or (batched and got.shape[0] != 1):
                 raise ModelFileError(
@@ -219,6 +233,23 @@ def _declared_specs(
         if spec.dtype in _NO_TORCH:
             raise ModelFileError(f"{where}: {spec.name} is {spec.dtype.value}; torch has none")
     return inputs, outputs
+
+
+def _forward_order(module: Any, specs: list[TensorSpec]) -> list[TensorSpec]:
+    """The inputs in the order ``forward`` takes them (see the module's docstring)."""
+    arguments = [arg.name for arg in list(module.forward.schema.arguments)[1:]]
+    by_name = {spec.name: spec for spec in specs}
+    if arguments[: len(specs)] and set(arguments[: len(specs)]) == set(by_name):
+        return [by_name[name] for name in arguments[: len(specs)]]
+    return _indexed(specs)
+
+
+def _indexed(specs: list[TensorSpec]) -> list[TensorSpec]:
+    """``specs`` in the order of their ``__<index>`` suffixes, when every name has one."""
+    indexes = [spec.name.rpartition("__")[2] for spec in specs]
+    if not all(index.isdigit() for index in indexes) or len(set(indexes)) < len(indexes):
+        return specs
+    return [spec for _, spec in sorted(zip(map(int, indexes), specs, strict=True))]
 
 
 def writes_in_place(module: Any) -> bool:

@@ -6,9 +6,14 @@ whole life here: created by its start step, dropped when its end step is
 accepted or after ``max_sequence_idle_s`` without a step.
 
 Before a batch runs, the worker adds the model's control inputs (start,
-end, ready, correlation id) and its state inputs, one row per step; after,
-it keeps each sequence's new state from the model's state outputs and
-removes those from what the client gets.
+end, ready, correlation id, each in its declared type: Triton's
+int32/fp32/bool false-true values, the id's data type) and its state
+inputs, one row per step; after, it keeps each sequence's new state from the
+model's state outputs and removes those from what the client gets (unless
+the model lists one among its outputs, as Triton lets a client read it).
+A state whose shape may change from step to step (a -1 size) starts with
+1 for each free size, and the steps of one batch all have the same state
+shapes, so their rows stack.
 
 Strategies (Triton's): "direct" gives each live sequence one of the
 instance's ``max(1, max_batch_size)`` slots for its whole life and orders a
@@ -43,8 +48,10 @@ from appliance.core.sequences import (
     SEQUENCE_ID,
     SEQUENCE_START,
     START,
+    Control,
     SequenceId,
     State,
+    control,
     sequence_of,
 )
 from appliance.errors import BadRequest, ModelFailed, Overloaded
@@ -65,14 +72,28 @@ class SequenceSettings:
     max_candidates: int
     max_batch_size: int
     states: Sequence[State] = ()
-    controls: Mapping[str, str] = field(default_factory=dict)
+    # A kind alone ("start", ...) stands for that kind's default control.
+    controls: Mapping[str, Control | str] = field(default_factory=dict)
     max_queue_delay_ms: float = 0.0
+    # State outputs the model lists among its outputs: the client gets them too.
+    exposed: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        self.controls = {
+            name: declared if isinstance(declared, Control) else control(declared)
+            for name, declared in self.controls.items()
+        }
+
+    def control_inputs(self) -> Mapping[str, Control]:
+        """The controls, each a :class:`Control` (see ``__post_init__``)."""
+        return {name: c for name, c in self.controls.items() if isinstance(c, Control)}
 
     def describe(self) -> dict[str, Any]:
         """These settings as Triton's ModelSequenceBatching (for its model-config JSON).
 
-        SPEC: Triton's model_config.proto. The correlation id control reads
-        TYPE_INT64; a string id arrives as BYTES.
+        SPEC: Triton's model_config.proto. A correlation id control of no
+        declared type (a Python model's) reads TYPE_INT64; a string id
+        arrives as BYTES.
         """
         delay = {"max_queue_delay_microseconds": int(self.max_queue_delay_ms * 1000)}
         strategy = (
@@ -81,18 +102,19 @@ class SequenceSettings:
             else {"oldest": {"max_candidate_sequences": self.max_candidates, **delay}}
         )
         controls = []
-        for name, kind in self.controls.items():
-            control: dict[str, Any] = {"kind": f"CONTROL_SEQUENCE_{kind.upper()}"}
-            if kind == CORRID:
-                control["data_type"] = "TYPE_INT64"
+        for name, declared in self.control_inputs().items():
+            described: dict[str, Any] = {"kind": f"CONTROL_SEQUENCE_{declared.kind.upper()}"}
+            if declared.kind == CORRID:
+                described["data_type"] = _type_name(declared.dtype or DType.INT64)
             else:
-                control["int32_false_true"] = [0, 1]
-            controls.append({"name": name, "control": [control]})
+                values = [declared.false, declared.true]
+                described[_FALSE_TRUE[declared.dtype or DType.INT32]] = values
+            controls.append({"name": name, "control": [described]})
         states = [
             {
                 "input_name": item.input,
                 "output_name": item.output,
-                "data_type": f"TYPE_{'STRING' if item.dtype is DType.BYTES else item.dtype.value}",
+                "data_type": _type_name(item.dtype),
                 "dims": list(item.shape),
             }
             for item in self.states
@@ -116,13 +138,16 @@ def settings_for(config: ModelConfig, model: Model, max_batch_size: int) -> Sequ
     )
     if not enabled:
         return None
-    controls = dict(model.sequence_controls)
-    for name, kind in controls.items():
+    controls: dict[str, Control] = {}
+    for name, declared in model.sequence_controls.items():
+        kind = declared.kind if isinstance(declared, Control) else declared
         if kind not in CONTROLS:
             raise ModelFailed(
                 f"model {config.name}: sequence control {name!r} has kind {kind!r}; "
                 f"expected one of {', '.join(CONTROLS)}"
             )
+        controls[name] = declared if isinstance(declared, Control) else control(kind)
+    listed = {spec.name for spec in model.outputs or ()}
     return SequenceSettings(
         config.name,
         config.sequence_strategy,
@@ -132,6 +157,7 @@ def settings_for(config: ModelConfig, model: Model, max_batch_size: int) -> Sequ
         tuple(model.sequence_state),
         controls,
         config.max_queue_delay_ms,
+        frozenset(item.output for item in model.sequence_state if item.output in listed),
     )
 
 
@@ -157,7 +183,8 @@ def batcher_for(
     if sequences is None:
         return Batcher(max_batch_size, max_queue_delay_s)
     direct = sequences.settings.strategy == "direct"
-    batcher = SequenceBatcher(max_batch_size, max_queue_delay_s, direct)
+    shaped = not all(item.fixed for item in sequences.settings.states)
+    batcher = SequenceBatcher(max_batch_size, max_queue_delay_s, direct, shaped)
     sequences.batcher = batcher
     return batcher
 
@@ -209,6 +236,7 @@ class Sequences:
             )
         live = self.live.get(sequence)
         if start:
+            self._check_id(sequence)
             if live is not None:
                 raise BadRequest(
                     f"model {name}: sequence {sequence!r} is already live (started, not yet "
@@ -226,6 +254,29 @@ class Sequences:
         if end:
             self._drop(live)
         pending.step = Step(live, start, end)
+
+    def _check_id(self, sequence: SequenceId) -> None:
+        """Refuse a sequence id the model's correlation id control cannot hold.
+
+        Raises:
+            BadRequest: a string id for an integer control, or an integer
+                out of its type's range.
+        """
+        for name, declared in self.settings.control_inputs().items():
+            dtype = declared.dtype
+            if declared.kind != CORRID or dtype is None or dtype is DType.BYTES:
+                continue
+            if isinstance(sequence, str):
+                raise BadRequest(
+                    f"model {self.settings.model}: its correlation id input {name} is "
+                    f"{dtype.value}: send an integer sequence_id, not {sequence!r}"
+                )
+            limits = np.iinfo(_numpy(dtype))
+            if not limits.min <= sequence <= limits.max:
+                raise BadRequest(
+                    f"model {self.settings.model}: sequence_id {sequence} does not fit its "
+                    f"correlation id input {name} ({dtype.value}: {limits.min} to {limits.max})"
+                )
 
     def _create(self, sequence: SequenceId, now: float) -> Live:
         settings = self.settings
@@ -253,7 +304,7 @@ class Sequences:
                 )
             slot = -1
         states = {
-            item.input: np.full(item.shape, item.initial, dtype=_numpy(item.dtype))
+            item.input: np.full(item.first_shape, item.initial, dtype=_numpy(item.dtype))
             for item in settings.states
         }
         live = Live(sequence, slot, states, now, waiting)
@@ -301,8 +352,8 @@ class Sequences:
         steps = [_step(pending) for pending in batch]
         batched = self.settings.max_batch_size > 0
         full = dict(inputs)
-        for name, kind in self.settings.controls.items():
-            full[name] = _control(kind, steps, batched)
+        for name, declared in self.settings.control_inputs().items():
+            full[name] = _control(declared, steps, batched)
         for item in self.settings.states:
             values = [step.live.state[item.input] for step in steps]
             full[item.input] = np.stack(values) if batched else values[0]
@@ -320,9 +371,15 @@ class Sequences:
         for item in self.settings.states:
             if item.output not in outputs:
                 raise ModelFailed(f"model {name} did not return its state output {item.output}")
-            value = np.asarray(outputs.pop(item.output), dtype=_numpy(item.dtype))
+            if item.output in self.settings.exposed:
+                value = np.asarray(outputs[item.output], dtype=_numpy(item.dtype))
+            else:
+                value = np.asarray(outputs.pop(item.output), dtype=_numpy(item.dtype))
             want = (len(batch), *item.shape) if batched else item.shape
-            if value.shape != want:
+            fits = len(value.shape) == len(want) and all(
+                size in (-1, got) for size, got in zip(want, value.shape, strict=True)
+            )
+            if not fits:
                 raise ModelFailed(
                     f"model {name} state output {item.output} has shape {list(value.shape)}, "
                     f"expected {list(want)}"
@@ -342,9 +399,13 @@ class SequenceBatcher(Batcher):
     instance's depth, ``max_queue``, a drain), and a cancel finds them.
     """
 
-    def __init__(self, max_batch_size: int, max_queue_delay_s: float, direct: bool) -> None:
+    def __init__(
+        self, max_batch_size: int, max_queue_delay_s: float, direct: bool, shaped: bool = False
+    ) -> None:
         super().__init__(max_batch_size, max_queue_delay_s)
         self.direct = direct
+        # A state of free sizes: only steps whose states have equal shapes stack.
+        self.shaped = shaped
         self.held: deque[Pending] = deque()
 
     def __len__(self) -> int:
@@ -371,11 +432,13 @@ class SequenceBatcher(Batcher):
         # A sequence's later steps wait behind its first one left in the queue.
         seen = {id(_step(head).live)}
         size = 1
+        shapes = _state_shapes(head) if self.shaped else None
 
         def admit(item: Pending) -> bool:
             nonlocal size
             live = id(_step(item).live)
             joins = item.key == head.key and live not in seen and size < self.max_batch_size
+            joins = joins and (shapes is None or _state_shapes(item) == shapes)
             seen.add(live)
             size += joins
             return joins
@@ -401,22 +464,44 @@ def _flag(model: str, params: Mapping[str, Any], key: str) -> bool:
     return value
 
 
-def _control(kind: str, steps: list[Step], batched: bool) -> Array:
-    if kind == CORRID:
+def _state_shapes(pending: Pending) -> tuple[tuple[int, ...], ...]:
+    return tuple(value.shape for value in _step(pending).live.state.values())
+
+
+def _control(declared: Control, steps: list[Step], batched: bool) -> Array:
+    """One control input: a row per step, in the control's type (Triton's [1] or [batch, 1])."""
+    if declared.kind == CORRID:
         ids = [step.live.id for step in steps]
-        if all(isinstance(value, int) for value in ids):
-            array: Array = np.array(ids, dtype=np.int64)
+        dtype = declared.dtype
+        if dtype is None:
+            dtype = DType.INT64 if all(isinstance(value, int) for value in ids) else DType.BYTES
+        if dtype is DType.BYTES:
+            array: Array = np.array([str(value).encode() for value in ids], dtype=object)
         else:
-            array = np.array([str(value).encode() for value in ids], dtype=object)
+            # Admission refused ids this type cannot hold (Sequences._check_id).
+            array = np.array(ids, dtype=to_numpy(dtype))
     else:
         flags = {
             START: [step.start for step in steps],
             END: [step.end for step in steps],
             READY: [True for _ in steps],
-        }[kind]
-        array = np.array(flags, dtype=np.int32)
+        }[declared.kind]
+        values = [declared.true if flag else declared.false for flag in flags]
+        array = np.array(values, dtype=to_numpy(declared.dtype or DType.INT32))
     return array.reshape(-1, 1) if batched else array.reshape(1)
 
 
 def _numpy(dtype: DType) -> Any:
     return object if dtype is DType.BYTES else to_numpy(dtype)
+
+
+def _type_name(dtype: DType) -> str:
+    """Triton's name of a type (TYPE_STRING for BYTES)."""
+    return f"TYPE_{'STRING' if dtype is DType.BYTES else dtype.value}"
+
+
+_FALSE_TRUE = {
+    DType.INT32: "int32_false_true",
+    DType.FP32: "fp32_false_true",
+    DType.BOOL: "bool_false_true",
+}

@@ -151,6 +151,87 @@ def test_sequence_batching_with_its_strategy(tmp_path: Path) -> None:
     assert (entry["max_candidate_sequences"], entry["max_queue_delay_ms"]) == (4, 0.1)
 
 
+# Triton's sequence batcher guide: "direct" with START and READY as FP32 flags,
+# "oldest" with a UINT64 correlation id, and its implicit state guide's state.
+CONTROLLED = """
+name: "controlled"
+platform: "onnxruntime_onnx"
+max_batch_size: 2
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  direct { }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY fp32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END bool_false_true: [ false, true ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [
+    {
+      input_name: "INPUT_STATE"
+      output_name: "OUTPUT_STATE"
+      data_type: TYPE_INT32
+      dims: [ -1 ]
+      initial_state: { data_type: TYPE_INT32 dims: [ 3 ] data_file: "initial_state_data" }
+      use_same_buffer_for_input_output: true
+    }
+  ]
+}
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 100, 100 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 10 ] } ]
+"""
+
+
+def test_control_inputs_and_state_become_the_runtimes_tables(tmp_path: Path) -> None:
+    folder = model(tmp_path, "controlled", CONTROLLED)
+    (folder / "initial_state").mkdir()
+    (folder / "initial_state" / "initial_state_data").write_bytes(bytes(12))
+    entry = only(tmp_path)
+    assert entry["class"] == ONNX_CLASS
+    assert entry["sequence_batching"] is True
+    assert entry["options"]["sequence_controls"] == [
+        {"name": "START", "kind": "start", "dtype": "FP32", "false_true": [0.0, 1.0]},
+        {"name": "READY", "kind": "ready", "dtype": "FP32", "false_true": [0.0, 1.0]},
+        {"name": "END", "kind": "end", "dtype": "BOOL", "false_true": [False, True]},
+        {"name": "CORRID", "kind": "corrid", "dtype": "UINT64"},
+    ]
+    assert entry["options"]["sequence_state"] == [
+        {
+            "input": "INPUT_STATE",
+            "output": "OUTPUT_STATE",
+            "dtype": "INT32",
+            "shape": [-1],
+            "initial_shape": [3],
+            "initial_file": "initial_state/initial_state_data",
+        }
+    ]
+    assert entry["options"]["config_notes"] == [
+        "controlled/config.pbtxt: sequence_batching.state[0] (INPUT_STATE)."
+        "use_same_buffer_for_input_output is not used (the state is a copy per step)"
+    ]
+
+
+def test_config_toml_declares_the_same_tables(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes(b"")
+    (folder / "config.toml").write_text(
+        "[[sequence_controls]]\nname = 'START'\nkind = 'start'\n"
+        "[[sequence_state]]\ninput = 'S_IN'\noutput = 'S_OUT'\ndtype = 'FP32'\nshape = [4]\n"
+    )
+    entry = only(tmp_path)
+    assert entry["sequence_batching"] is True
+    assert entry["options"]["sequence_controls"] == [{"name": "START", "kind": "start"}]
+    (folder / "config.toml").write_text(
+        "sequence_batching = false\n[[sequence_controls]]\nname = 'START'\nkind = 'start'\n"
+    )
+    assert "sequence_batching: false, but sequence_controls" in reason(only(tmp_path))
+    (folder / "config.toml").write_text("[[sequence_controls]]\nname = 'START'\nkind = 'begin'\n")
+    assert "sequence_controls: [0].kind: expected one of start, end, ready, corrid" in reason(
+        only(tmp_path)
+    )
+
+
 ENSEMBLE = """
 name: "m"
 platform: "ensemble"
@@ -233,7 +314,66 @@ def test_what_an_ensemble_does_not_use_is_noted(tmp_path: Path) -> None:
         ),
         (
             "sequence_batching { control_input [ { name: 'START' } ] }",
-            "sequence_batching.control_input: not served for ONNX and TorchScript models yet",
+            "sequence_batching.control_input[0] (START).control: expected exactly one control",
+        ),
+        (
+            "sequence_batching { control_input [ { name: 'S' control [ "
+            "{ kind: CONTROL_SEQUENCE_START } ] } ] }",
+            "sequence_batching.control_input[0] (S): CONTROL_SEQUENCE_START needs one of "
+            "int32_false_true, fp32_false_true or bool_false_true",
+        ),
+        (
+            "sequence_batching { control_input [ { name: 'S' control [ "
+            "{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1, 2 ] } ] } ] }",
+            "sequence_batching.control_input[0] (S).int32_false_true: expected [false, true]",
+        ),
+        (
+            "sequence_batching { control_input [ { name: 'C' control [ "
+            "{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32 } ] } ] }",
+            "sequence_batching.control_input[0] (C).data_type: CONTROL_SEQUENCE_CORRID is "
+            "TYPE_INT32, TYPE_INT64, TYPE_UINT32, TYPE_UINT64 or TYPE_STRING, not TYPE_FP32",
+        ),
+        (
+            "sequence_batching { control_input [ "
+            "{ name: 'A' control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },"
+            "{ name: 'B' control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] }"
+            " ] }",
+            "sequence_batching.control_input[1] (B): a second CONTROL_SEQUENCE_END control",
+        ),
+        (
+            "input [ { name: 'S' data_type: TYPE_INT32 dims: [ 1 ] } ] "
+            "sequence_batching { control_input [ { name: 'S' control [ "
+            "{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }",
+            "input[0] (S): it is a sequence_batching.control_input, which the worker fills",
+        ),
+        (
+            "sequence_batching { state [ { input_name: 'I' data_type: TYPE_INT32 } ] }",
+            "sequence_batching.state[0].output_name is missing",
+        ),
+        (
+            "sequence_batching { state [ { input_name: 'I' output_name: 'O' "
+            "data_type: TYPE_INT32 dims: [ -1 ] initial_state: { data_type: TYPE_INT32 "
+            "dims: [ -1 ] zero_data: true } } ] }",
+            "sequence_batching.state[0] (I).initial_state.dims: [-1] does not fill the "
+            "state's dims [-1]",
+        ),
+        (
+            "sequence_batching { state [ { input_name: 'I' output_name: 'O' "
+            "data_type: TYPE_INT32 dims: [ 1 ] initial_state: { data_type: TYPE_FP32 "
+            "dims: [ 1 ] zero_data: true } } ] }",
+            "sequence_batching.state[0] (I).initial_state.data_type: TYPE_FP32 is not the "
+            "state's TYPE_INT32",
+        ),
+        (
+            "sequence_batching { state [ { input_name: 'I' output_name: 'O' "
+            "data_type: TYPE_INT32 dims: [ 1 ] initial_state: { data_type: TYPE_INT32 "
+            "dims: [ 1 ] data_file: 'nowhere' } } ] }",
+            "sequence_batching.state[0] (I).initial_state.data_file: m/initial_state/nowhere "
+            "is not there",
+        ),
+        (
+            "sequence_batching { iterative_sequence: true }",
+            "sequence_batching.iterative_sequence: not served",
         ),
         ("max_batch_size: [", "it is not a Triton model config"),
         ("no_such_field: 1", "it is not a Triton model config"),

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from appliance.core.descriptor import Kind, Message
+from appliance.core.dtypes import DType
 from appliance.core.metadata import ModelMetadata
-from appliance.core.sequences import state
+from appliance.core.sequences import Control, State, state
 from appliance.core.tensor import Tensor, spec
 from appliance.errors import BadRequest, Overloaded
 from appliance.worker.batcher import batch_inputs, check_request
@@ -153,3 +154,63 @@ def test_a_batch_holds_one_step_per_sequence_and_state_carries_over(strategy: st
     assert [sums for _i, _ids, sums in outputs[1:]] == [[21, 41], [33]]
     assert outputs[1][0]["E"].tolist() == [[0], [1]]
     assert sequences.live == {}
+
+
+def test_typed_controls_take_their_declared_types_and_values() -> None:
+    typed = {
+        "S": Control("start", DType.FP32, 0.0, 1.0),
+        "E": Control("end", DType.BOOL, False, True),
+        "R": Control("ready", DType.INT32, -1, 7),
+        "C": Control("corrid", DType.UINT64),
+    }
+    sequences = Sequences(SequenceSettings("m", "oldest", 60.0, 8, 4, (), typed))
+    batch = [
+        step(1, 1, sequence_id=5, sequence_start=True),
+        step(2, 2, sequence_id=6, sequence_start=True, sequence_end=True),
+    ]
+    for pending in batch:
+        sequences.admit(pending, 0.0)
+    inputs = sequences.inputs(batch, batch_inputs(batch))
+    assert (inputs["S"].dtype, inputs["S"].tolist()) == (np.float32, [[1.0], [1.0]])
+    assert (inputs["E"].dtype, inputs["E"].tolist()) == (np.bool_, [[False], [True]])
+    assert (inputs["R"].dtype, inputs["R"].tolist()) == (np.int32, [[7], [7]])
+    assert (inputs["C"].dtype, inputs["C"].tolist()) == (np.uint64, [[5], [6]])
+    described = sequences.settings.describe()["control_input"]
+    assert described[0]["control"] == [
+        {"kind": "CONTROL_SEQUENCE_START", "fp32_false_true": [0.0, 1.0]}
+    ]
+    assert described[3]["control"] == [
+        {"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64"}
+    ]
+    # An id the correlation id's type cannot hold is refused at its start.
+    with pytest.raises(BadRequest, match="input C is UINT64: send an integer"):
+        sequences.admit(step(1, sequence_id="x", sequence_start=True), 0.0)
+    with pytest.raises(BadRequest, match="does not fit its correlation id input C"):
+        sequences.admit(step(1, sequence_id=-3, sequence_start=True), 0.0)
+
+
+def test_a_state_of_free_size_starts_at_one_and_batches_with_its_own_shape() -> None:
+    grows = State("IN", "OUT", DType.INT32, (-1,))
+    sequences = Sequences(SequenceSettings("m", "oldest", 60.0, 8, 4, (grows,), {}))
+    batcher = batcher_for(4, 0.0, sequences)
+    first = [
+        step(1, 1, sequence_id=1, sequence_start=True),
+        step(2, 2, sequence_id=2, sequence_start=True),
+    ]
+    for pending in first:
+        sequences.admit(pending, 0.0)
+        batcher.add(pending)
+    batch = batcher.take(time.monotonic())
+    inputs = sequences.inputs(batch, batch_inputs(batch))
+    assert inputs["IN"].tolist() == [[0], [0]]
+    # Sequence 1's state grows to two elements; sequence 2's stays at one.
+    sequences.keep(batch[:1], {"OUT": np.array([[1, 1]], np.int32)})
+    sequences.keep(batch[1:], {"OUT": np.array([[2]], np.int32)})
+    later = [step(3, 3, sequence_id=1), step(4, 4, sequence_id=2)]
+    for pending in later:
+        sequences.admit(pending, 0.0)
+        batcher.add(pending)
+    shapes = []
+    while batch := batcher.take(time.monotonic()):
+        shapes.append(sequences.inputs(batch, batch_inputs(batch))["IN"].shape)
+    assert shapes == [(1, 2), (1, 1)]
