@@ -115,6 +115,13 @@ def _summary(action: str, reply: dict[str, object]) -> str:
             f"{key}: {', '.join(map(str, reply[key])) or '-'}"  # type: ignore[call-overload]
             for key in ("added", "changed", "removed", "unchanged")
         ]
+        ensembles = reply.get("ensembles") or {}
+        assert isinstance(ensembles, dict)
+        parts += [
+            f"ensembles {key}: {', '.join(map(str, names))}"
+            for key, names in ensembles.items()
+            if names
+        ]
         return "reload started; " + "; ".join(parts)
     return {
         "online": "online",

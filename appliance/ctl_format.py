@@ -61,9 +61,22 @@ def format_status(reply: dict[str, Any], every: bool = False) -> str:
     notes = [p for p in processes if p.get("note")]
     for process in notes:
         lines.append(f"{process['role']}: {process['note']}")
+    if reply.get("ensembles"):
+        lines += ["", *format_ensembles(reply["ensembles"])]
     if reply.get("sizing"):
         lines += ["", format_sizing(reply["sizing"])]
     return "\n".join(lines) + "\n"
+
+
+def format_ensembles(ensembles: list[dict[str, Any]]) -> list[str]:
+    """A line per ensemble (no process of its own): its steps, and ready or why not."""
+    width = max(len(str(item.get("name", ""))) for item in ensembles)
+    lines = []
+    for item in ensembles:
+        steps = " -> ".join(map(str, item.get("steps", ())))
+        state = "ready" if item.get("ready") else f"not ready: {item.get('not_ready')}"
+        lines.append(f"ensemble {str(item.get('name')).ljust(width)}  {state}  (steps: {steps})")
+    return lines
 
 
 def format_sizing(sizing: dict[str, Any]) -> str:

@@ -82,6 +82,12 @@ def load_model(
     while time.monotonic() < deadline:
         state = request(tree.control_path, "status")
         if state["reloading"] is None:
+            ensemble = next((e for e in state.get("ensembles", ()) if e["name"] == model), None)
+            if ensemble is not None:
+                # No instance of its own: it serves once every step's model does.
+                if ensemble["ready"]:
+                    return
+                raise ModelNotReady(f"failed to load ensemble {model}: {ensemble['not_ready']}")
             if model in router.slots and router.ready(model):
                 return
             raise ModelNotReady(f"failed to load model {model}: {router.why_not_ready(model)}")

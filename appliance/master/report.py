@@ -1,4 +1,4 @@
-"""What ``appliance ctl status`` shows of each process, and of the sizing."""
+"""What ``appliance ctl status`` shows of each process, of each ensemble, and of the sizing."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from appliance import sizing
-from appliance.config import ApplianceConfig
-from appliance.core.status import Role, StatusTable
+from appliance.config import ApplianceConfig, EnsembleConfig
+from appliance.core.status import Role, SlotState, StatusTable
 from appliance.master.children import Child
 from appliance.master.stats import ProcessFigures
 
@@ -73,3 +73,44 @@ def sizing_of(config: ApplianceConfig) -> dict[str, Any]:
         "auto": list(config.auto),
         "rule": sizing.rule_text(),
     }
+
+
+def ensemble_rows(
+    ensembles: Iterable[EnsembleConfig], layout: Mapping[str, list[int]], status: StatusTable
+) -> list[dict[str, Any]]:
+    """One row per ensemble: its step models, and ready or the first step that is not.
+
+    An ensemble has no process; it is ready when every step's model has a
+    ready instance, as the frontends decide (client/ensemble.py).
+    """
+    rows = []
+    for ensemble in ensembles:
+        waiting = ""
+        for index, step in enumerate(ensemble.steps):
+            reason = _not_ready(step.model, layout, status)
+            if reason:
+                waiting = f"step {index} (model {step.model}) {reason}"
+                break
+        rows.append(
+            {
+                "name": ensemble.name,
+                "steps": [step.model for step in ensemble.steps],
+                "ready": not waiting,
+                "not_ready": waiting or None,
+            }
+        )
+    return rows
+
+
+def _not_ready(model: str, layout: Mapping[str, list[int]], status: StatusTable) -> str:
+    """Why a step's model serves nothing now; "" when one of its instances is ready."""
+    slots = layout.get(model)
+    if slots is None:
+        return "is not loaded"
+    infos = [status.read(slot) for slot in slots]
+    if any(info.state is SlotState.READY for info in infos):
+        return ""
+    states = ", ".join(sorted({info.state.name.lower() for info in infos})) or "none"
+    notes = sorted({info.note for info in infos if info.note})
+    text = f"has no ready instance (0 of {len(slots)} ready; {states})"
+    return f"{text}: {notes[0]}" if notes else text

@@ -1,7 +1,8 @@
-"""What the master serves: the config's models, as loads and unloads change them.
+"""What the master serves: the config's models and ensembles, as loads and unloads change them.
 
-:class:`ServedModels` keeps the config file's models, the ones unloaded at
-run time, each load's overrides of ``[[models]]`` keys (until the model is
+:class:`ServedModels` keeps the config file's models and ensembles, the ones unloaded at
+run time (an ensemble too: it is no longer served until loaded, while its
+step models serve on), each load's overrides of ``[[models]]`` keys (until the model is
 loaded without them) and the models loaded from files shipped in the load
 request (Triton's ``file:`` loads, :class:`InlineModels`).
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import repository
-from appliance.config import ModelConfig
+from appliance.config import ApplianceConfig, EnsembleConfig, ModelConfig
 from appliance.config_reader import load, repository_model, with_overrides
 
 
@@ -76,8 +77,14 @@ class InlineModels:
 class ServedModels:
     """The models to serve, from the config and the loads and unloads since."""
 
-    def __init__(self, configured: tuple[ModelConfig, ...], inline_root: Path) -> None:
+    def __init__(
+        self,
+        configured: tuple[ModelConfig, ...],
+        inline_root: Path,
+        ensembles: tuple[EnsembleConfig, ...] = (),
+    ) -> None:
         self.configured = configured
+        self.configured_ensembles = ensembles
         self.unloaded: set[str] = set()
         # model -> the [[models]] keys its last load overrode (until it loads without).
         self.overrides: dict[str, dict[str, Any]] = {}
@@ -90,6 +97,15 @@ class ServedModels:
             for m in self.inline.served(self.configured)
             if m.name not in self.unloaded
         )
+
+    def use(self, config: ApplianceConfig) -> None:
+        """Serve what the config file says now (a reload); unloads and overrides stay."""
+        self.configured = config.models
+        self.configured_ensembles = config.ensembles
+
+    def ensembles(self) -> tuple[EnsembleConfig, ...]:
+        """The configured ensembles less the unloaded ones."""
+        return tuple(e for e in self.configured_ensembles if e.name not in self.unloaded)
 
     def unload(self, model: str) -> Path | None:
         """Stop serving ``model``; return the directory of its files to remove, if any."""
@@ -112,12 +128,17 @@ class ServedModels:
             RuntimeError: the model is in neither; ConfigError: a bad override.
         """
         if directory is None:
-            configured = load(config_path).models
+            fresh = load(config_path)
+            configured = fresh.models
             entries = tuple(each for each in configured if each.name == model)
+            if not entries and fresh.ensemble(model) is not None:
+                self._load_ensemble(model, overrides, fresh)
+                return None
             if not entries:
                 raise RuntimeError(
                     f"failed to load: model {model!r} is not in the config {config_path}"
                 )
+            self.configured_ensembles = fresh.ensembles
         else:
             configured = self.configured
             entries = self.inline.read(model, directory)
@@ -131,3 +152,33 @@ class ServedModels:
         self.unloaded.discard(model)
         self.configured = configured
         return self.inline.replace(model, directory, entries)
+
+    def _load_ensemble(
+        self, name: str, overrides: dict[str, Any] | None, fresh: ApplianceConfig
+    ) -> None:
+        """Serve ensemble ``name`` again, as the config file declares it now.
+
+        Raises:
+            RuntimeError: overrides were given; an ensemble has no worker keys.
+        """
+        if overrides:
+            raise RuntimeError(
+                f"failed to load: {name!r} is an ensemble: it has no [[models]] keys to "
+                f"override ({', '.join(sorted(overrides))}); its steps' models have theirs"
+            )
+        self.unloaded.discard(name)
+        self.configured = fresh.models
+        self.configured_ensembles = fresh.ensembles
+
+
+def ensemble_changes(
+    old: tuple[EnsembleConfig, ...], new: tuple[EnsembleConfig, ...]
+) -> dict[str, list[str]]:
+    """Which ensembles a change of the served config adds, changes and removes."""
+    before = {ensemble.name: ensemble for ensemble in old}
+    after = {ensemble.name: ensemble for ensemble in new}
+    return {
+        "added": [name for name in after if name not in before],
+        "changed": [name for name in after if name in before and before[name] != after[name]],
+        "removed": [name for name in before if name not in after],
+    }

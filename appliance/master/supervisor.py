@@ -84,7 +84,7 @@ class Supervisor:
         self.free_slots: list[int] = []
         self.reloading: Reload | None = None
         # The config file's models as loads and unloads have changed them.
-        self.served = served.ServedModels(config.models, self.tree.inline_dir)
+        self.served = served.ServedModels(config.models, self.tree.inline_dir, config.ensembles)
         self._notified_ready = False
         self._http_booted = -1  # the HTTP arbiter generation whose workers all booted
         self._request_totals: collections.deque[tuple[float, int]] = collections.deque()
@@ -314,13 +314,13 @@ class Supervisor:
         for section in ("server", "http", "grpc", "mip", "shm"):
             if getattr(new, section) != getattr(self.config, section):
                 log.warning("reload: [%s] changed; that takes a restart", section)
-        self.served.configured = new.models
+        self.served.use(new)
         return self._apply()
 
     def unload(self, model: str) -> dict[str, Any]:
         """Stop serving ``model`` until it is loaded again (a reload without it)."""
         self._check_can_reload()
-        if model not in self.layout:
+        if model not in self.layout and self.config.ensemble(model) is None:
             raise RuntimeError(f"failed to unload: model {model!r} is not loaded")
         return self._apply(self.served.unload(model))
 
@@ -349,19 +349,24 @@ class Supervisor:
     def _apply(self, dropped: Path | None = None) -> dict[str, Any]:
         """Serve what ``self.served`` says (see reload.py); then remove ``dropped``,
         the directory of files a model no longer serves from."""
-        merged = dataclasses.replace(self.config, models=self.served.models())
+        merged = dataclasses.replace(
+            self.config, models=self.served.models(), ensembles=self.served.ensembles()
+        )
+        ensembles = served.ensemble_changes(self.config.ensembles, merged.ensembles)
         self.reloads += 1
         systemd.notify("RELOADING=1", systemd.monotonic_usec(), "STATUS=reloading")
         reload = Reload(self, self.config, merged, self.reloads, self.tree.dir)
         reload.start()
         self.config = merged
         write_snapshot(merged, self.tree.snapshot_path)
+        if any(ensembles.values()):
+            self.write_layout()  # clients read the snapshot's ensembles on a new layout
         self.reloading = None if reload.done else reload
         if reload.done:
             systemd.notify("READY=1", "STATUS=reload done")
         if dropped is not None:
             inline.remove(dropped)
-        return reload.summary()
+        return {**reload.summary(), "ensembles": ensembles}
 
     def model_children(self, model: str) -> list[Child]:
         """The children serving ``model`` now (its slots in the layout)."""
@@ -450,6 +455,7 @@ class Supervisor:
             "reloading": self.reloading.summary() if self.reloading else None,
             "models": list(self.layout),
             "unloaded": sorted(self.served.unloaded),
+            "ensembles": report.ensemble_rows(self.config.ensembles, self.layout, self.status),
             "ports": self.ports,
             "processes": report.process_rows(
                 self.children,

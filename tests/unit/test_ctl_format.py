@@ -50,3 +50,23 @@ def test_all_lists_every_model() -> None:
     text = format_status(reply(200, failed=2), every=True)
     assert all(f"model[m{index}#0]" in text for index in range(200))
     assert "model processes:" not in text
+
+
+def test_ensembles_are_listed_apart_with_the_step_that_is_not_ready() -> None:
+    status = reply(2)
+    status["ensembles"] = [
+        {"name": "pipeline", "steps": ["m0", "m1"], "ready": True, "not_ready": None},
+        {
+            "name": "six",
+            "steps": ["m0", "gone"],
+            "ready": False,
+            "not_ready": "step 1 (model gone) is not loaded",
+        },
+    ]
+    lines = format_status(status).splitlines()
+    assert "ensemble pipeline  ready  (steps: m0 -> m1)" in lines
+    assert (
+        "ensemble six       not ready: step 1 (model gone) is not loaded  (steps: m0 -> gone)"
+        in (lines)
+    )
+    assert "ensemble" not in format_status(reply(2))
