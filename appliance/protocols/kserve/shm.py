@@ -32,11 +32,9 @@ Registration asks a model worker on that GPU to open the handle, so a bad
 handle or a short buffer is refused then, as Triton does; where no model
 runs on that GPU, the first request that uses the region finds out.
 
-With ``shm.cuda_copies = "frontend"`` a frontend process opens the handle
-itself, on first use, and copies the inputs from the device and the outputs
-back through host memory (the way before; each such process holds a CUDA
-context). It closes the handle once the region is unregistered, at once in
-the process that unregisters and within ``SWEEP_INTERVAL_S`` in the others.
+``shm.cuda_copies = "frontend"`` (the way before) has each frontend process
+open the handle on first use, with a CUDA context of its own, and copy
+through host memory; unregistering closes it within ``SWEEP_INTERVAL_S``.
 """
 
 from __future__ import annotations
@@ -578,11 +576,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _check_extent(ref: ShmRef, what: str, byte_size: int, region: str) -> None:
-    """Refuse a tensor that runs past the ``byte_size`` bytes of ``region``.
-
-    Raises:
-        BadRequest: it does.
-    """
+    """Refuse (BadRequest) a tensor that runs past ``byte_size`` bytes of ``region``."""
     if ref.offset + ref.byte_size > byte_size:
         raise BadRequest(
             f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
@@ -591,11 +585,7 @@ def _check_extent(ref: ShmRef, what: str, byte_size: int, region: str) -> None:
 
 
 def _check_free(data: dict[str, Any], name: str) -> None:
-    """Refuse a name either kind already holds: they share one namespace.
-
-    Raises:
-        RegionExists: ``name`` is taken.
-    """
+    """Refuse (RegionExists) a name either kind holds: they share one namespace."""
     for kind, label in (("regions", "system"), ("cuda", "CUDA")):
         if name in data[kind]:
             raise RegionExists(
