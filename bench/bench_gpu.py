@@ -50,7 +50,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.readme_table import PAGE, update  # noqa: E402
+from bench.doc_tables import PAGE, update  # noqa: E402
 from tests.gpu import cuda_missing, cudashm_missing, gpu_processes  # noqa: E402
 from tests.system.harness import Appliance, make_config, new_run_dir, start  # noqa: E402
 

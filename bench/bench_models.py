@@ -60,8 +60,8 @@ sys.path.insert(0, str(ROOT))
 
 from appliance.config_reader import load  # noqa: E402
 from bench import servers  # noqa: E402
+from bench.doc_tables import PAGE, update  # noqa: E402
 from bench.loadgen import write_results  # noqa: E402
-from bench.readme_table import PAGE, update  # noqa: E402
 from tests.system.harness import Appliance, make_config, new_run_dir, start  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -66,7 +66,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import callers, readme_table, report, servers  # noqa: E402
+from bench import callers, doc_tables, report, servers  # noqa: E402
 from bench.loadgen import ClientPool, ProcessTree, machine, write_results  # noqa: E402
 from bench.plan import (  # noqa: E402
     APPLIANCE,
@@ -99,7 +99,7 @@ from bench.plan import (  # noqa: E402
 from tests.system.harness import running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-PAGE = readme_table.PAGE
+PAGE = doc_tables.PAGE
 STARTED = time.monotonic()
 # What the run needs after the load grid: paced, batching, scaling, plot.
 RESERVE_S = 200.0
@@ -474,15 +474,15 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
     targets = report.targets(summary, paced_rows, batching_rows)
     targets += report.scaling_targets(scaling_rows)
     report.print_grid(summary)
-    print("\n" + "\n".join(readme_table.http_tables(summary)))
-    print("\n" + "\n".join(readme_table.event_loop_table(loop_rows)))
-    readme_table.print_extras(
+    print("\n" + "\n".join(doc_tables.http_tables(summary)))
+    print("\n" + "\n".join(doc_tables.event_loop_table(loop_rows)))
+    doc_tables.print_extras(
         ratios, paced_rows, batching_rows, scaling_rows, record.get("scaling_note", "")
     )
     report.print_targets(targets)
     name = "peers-scaling" if args.scaling_only else "peers-quick" if args.quick else "peers"
     cpus = len(os.sched_getaffinity(0))
-    tag = readme_table.TAG
+    tag = doc_tables.TAG
     if cpus >= SCALING_SPLIT_CPUS:  # a many-core host's results sit beside this machine's
         name += f"-{cpus}core"
         tag += f"-{cpus}core"
@@ -501,18 +501,16 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
     print(f"\nwrote {results.relative_to(ROOT)}")
     if args.scaling_only:
         if cpus >= SCALING_SPLIT_CPUS:
-            text = readme_table.render_scaling(
-                record | {"machine": machine()}, scaling_rows, targets
-            )
-            if readme_table.update(PAGE, text, tag):
+            text = doc_tables.render_scaling(record | {"machine": machine()}, scaling_rows, targets)
+            if doc_tables.update(PAGE, text, tag):
                 print(f"updated the {tag} table in {PAGE.relative_to(ROOT)}")
         return
     plot(results, RESULTS / f"{name}.png")
     if not args.quick:
-        text = readme_table.render(
+        text = doc_tables.render(
             record, summary, ratios, batching_rows, scaling_rows, targets, loop_rows
         )
-        if readme_table.update(PAGE, text, tag):
+        if doc_tables.update(PAGE, text, tag):
             print(f"updated the {tag} table in {PAGE.relative_to(ROOT)}")
 
 

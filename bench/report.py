@@ -1,7 +1,7 @@
 """bench_peers.py's numbers: medians, appliance/peer ratios, the issue's targets.
 
 Everything here reads the run's record (rows of every repeat) and returns
-plain data; bench/readme_table.py turns it into markdown.
+plain data; bench/doc_tables.py turns it into markdown.
 """
 
 from __future__ import annotations
