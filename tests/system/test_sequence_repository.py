@@ -28,8 +28,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.onnx_graph import Graph
 from tests.system.harness import Appliance, make_config, new_run_dir, serving
-from tests.system.onnx_graph import Graph
 
 ACCUMULATE_ONNX = """
 name: "accumulate_onnx"

@@ -24,53 +24,21 @@ from appliance.runtimes.broken import Broken
 from appliance.runtimes.interface import DEFAULT_MAX_BATCH_SIZE, ModelFileError
 from appliance.runtimes.onnx import OnnxModel
 from appliance.runtimes.torchscript import TorchScriptModel, writes_in_place
+from tests.onnx_graph import Graph
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDOUT = ROOT / "tests" / "data" / "digits_holdout.npz"
 EXAMPLES = ROOT / "appliance" / "demos" / "repository"
 
-# -- a minimal ONNX writer: protobuf's wire format, ONNX's field numbers -----------
-
-_ELEM = {"FP32": 1, "UINT8": 2, "INT64": 7, "BYTES": 8, "BOOL": 9, "FP16": 10, "BF16": 16}
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes | str | int) -> bytes:
-    if isinstance(payload, int):
-        return _varint(number << 3) + _varint(payload)
-    data = payload.encode() if isinstance(payload, str) else payload
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
-
-
-def _value_info(name: str, dtype: str, shape: list[int | str]) -> bytes:
-    # Dimension: dim_value = 1 (a size), dim_param = 2 (a symbol), or neither (-1).
-    dims = b"".join(
-        _field(1, _field(2, d) if isinstance(d, str) else _field(1, d) if d >= 0 else b"")
-        for d in shape
-    )
-    tensor = _field(1, _ELEM[dtype]) + _field(2, dims)  # TypeProto.Tensor
-    return _field(1, name) + _field(2, _field(1, tensor))  # ValueInfoProto
-
 
 def identity_model(tensors: list[tuple[str, str, str, list[int | str]]]) -> bytes:
     """Return an ONNX model computing output = Identity(input) per (in, out, dtype, shape)."""
-    graph = b"".join(
-        _field(1, _field(1, src) + _field(2, dst) + _field(4, "Identity"))
-        for src, dst, _, _ in tensors
-    )
-    graph += _field(2, "identity")
-    graph += b"".join(_field(11, _value_info(src, dt, sh)) for src, _, dt, sh in tensors)
-    graph += b"".join(_field(12, _value_info(dst, dt, sh)) for _, dst, dt, sh in tensors)
-    opset = _field(1, "") + _field(2, 17)
-    return _field(1, 8) + _field(2, "tests") + _field(7, graph) + _field(8, opset)
+    graph = Graph("identity")
+    for src, dst, dtype, shape in tensors:
+        graph.input(src, dtype, shape)
+        graph.output(dst, dtype, shape)
+        graph.node("Identity", [src], [dst])
+    return graph.encode()
 
 
 def onnx_file(tmp_path: Path, model: bytes, name: str = "m") -> Path:

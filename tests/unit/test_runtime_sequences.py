@@ -19,7 +19,7 @@ import torch
 from appliance.runtimes.interface import ModelFileError
 from appliance.runtimes.onnx import OnnxModel
 from appliance.runtimes.torchscript import TorchScriptModel
-from tests.system.onnx_graph import Graph
+from tests.onnx_graph import Graph
 
 CONTROLS = [
     {"name": "START", "kind": "start", "dtype": "BOOL", "false_true": [False, True]},
