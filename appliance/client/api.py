@@ -125,10 +125,10 @@ class ModelClient:
         )
         self._metadata: dict[str, tuple[float, float, ModelMetadata, int]] = {}
         # Ensembles run here, in the caller's process (ensemble.py).
-        self._ensembles = Ensembles(
+        self._served_ensembles = Ensembles(
             self._flight, self.router, self._pick, shm.inline_threshold_bytes
         )
-        self._ensembles.serve(config.ensembles)
+        self._served_ensembles.serve(config.ensembles)
         self._spin_budget_s = config.server.spin_wait_us / 1e6
         self._closed = False
 
@@ -156,17 +156,27 @@ class ModelClient:
         ]
         # A new layout follows a reload or a load, which may change a model's
         # [[models]] entry (an override): the snapshot, written first, has the
-        # served entries. Unloaded models keep theirs (the repository index
-        # lists them).
+        # served entries. Unloaded models and ensembles keep theirs (the
+        # repository index lists them).
         with contextlib.suppress(ConfigError):
             snapshot = read_snapshot(self.tree.snapshot_path)
             served = {model.name: model for model in snapshot.models}
             kept = [served.pop(model.name, model) for model in self.config.models]
+            ensembles = {ensemble.name: ensemble for ensemble in self.config.ensembles}
+            ensembles.update((ensemble.name, ensemble) for ensemble in snapshot.ensembles)
             self.config = dataclasses.replace(
-                self.config, models=(*kept, *served.values()), ensembles=snapshot.ensembles
+                self.config,
+                models=(*kept, *served.values()),
+                ensembles=tuple(ensembles.values()),
             )
-            self._ensembles.serve(snapshot.ensembles)
+            self._served_ensembles.serve(snapshot.ensembles)
         return layout
+
+    @property
+    def _ensembles(self) -> Ensembles:
+        """The ensembles served now, a load's or reload's new layout read first."""
+        self.router.follow()
+        return self._served_ensembles
 
     # -- the calls: one core each, with sync and async faces (drive.py) -------
 

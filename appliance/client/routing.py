@@ -75,11 +75,15 @@ class Router:
     @property
     def slots(self) -> dict[str, tuple[int, ...]]:
         """The instance slots of every served model, in config order."""
+        self.follow()
+        return self._slots
+
+    def follow(self) -> None:
+        """Read the layout again if the master published a new one (a reload or a load)."""
         generation = self.status.layout_generation
         if generation != self._generation:
             fresh = {name: tuple(indexes) for name, indexes in self._layout().items()}
             self._slots, self._generation = fresh, generation
-        return self._slots
 
     def pick(self, model: str, parameters: Mapping[str, Any] | None = None) -> Target:
         """Return the least-loaded ready instance of ``model``, or its sequence's.

@@ -160,3 +160,24 @@ def test_reload_adds_an_ensemble_from_the_config_file(appliance: Appliance) -> N
             time.sleep(0.1)
         assert ctl(appliance, "reload").returncode == 0
     assert eventually(lambda: row(appliance, "twelve") is None, 10.0)
+
+
+def test_kserve_repository_unloads_and_loads_an_ensemble_that_answers_at_once(
+    appliance: Appliance,
+) -> None:
+    import tritonclient.http as httpclient
+
+    triton = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
+    x = httpclient.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), np.float32))
+    try:
+        for _ in range(5):
+            triton.unload_model("six")
+            index = {entry["name"]: entry for entry in triton.get_model_repository_index()}
+            assert index["six"]["state"] == "UNAVAILABLE", index["six"]
+            triton.load_model("six")  # answers once it serves, in this very process too
+            assert triton.infer("six", [x]).as_numpy("y").tolist() == [[6.0] * 4]
+            index = {entry["name"]: entry for entry in triton.get_model_repository_index()}
+            assert index["six"] == {"name": "six", "version": "1", "state": "READY", "reason": ""}
+    finally:
+        triton.close()

@@ -75,6 +75,7 @@ def known_models(client: ModelClient) -> dict[str, str]:
         for model in client.config.models
         if not str(model.options.get("path", "")).startswith(shipped)
     }
+    known.update((ensemble.name, ensemble.version) for ensemble in client.config.ensembles)
     for repo in client.config.repositories:
         try:
             entries = repository.scan(Path(repo.path), repo.versions)
