@@ -158,6 +158,18 @@ class Appliance:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def kserve_state(self, model: str) -> tuple[bool, dict[str, Any]]:
+        """``model``'s readiness and its repository index entry, as tritonclient sees them."""
+        import tritonclient.http as httpclient
+
+        rest = httpclient.InferenceServerClient(f"127.0.0.1:{self.ports['http']}")
+        try:
+            ready = rest.is_model_ready(model)
+            index = {entry["name"]: entry for entry in rest.get_model_repository_index()}
+        finally:
+            rest.close()
+        return ready, index[model]
+
     def processes(self) -> list[dict[str, Any]]:
         return list(self.ctl("status")["processes"])
 

@@ -146,12 +146,7 @@ def test_an_ensemble_serves_with_no_worker_of_its_own(
 
 
 def test_what_cannot_be_served_says_which_field(appliance: Appliance) -> None:
-    rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
-    try:
-        ready = rest.is_model_ready("dangling")
-        index = {entry["name"]: entry for entry in rest.get_model_repository_index()}
-    finally:
-        rest.close()
+    ready, entry = appliance.kserve_state("dangling")
     assert not ready
-    assert index["dangling"]["state"] == "UNAVAILABLE"
-    assert "steps[0].model: no model 'digits_tf' is served" in index["dangling"]["reason"]
+    assert entry["state"] == "UNAVAILABLE"
+    assert "steps[0].model: no model 'digits_tf' is served" in entry["reason"]

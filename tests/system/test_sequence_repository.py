@@ -283,13 +283,8 @@ def test_an_id_the_correlation_control_cannot_hold_is_refused(appliance: Applian
 
 
 def test_a_state_the_model_file_lacks_is_named(appliance: Appliance) -> None:
-    rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
-    try:
-        ready = rest.is_model_ready("misnamed")
-        index = {entry["name"]: entry for entry in rest.get_model_repository_index()}
-    finally:
-        rest.close()
+    ready, entry = appliance.kserve_state("misnamed")
     assert not ready
-    assert index["misnamed"]["state"] == "UNAVAILABLE"
-    reason = index["misnamed"]["reason"]
+    assert entry["state"] == "UNAVAILABLE"
+    reason = entry["reason"]
     assert "sequence_batching.state MEMORY: misnamed/1/model.onnx has no input 'MEMORY'" in reason
