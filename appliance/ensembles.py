@@ -27,6 +27,7 @@ checks the steps' models against the served ones once they are all known.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -254,15 +255,7 @@ def resolve(
                     f"not {step.version}"
                 )
         steps.append(EnsembleStep(name, step.input_map, step.output_map, step.version))
-    return EnsembleConfig(
-        ensemble.name,
-        ensemble.inputs,
-        ensemble.outputs,
-        tuple(steps),
-        ensemble.max_batch_size,
-        ensemble.description,
-        ensemble.version,
-    )
+    return dataclasses.replace(ensemble, steps=tuple(steps))
 
 
 def from_repository(where: str, entry: Mapping[str, Any]) -> EnsembleConfig | dict[str, Any]:

@@ -205,8 +205,8 @@ class ModelClient:
         Raises:
             ApplianceError: any subclass, with a message for the user.
         """
-        if model in self._ensembles:
-            ensembles = self._ensembles
+        ensembles = self._ensembles
+        if model in ensembles:
             return ensembles.run(channel, model, inputs, outputs, parameters, timeout_s, targets)
         body = request_body(model, "predict", outputs, parameters, None, targets)
         return self._unary(channel, body, inputs, timeout_s)
@@ -403,14 +403,16 @@ class ModelClient:
         return plan.config if plan is not None else None
 
     def model_ready(self, model: str) -> bool:
-        if model in self._ensembles:
-            return self._ensembles.ready(model)
+        ensembles = self._ensembles
+        if model in ensembles:
+            return ensembles.ready(model)
         return self.router.ready(model)
 
     def why_not_ready(self, model: str) -> str:
         """Why a model (or an ensemble) is not ready, for a user to act on."""
-        if model in self._ensembles:
-            return self._ensembles.why_not_ready(model)
+        ensembles = self._ensembles
+        if model in ensembles:
+            return ensembles.why_not_ready(model)
         return self.router.why_not_ready(model)
 
     def server_live(self) -> bool:
@@ -422,8 +424,9 @@ class ModelClient:
 
     def counters(self, model: str) -> dict[Counter, int]:
         """Sum a model's counters over its instances (an ensemble's: ensemble.py)."""
-        if model in self._ensembles:
-            return self._ensembles.counters(model, self.counters)
+        ensembles = self._ensembles
+        if model in ensembles:
+            return ensembles.counters(model, self.counters)
         totals = dict.fromkeys(Counter, 0)
         for slot in self.router.slots.get(model, ()):
             values = self.status.read(slot).counters

@@ -153,10 +153,10 @@ class Ensembles:
         plans = {}
         for config in configs:
             known = self._plans.get(config.name)
-            plans[config.name] = known if known is not None and known.config == config else None
-            if plans[config.name] is None:
-                plans[config.name] = Plan.of(config)
-        self._plans = {name: plan for name, plan in plans.items() if plan is not None}
+            plans[config.name] = (
+                known if known is not None and known.config == config else Plan.of(config)
+            )
+        self._plans = plans
 
     def __contains__(self, name: str) -> bool:
         return name in self._plans
@@ -307,9 +307,11 @@ class _Run:
             self._take_inputs(inputs, finals)
             while waiting or flying:
                 for index in [i for i in waiting if self._can_send(i)]:
-                    waiting.remove(index)
                     started = time.perf_counter()
-                    flying.append((index, (yield from self._send(index)), started))
+                    call = yield from self._send(index)
+                    # Not before: a step whose send failed still holds its inputs.
+                    waiting.remove(index)
+                    flying.append((index, call, started))
                 index, call, started = flying[0]
                 yield call
                 flying.popleft()  # not before: a run closed at the yield still owns it

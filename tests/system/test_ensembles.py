@@ -354,3 +354,19 @@ def test_a_step_model_unloaded_makes_the_ensemble_not_ready_until_loaded(
         client.load_model("tripled")
     with client.infer("six", {"x": x}) as result:
         assert np.allclose(result.array("y"), 6 * x)
+    # The refused run gave back step 0's output, which step 1 never read.
+    assert eventually(lambda: all_given_back(client), 5.0)
+
+
+def test_a_step_that_cannot_be_sent_gives_its_inputs_back(client: ModelClient) -> None:
+    x = np.ones((64, 1024), np.float32)  # past the inline threshold: step 0 answers in its ring
+    client.unload_model("identity")
+    try:
+        with pytest.raises(ModelNotReady, match=r"ensemble copies, step 1 \(model identity\)"):
+            client.infer("copies", {"IN": x}, timeout_s=1.0)
+        # Step 0's output, which step 1 was to read, is given back to its worker.
+        assert eventually(lambda: all_given_back(client), 5.0)
+    finally:
+        client.load_model("identity")
+    with client.infer("copies", {"IN": x}) as result:
+        assert np.array_equal(result.array("OUT"), x)
