@@ -28,6 +28,7 @@ from appliance.core.tree import Tree
 from appliance.errors import ModelFailed
 from appliance.exitcodes import ExitCode
 from appliance.process import become_child
+from appliance.worker.batcher import DERIVATIVES
 from appliance.worker.cuda_regions import CudaRegions
 from appliance.worker.loader import Loaded, LoadError, load_model
 from appliance.worker.sequences import settings_for
@@ -149,8 +150,7 @@ def response_ring_bytes(metadata: ModelMetadata, model: ModelConfig, shm: ShmCon
     if model.response_ring_bytes:
         return model.response_ring_bytes
     specs = list(metadata.outputs or ())
-    derivatives = ("gradient", "apply_jacobian", "apply_hessian")
-    if any(metadata.supports.get(name) for name in derivatives):
+    if any(metadata.supports.get(name) for name in DERIVATIVES):
         specs += metadata.inputs or ()
     total = 0
     for spec in specs:
