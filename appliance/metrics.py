@@ -22,12 +22,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
-from prometheus_client.metrics_core import Metric
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client import REGISTRY, Counter, Histogram
 
 from appliance import logs
 from appliance.errors import ErrorCode
+from appliance.metric_files import MetricFiles
 
 PROTOCOL: contextvars.ContextVar[str] = contextvars.ContextVar("protocol", default="internal")
 MODEL: contextvars.ContextVar[str] = contextvars.ContextVar("model", default="")
@@ -48,6 +47,9 @@ LATENCY = Histogram(
     ["protocol", "model"],
     buckets=_SECONDS,
 )
+# The families a model call is recorded into, as read back (call_samples).
+CALL_FAMILIES = ("appliance_model_requests", "appliance_model_request_duration_seconds")
+_files: MetricFiles | None = None
 BATCH_ROWS = Histogram(
     "appliance_batch_rows",
     "Rows per batch a model instance ran.",
@@ -112,28 +114,35 @@ def call_totals(model: str) -> tuple[int, int, float]:
     """
     ok = failed = 0
     seconds = 0.0
-    for family in _families():
-        for sample in family.samples:
-            if sample.labels.get("model") != model:
-                continue
-            if sample.name == "appliance_model_requests_total":
-                outcome = sample.labels.get("outcome")
-                if outcome == "ok":
-                    ok += int(sample.value)
-                elif outcome != _OUTCOMES[ErrorCode.BAD_REQUEST]:
-                    failed += int(sample.value)
-            elif sample.name == "appliance_model_request_duration_seconds_sum":
-                seconds += sample.value
+    for name, labels, value in call_samples():
+        if labels.get("model") != model:
+            continue
+        if name == "appliance_model_requests_total":
+            outcome = labels.get("outcome")
+            if outcome == "ok":
+                ok += int(value)
+            elif outcome != _OUTCOMES[ErrorCode.BAD_REQUEST]:
+                failed += int(value)
+        elif name == "appliance_model_request_duration_seconds_sum":
+            seconds += value
     return ok, failed, seconds
 
 
-def _families() -> Iterable[Metric]:
-    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not path:
-        return list(REGISTRY.collect())
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
-    return list(registry.collect())
+def call_samples() -> Iterable[tuple[str, dict[str, str], float]]:
+    """Yield (sample name, labels, value) of the model-call families, every process's."""
+    global _files
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        # PERF: kept between reads, so the files of idle models are not parsed again.
+        if _files is None or str(_files.directory) != directory:
+            _files = MetricFiles(directory)
+        yield from _files.samples(CALL_FAMILIES)
+        return
+    # A process outside an appliance tree records in memory only.
+    for metric in REGISTRY.collect():
+        if metric.name in CALL_FAMILIES:
+            for sample in metric.samples:
+                yield sample.name, sample.labels, sample.value
 
 
 class Tally:

@@ -11,23 +11,16 @@ between them.
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import REGISTRY
-
-from appliance.metric_files import MetricFiles
+from appliance.metrics import call_samples
 
 # A call whose model is unknown is recorded with an empty model label.
 UNKNOWN_MODEL = "(unknown)"
-# The families appliance/metrics.py records model calls into.
-_FAMILIES = ("appliance_model_requests", "appliance_model_request_duration_seconds")
 _REQUESTS = "appliance_model_requests_total"
 _BUCKET = "appliance_model_request_duration_seconds_bucket"
 _SUM = "appliance_model_request_duration_seconds_sum"
 _COUNT = "appliance_model_request_duration_seconds_count"
-_files: MetricFiles | None = None
 
 
 def read() -> dict[str, Any]:
@@ -40,7 +33,7 @@ def read() -> dict[str, Any]:
     models: dict[str, dict[str, Any]] = {}
     protocols: dict[str, float] = {}
     bounds: dict[float, None] = {}
-    for name, labels, value in _samples():
+    for name, labels, value in call_samples():
         model = labels.get("model") or UNKNOWN_MODEL
         if name == _REQUESTS:
             entry = _entry(models, model)
@@ -72,20 +65,3 @@ def _entry(models: dict[str, dict[str, Any]], model: str) -> dict[str, Any]:
         entry = {"ok": 0.0, "fail": 0.0, "seconds": 0.0, "count": 0.0, "by_bound": {}}
         models[model] = entry
     return entry
-
-
-def _samples() -> Iterable[tuple[str, dict[str, str], float]]:
-    """Yield (sample name, labels, value) of the two model-call families."""
-    global _files
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if directory:
-        # PERF: kept between reads, so the files of idle models are not parsed again.
-        if _files is None or str(_files.directory) != directory:
-            _files = MetricFiles(directory)
-        yield from _files.samples(_FAMILIES)
-        return
-    # A process outside an appliance tree records in memory only.
-    for metric in REGISTRY.collect():
-        if metric.name in _FAMILIES:
-            for sample in metric.samples:
-                yield sample.name, sample.labels, sample.value
