@@ -180,6 +180,36 @@ def test_kserve_rest_follows_the_callers_trace_into_the_model_worker(
     assert by_name["compute"]["id"] in batch["links"] or infer["id"] in batch["links"]
 
 
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "garbage",
+        f"00-{'z' * 32}-{CALLER_SPAN}-01",  # not hex
+        f"00-{'0' * 32}-{CALLER_SPAN}-01",  # an all-zero trace id is invalid
+        f"ff-{CALLER_TRACE}-{CALLER_SPAN}-01",  # a forbidden version
+        "00-" + "a" * 4000 + "-01",
+    ],
+)
+def test_a_hostile_traceparent_is_ignored_and_the_call_answered(
+    appliance: Appliance, traceparent: str
+) -> None:
+    before = {p["pid"] for p in appliance.processes()}
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    try:
+        for client, module in ((rest, httpclient), (grpc, grpcclient)):
+            inputs = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+            for tensor in inputs:
+                tensor.set_data_from_numpy(np.ones((1, 16), np.int32))
+            result = client.infer("simple", inputs, headers={"traceparent": traceparent})
+            assert result.as_numpy("OUTPUT0").tolist() == [[2] * 16]
+    finally:
+        rest.close()
+        grpc.close()
+    # No process of the tree died of it.
+    assert {p["pid"] for p in appliance.processes()} == before
+
+
 def _new_trace(receiver: Receiver, server_name: str, seen: set[str]) -> list[dict[str, Any]]:
     """The spans of a trace not in ``seen`` whose server span is ``server_name``, once whole."""
     deadline = time.monotonic() + 20.0
