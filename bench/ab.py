@@ -1,0 +1,268 @@
+"""A/B of two appliance configs in one run, over bench_peers' appliance cells.
+
+Both appliances serve bench_peers' models with its sections (bench/plan.py),
+each with its own settings on top, side by side; each cell (an appliance
+system of ``APPLIANCE`` at a payload and client count of the sweep) runs on
+one, then the other, the order alternating between repeats, so drift on the
+shared host weighs on both alike. The table gives, per cell, the median over
+repeats of each side and the ratios B/A of throughput, p50 and server CPU per
+request (CPU of each appliance's whole process tree, psutil). Usage::
+
+    python bench/ab.py --name spin --a server.spin_wait_us=0 \\
+        --systems kserve-rest,umbridge,mip --payloads 16B --clients 1,16 --repeats 5
+
+``--a`` and ``--b`` take ``section.key=value`` settings (the value read as
+TOML, a bare word as a string), repeated for more; a side with none runs the
+defaults. Without ``--systems``/``--payloads``/``--clients`` every appliance
+cell of the sweep runs (``--quick``: bench_peers' quick sweep).
+
+Not run by ``make bench``. Results: bench/results/ab-NAME.json and ab-NAME.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import signal
+import statistics
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import callers  # noqa: E402
+from bench.loadgen import ClientPool, ProcessTree, write_results  # noqa: E402
+from bench.plan import (  # noqa: E402
+    APPLIANCE,
+    FULL_SWEEP,
+    PAYLOADS,
+    QUICK_SWEEP,
+    System,
+    appliance_models,
+    appliance_sections,
+    spec_for,
+)
+from tests.system.harness import running  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+Setup = Callable[[], tuple[list[dict[str, Any]], dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Side:
+    """One appliance of the comparison: its label and what it serves, how."""
+
+    label: str
+    setup: Setup = field(compare=False)
+
+
+@dataclass
+class Grid:
+    """The cells to measure: (system, payload, clients), in order."""
+
+    cells: list[tuple[System, str, int]]
+    seconds: float
+    repeats: int
+
+
+def appliance_endpoints(appliance: Any) -> dict[str, Any]:
+    """Where bench_peers' callers reach an appliance (as bench_peers.py has it)."""
+    ports = appliance.ports
+    return {
+        "grpc": f"127.0.0.1:{ports['grpc']}",
+        "http": f"127.0.0.1:{ports['http']}",
+        "mip": {x["model"]: int(x["port"]) for x in appliance.state["mip_listeners"]},
+        "run_dir": str(appliance.run_dir),
+    }
+
+
+def with_settings(settings: Sequence[str]) -> Setup:
+    """bench_peers' models and sections with ``section.key=value`` settings on top."""
+    parsed = [parse_setting(text) for text in settings]
+
+    def setup() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        sections = copy.deepcopy(appliance_sections())
+        for section, key, value in parsed:
+            sections.setdefault(section, {})[key] = value
+        return appliance_models(), sections
+
+    return setup
+
+
+def parse_setting(text: str) -> tuple[str, str, Any]:
+    name, sep, raw = text.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not sep or not dot or not key:
+        raise SystemExit(f"a setting is section.key=value, not {text!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return section, key, value
+
+
+def grid_of(
+    sweep: dict[str, tuple[int, ...]],
+    systems: set[str] | None = None,
+    payloads: set[str] | None = None,
+    clients: set[int] | None = None,
+) -> list[tuple[System, str, int]]:
+    """The appliance cells of ``sweep``, narrowed to the names given."""
+    cells = []
+    for payload in PAYLOADS:
+        if payloads and payload not in payloads:
+            continue
+        for system in APPLIANCE:
+            if systems and system.name not in systems:
+                continue
+            for level in system.levels(payload, sweep):
+                if not clients or level in clients:
+                    cells.append((system, payload, level))
+    return cells
+
+
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def compare(sides: tuple[Side, Side], grid: Grid, name: str, extra: dict[str, Any]) -> str:
+    """Measure every cell on both sides; write the results; return the table."""
+    rows: list[dict[str, Any]] = []
+    record: dict[str, Any] = {
+        **extra,
+        "sides": [side.label for side in sides],
+        "rows": rows,
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "cut_short": False,
+    }
+    signal.signal(signal.SIGTERM, _interrupt)
+    began = time.monotonic()
+    pool_size = max(level for _system, _payload, level in grid.cells)
+    try:
+        with contextlib.ExitStack() as stack:
+            pool = stack.enter_context(
+                ClientPool(
+                    pool_size, callers.make_call, preload=callers.PRELOAD, method="forkserver"
+                )
+            )
+            where: dict[str, Any] = {}
+            trees: dict[str, ProcessTree] = {}
+            for side in sides:
+                models, sections = side.setup()
+                appliance = stack.enter_context(running(models, **sections))
+                where[side.label] = appliance_endpoints(appliance)
+                trees[side.label] = ProcessTree(appliance.process.pid)
+                log(f"{side.label} up")
+            for repeat in range(grid.repeats):
+                order = sides if repeat % 2 == 0 else sides[::-1]
+                for system, payload, clients in grid.cells:
+                    for side in order:
+                        spec = spec_for(system, payload, {"appliance": where[side.label]})
+                        row = pool.measure(spec, clients, grid.seconds, trees[side.label])
+                        if row["errors"]:
+                            log(f"{side.label} {system.name} {payload}: {row['error']}")
+                        rows.append(
+                            {"variant": side.label, "system": system.name}
+                            | {"payload": payload, "repeat": repeat}
+                            | row
+                        )
+                    pool.release()
+                log(f"repeat {repeat + 1}/{grid.repeats} done")
+    except KeyboardInterrupt:
+        record["cut_short"] = True
+        log("stopped: writing what was measured so far")
+    record["elapsed_s"] = time.monotonic() - began
+    record["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    record["table"] = table(rows, (sides[0].label, sides[1].label))
+    write_results(RESULTS / f"{name}.json", **record)
+    (RESULTS / f"{name}.md").write_text(record["table"])
+    return str(record["table"])
+
+
+def table(rows: list[dict[str, Any]], labels: tuple[str, str]) -> str:
+    """Per cell: the medians of each side, their ranges, and the B/A ratios."""
+    a_label, b_label = labels
+    cells: dict[tuple[str, str, int], dict[str, list[dict[str, Any]]]] = {}
+    for row in rows:
+        key = (row["system"], row["payload"], row["concurrency"])
+        cells.setdefault(key, {}).setdefault(row["variant"], []).append(row)
+    lines = [
+        f"A: {a_label}; B: {b_label}. Medians over repeats (range).",
+        "",
+        "| system | payload | clients | req/s A | req/s B | B/A | p50 ms A | p50 ms B | B/A "
+        "| server µs/req A | server µs/req B | B/A |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    ratios: dict[str, list[float]] = {"rps": [], "p50_ms": [], "server_cpu_us": []}
+    for (system, payload, clients), by_side in cells.items():
+        if set(by_side) != set(labels):
+            continue
+        figures = []
+        for key in ratios:
+            a = [r[key] for r in by_side[a_label]]
+            b = [r[key] for r in by_side[b_label]]
+            ma, mb = statistics.median(a), statistics.median(b)
+            ratio = mb / ma if ma else float("nan")
+            ratios[key].append(ratio)
+            digits = 2 if key == "p50_ms" else 0
+            figures.append(f"{_spread(a, digits)} | {_spread(b, digits)} | {ratio:.2f}")
+        lines.append(f"| {system} | {payload} | {clients} | " + " | ".join(figures) + " |")
+    if ratios["rps"]:
+        medians = " | ".join(
+            f"| | **{statistics.median(values):.2f}**" for values in ratios.values()
+        )
+        lines.append(f"| **median of {len(ratios['rps'])} cells** | | | {medians} |")
+    return "\n".join(lines) + "\n"
+
+
+def _spread(values: list[float], digits: int) -> str:
+    median = statistics.median(values)
+    if len(values) < 2:
+        return f"{median:,.{digits}f}"
+    return f"{median:,.{digits}f} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--name", required=True, help="results go to bench/results/ab-NAME.*")
+    parser.add_argument("--a", action="append", default=[], help="A's section.key=value")
+    parser.add_argument("--b", action="append", default=[], help="B's section.key=value")
+    parser.add_argument("--quick", action="store_true", help="bench_peers' quick sweep")
+    parser.add_argument("--systems", help="comma-separated bench/plan.py appliance systems")
+    parser.add_argument("--payloads", help="comma-separated payloads (16B, 1MiB, ...)")
+    parser.add_argument("--clients", help="comma-separated client counts")
+    parser.add_argument("--seconds", type=float, default=1.0, help="per measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of the grid")
+    args = parser.parse_args()
+    cells = grid_of(
+        QUICK_SWEEP if args.quick else FULL_SWEEP,
+        set(args.systems.split(",")) if args.systems else None,
+        set(args.payloads.split(",")) if args.payloads else None,
+        {int(c) for c in args.clients.split(",")} if args.clients else None,
+    )
+    if not cells:
+        raise SystemExit("no appliance cell matches --systems/--payloads/--clients")
+    sides = (
+        Side(" ".join(args.a) or "defaults", with_settings(args.a)),
+        Side(" ".join(args.b) or "defaults", with_settings(args.b)),
+    )
+    if sides[0].label == sides[1].label:
+        raise SystemExit("A and B are the same settings")
+    print(compare(sides, Grid(cells, args.seconds, args.repeats), f"ab-{args.name}", vars(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
