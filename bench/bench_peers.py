@@ -100,6 +100,7 @@ from tests.system.harness import running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 PAGE = doc_tables.PAGE
+README = ROOT / "README.md"
 STARTED = time.monotonic()
 # What the run needs after the load grid: paced, batching, scaling, plot.
 RESERVE_S = 200.0
@@ -506,6 +507,8 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
                 print(f"updated the {tag} table in {PAGE.relative_to(ROOT)}")
         return
     plot(results, RESULTS / f"{name}.png")
+    if doc_tables.update(README, doc_tables.readme_http(record, summary), f"{tag}-http"):
+        print(f"updated the {tag}-http tables in {README.relative_to(ROOT)}")
     if not args.quick:
         text = doc_tables.render(
             record, summary, ratios, batching_rows, scaling_rows, targets, loop_rows

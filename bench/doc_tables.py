@@ -276,6 +276,23 @@ def http_tables(summary: Summary) -> list[str]:
     ]
 
 
+def readme_http(record: dict[str, Any], summary: Summary) -> str:
+    """The README's HTTP tables: the floors, the new connections and the ladder, this run's."""
+    args = record["args"]
+    how = "--quick " * bool(args["quick"]) + "--no-scaling " * bool(args["no_scaling"])
+    return "\n".join(
+        [
+            f"`bench/bench_peers.py {how}--repeats {record['grid_repeats']}` on "
+            f"{datetime.date.today().isoformat()}, {os.cpu_count()} vCPUs: medians of "
+            f"{record['grid_repeats']} repeat(s) of {args['seconds']:g} s per cell, server µs/req "
+            "the CPU of the server's whole process tree per request. "
+            "[The performance page](docs/performance.md) has every row and the targets.",
+            "",
+            *http_tables(summary),
+        ]
+    )
+
+
 def event_loop_table(rows: list[dict[str, Any]]) -> list[str]:
     """server.event_loop's A/B: each frontend on uvloop and on asyncio's loop."""
     lines = [
