@@ -11,7 +11,9 @@ shared with others. A sampled request gets one trace that follows it:
   ``encode`` (the call's end to the answer) under it;
 - in the model worker, under ``infer``: ``queue`` (arrival to its batch),
   ``compute`` (its batch's run; linked to the batch's own span, which has
-  the batch's rows and a link to every request it served) and ``reply``.
+  the batch's rows and a link to every request it served) and ``reply``;
+- for an ensemble, one ``infer`` span per step under the ensemble's
+  ``infer``, each with its model worker's spans under it.
 
 The context travels in the descriptor (``"trace"``: the ``infer`` span's
 traceparent), so every protocol is traced by one mechanism.
@@ -386,6 +388,38 @@ class CallTrace:
                 self.span.set_attribute("appliance.error", error[:256])
             self.request.infer_end_ns = time.time_ns()
             self.span.end(end_time=self.request.infer_end_ns)
+
+    def step(self, model: str, index: int) -> tuple[StepTrace, str]:
+        """Start the span of an ensemble's step under this call's; return it and its traceparent.
+
+        The step's model worker puts its queue, compute and reply spans under
+        it, as under a lone call's ``infer``.
+        """
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
+        span = tracer().start_span(
+            "infer",
+            context=trace.set_span_in_context(self.span),
+            kind=SpanKind.CLIENT,
+            attributes={"appliance.model": model, "appliance.ensemble_step": index},
+        )
+        return StepTrace(span), traceparent_of(span)
+
+
+class StepTrace:
+    """The ``infer`` span of one step of a traced ensemble call."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+
+    def end(self, error: str = "") -> None:
+        with contextlib.suppress(Exception):
+            if error:
+                self.span.set_attribute("appliance.error", error[:256])
+            self.span.end()
 
 
 def start_call(model: str) -> tuple[CallTrace | None, str | None]:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from appliance import tracing
 from appliance.client.drive import Run, Steps
 from appliance.client.inflight import (
     Call,
@@ -212,6 +213,7 @@ class Ensembles:
     ) -> Run[InferResult]:
         """One call of an ensemble (the core of ModelClient.infer for it)."""
         started = time.perf_counter()
+        traced, _traceparent = tracing.start_call(name)
         try:
             if targets:
                 raise BadRequest(
@@ -219,7 +221,7 @@ class Ensembles:
                     "ask for them in the response or in system shared memory"
                 )
             deadline = time.monotonic() + timeout_s if timeout_s else 0.0
-            ensemble = _Run(self, self._plans[name], channel, parameters, deadline)
+            ensemble = _Run(self, self._plans[name], channel, parameters, deadline, traced)
             self._flight.hold(+1)
             try:
                 result = yield from ensemble.steps(inputs, outputs)
@@ -227,8 +229,12 @@ class Ensembles:
                 self._flight.hold(-1)
         except ApplianceError as ex:
             record_call(name, ex.code, started)
+            if traced is not None:
+                traced.end(ex.message)
             raise
         record_call(name, ErrorCode.OK, started)
+        if traced is not None:
+            traced.end()
         yield result
 
 
@@ -283,6 +289,7 @@ class _Run:
         channel: Outbox,
         parameters: Mapping[str, Any] | None,
         deadline: float,
+        trace: tracing.CallTrace | None = None,
     ) -> None:
         self._flight = ensembles._flight
         self._pick = ensembles._pick
@@ -292,6 +299,8 @@ class _Run:
         self.parameters = parameters
         self.deadline = deadline
         self.values: dict[str, _Value] = {}
+        self.trace = trace
+        self._step_traces: dict[int, tracing.StepTrace] = {}
         # Holders are given back from other threads too (a late reply of a
         # step given up on); one lock for the run is enough.
         self._lock = threading.Lock()
@@ -318,8 +327,9 @@ class _Run:
                 self._receive(index, call, started, finals)
             return self._result(finals)
         except BaseException:
-            for _index, call, _started in flying:
+            for index, call, _started in flying:
                 self._flight.finish(call, False)  # its inputs go once its worker is done
+                self._step_ended(index, "the ensemble call ended before this step answered")
             for index in waiting:
                 self._done(index)
             for name in finals:
@@ -395,8 +405,11 @@ class _Run:
             )
             target, _deadline = yield from self._pick(step.model, timeout_s, body.get("params"))
             inputs = {name: self.values[tensor].sent for name, tensor in step.input_map.items()}
+            if self.trace is not None:
+                self._step_traces[index], body["trace"] = self.trace.step(step.model, index)
             call = self._flight.send(self.channel, target, self.deadline, body, inputs)
         except ApplianceError as ex:
+            self._step_ended(index, ex.message)
             raise self._failed(index, ex) from None
         call.after = functools.partial(self._done, index)
         return call
@@ -409,14 +422,17 @@ class _Run:
             result = self._flight.settle(call)
         except ApplianceError as ex:
             record_call(step.model, ex.code, started)
+            self._step_ended(index, ex.message)
             if answered:
                 self._done(index)
             raise self._failed(index, ex) from None
         except BaseException:
+            self._step_ended(index, "the ensemble call ended before this step answered")
             if answered:
                 self._done(index)
             raise
         record_call(step.model, ErrorCode.OK, started)
+        self._step_ended(index)
         holder = _Holder(self._lock, result.release)
         body = result.body or {}
         places = {entry[0]: entry[3] for entry in body.get("tensors", ()) if type(entry[3]) is list}
@@ -456,6 +472,12 @@ class _Run:
                 if block.segment == segment and inside:
                     return value.holder
         return None
+
+    def _step_ended(self, index: int, error: str = "") -> None:
+        """End a traced step's span (once: a step's failure can pass here twice)."""
+        traced = self._step_traces.pop(index, None)
+        if traced is not None:
+            traced.end(error)
 
     def _done(self, index: int) -> None:
         """A step no longer reads its inputs (it answered, or its worker is done or dead)."""

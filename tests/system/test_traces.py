@@ -112,9 +112,30 @@ def receiver() -> Iterator[Receiver]:
     made.close()
 
 
+# Two steps: simple's two outputs, sum and difference, are the second's two inputs.
+TWICE = {
+    "name": "simple_twice",
+    "platform": "ensemble",
+    "inputs": [{"name": n, "dtype": "INT32", "shape": [-1, 16]} for n in ("A", "B")],
+    "outputs": [{"name": "OUT", "dtype": "INT32", "shape": [-1, 16]}],
+    "steps": [
+        {
+            "model": "simple",
+            "input_map": {"INPUT0": "A", "INPUT1": "B"},
+            "output_map": {"OUTPUT0": "sum", "OUTPUT1": "difference"},
+        },
+        {
+            "model": "simple",
+            "input_map": {"INPUT0": "sum", "INPUT1": "difference"},
+            "output_map": {"OUTPUT0": "OUT"},
+        },
+    ],
+}
+
+
 @pytest.fixture(scope="module")
 def appliance(receiver: Receiver) -> Iterator[Appliance]:
-    models = [*demo_models("simple"), scaled(2.0, delay_s=0.0)]
+    models = [*demo_models("simple"), scaled(2.0, delay_s=0.0), TWICE]
     config = make_config(new_run_dir(), models, **SECTIONS)
     config["traces"] = {"url": receiver.url, "export_ms": 100}
     with serving(config) as started:
@@ -242,3 +263,42 @@ def test_every_protocol_is_traced_across_the_process_boundary(
     workers = [s for s in spans if s["name"] in WORKER_SPANS]
     assert {s["parent"] for s in workers} == {infer["id"]}
     assert server["pid"] not in {s["pid"] for s in workers}
+
+
+def test_an_ensemble_call_has_a_span_per_step_with_its_workers_spans_under_it(
+    appliance: Appliance, receiver: Receiver
+) -> None:
+    trace = "1f2e3d4c5b6a79881f2e3d4c5b6a7988"
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    try:
+        inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("A", "B")]
+        inputs[0].set_data_from_numpy(np.full((1, 16), 5, np.int32))
+        inputs[1].set_data_from_numpy(np.full((1, 16), 3, np.int32))
+        headers = {"traceparent": f"00-{trace}-{CALLER_SPAN}-01"}
+        result = client.infer("simple_twice", inputs, headers=headers)
+    finally:
+        client.close()
+    assert result.as_numpy("OUT").tolist() == [[10] * 16]  # (5 + 3) + (5 - 3)
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        spans = [s for s in receiver.trees() if s["trace"] == trace]
+        if sum(s["name"] == "reply" for s in spans) == 2 and any(
+            s["name"] == "encode" for s in spans
+        ):
+            break
+        time.sleep(0.1)
+    server = next(s for s in spans if s["name"] == "kserve simple_twice")
+    assert server["parent"] == CALLER_SPAN
+    call = next(s for s in spans if s["name"] == "infer" and s["parent"] == server["id"])
+    steps = sorted(
+        (s for s in spans if s["name"] == "infer" and s["parent"] == call["id"]),
+        key=lambda s: s["start"],
+    )
+    assert len(steps) == 2, spans
+    # The second step starts once the first answered; both inside the ensemble's span.
+    assert call["start"] <= steps[0]["start"] <= steps[0]["end"] <= steps[1]["start"]
+    assert steps[1]["end"] <= call["end"]
+    for step in steps:
+        mine = {s["name"]: s for s in spans if s["parent"] == step["id"]}
+        assert set(WORKER_SPANS) <= set(mine), (step, sorted(mine))
+        assert {mine[name]["pid"] for name in WORKER_SPANS} != {server["pid"]}
