@@ -13,8 +13,9 @@ The layout is Triton's::
 :func:`scan` turns one repository into entries shaped like the config's
 ``[[models]]`` tables, which ``appliance.config`` checks like any other. The
 class of an entry is its runtime; its options carry the file's path, its
-version and a stamp (size and modification time), so a reload sees a new
-version, or a file replaced in place, as a changed model.
+version and a stamp (size and modification time, of the model file and of
+any initial-state data file), so a reload sees a new version, or a file
+replaced in place, as a changed model.
 
 An ensemble (``platform = "ensemble"`` with ``steps`` in config.toml, or
 Triton's form in config.pbtxt) needs no model file; its version directory
@@ -35,6 +36,7 @@ frontends may all call it.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -420,10 +422,29 @@ def _entry(
         for key, value in settings.items()
         if key not in (*ENTRY_KEYS, "platform", "model_file")
     }
-    options.update(path=str(path), version=str(version), stamp=f"{stat.st_size}:{stat.st_mtime_ns}")
+    stamp = ";".join([_stamp(stat), *_state_file_stamps(version_dir.parent, settings)])
+    options.update(path=str(path), version=str(version), stamp=stamp)
     entry: dict[str, Any] = {"name": name, "class": cls, "options": options}
     entry.update({key: settings[key] for key in ENTRY_KEYS if key in settings})
     return entry
+
+
+def _stamp(stat: os.stat_result) -> str:
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _state_file_stamps(model_dir: Path, settings: Mapping[str, Any]) -> list[str]:
+    """A stamp per initial-state data file, so that a reload sees one replaced in place."""
+    stamps = []
+    for table in settings.get("sequence_state") or ():
+        name = table.get("initial_file") if isinstance(table, Mapping) else None
+        if not isinstance(name, str):
+            continue
+        try:
+            stamps.append(f"{name}={_stamp((model_dir / name).stat())}")
+        except OSError:
+            stamps.append(f"{name}=missing")  # its load says why; its arrival is a change
+    return stamps
 
 
 def _model_file(

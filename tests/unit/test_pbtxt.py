@@ -8,6 +8,7 @@ since scanning a repository never opens them.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,20 @@ def test_control_inputs_and_state_become_the_runtimes_tables(tmp_path: Path) -> 
         "controlled/config.pbtxt: sequence_batching.state[0] (INPUT_STATE)."
         "use_same_buffer_for_input_output is not used (the state is a copy per step)"
     ]
+
+
+def test_an_initial_state_file_replaced_in_place_is_a_change(tmp_path: Path) -> None:
+    folder = model(tmp_path, "controlled", CONTROLLED)
+    (folder / "initial_state").mkdir()
+    data = folder / "initial_state" / "initial_state_data"
+    data.write_bytes(bytes(12))
+    before = only(tmp_path)["options"]["stamp"]
+    data.write_bytes(bytes(range(12)))
+    stat = data.stat()
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert only(tmp_path)["options"]["stamp"] != before
+    model_file = next(folder.glob("1/model.*"))
+    assert only(tmp_path)["options"]["stamp"].startswith(f"{model_file.stat().st_size}:")
 
 
 def test_config_toml_declares_the_same_tables(tmp_path: Path) -> None:
