@@ -85,6 +85,9 @@ class RuntimeModel(Model):
             self.sequence_state: list[State] = read_states(list(options.get("sequence_state", ())))
         except ValueError as ex:
             raise ModelFileError(f"{self.config_name}: sequence_state{ex}") from None
+        # Whether the file gives its tensors' shapes (ONNX does; TorchScript's
+        # are the config's, and its control and state shapes this class's own).
+        self.declares_shapes = False
         # Every tensor of the model, the worker's inputs and kept outputs included.
         self.model_inputs: list[TensorSpec] = []
         self.model_outputs: list[TensorSpec] = []
@@ -130,6 +133,38 @@ class RuntimeModel(Model):
             for item in self.sequence_state
         ]
         return inputs, outputs
+
+    def check_implicit_shapes(self, batched: bool) -> None:
+        """Check that the file takes its controls and states in the shapes the worker feeds.
+
+        Called once the model's batching is settled (the config's
+        max_batch_size may override what the file allows): a control is
+        ``[rows, 1]`` when batched, ``[1]`` when not; a state its declared
+        dims, after a rows dimension when batched. Only a file that declares
+        its tensors' shapes (ONNX) is checked, so a mismatch is refused at
+        load rather than by the runtime at the first request.
+
+        Raises:
+            ModelFileError: a control or state tensor of another shape.
+        """
+        if not self.declares_shapes:
+            return
+        wanted_in, wanted_out = self.implicit_specs(batched)
+        fields = {name: self._field("control") for name in self.sequence_controls}
+        for item in self.sequence_state:
+            fields[item.input] = fields[item.output] = self._field("state")
+        for wanted, have in ((wanted_in, self.model_inputs), (wanted_out, self.model_outputs)):
+            declared = {spec.name: spec.shape for spec in have}
+            for spec in wanted:
+                shape = declared.get(spec.name)
+                if shape is None or _fits(shape, spec.shape):
+                    continue
+                feeds = "a row per step" if batched else "no rows dimension: max_batch_size is 0"
+                raise ModelFileError(
+                    f"{self.config_name}: {fields[spec.name]}{spec.name}: {self.file_name} "
+                    f"declares shape {list(shape)}, but the worker gives it "
+                    f"{list(spec.shape)} ({feeds}; -1 is any size)"
+                )
 
     def _check_implicit(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
         have_in = {spec.name: spec for spec in inputs}
@@ -190,6 +225,13 @@ class RuntimeModel(Model):
         if self.pbtxt:
             return f"sequence_batching.{'control_input' if what == 'control' else 'state'} "
         return f"sequence_{'controls' if what == 'control' else 'state'} "
+
+
+def _fits(declared: Sequence[int], fed: Sequence[int]) -> bool:
+    """Whether a tensor of shape ``fed`` (-1: any size) can go where ``declared`` is."""
+    return len(declared) == len(fed) and all(
+        a == b or -1 in (a, b) for a, b in zip(declared, fed, strict=True)
+    )
 
 
 def import_runtime(package: str) -> Any:

@@ -99,6 +99,7 @@ class OnnxModel(RuntimeModel):
             "outputs",
             where,
         )
+        self.declares_shapes = True
         self.declare(inputs, outputs)
         self._session = session
         self._output_names = [spec.name for spec in outputs]

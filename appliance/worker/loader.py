@@ -16,7 +16,7 @@ from appliance.config import ModelConfig
 from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import TensorSpec
 from appliance.model import Model
-from appliance.runtimes.interface import RuntimeModel
+from appliance.runtimes.interface import ModelFileError, RuntimeModel
 
 
 class LoadError(Exception):
@@ -67,6 +67,11 @@ def load_model(
     max_batch = model.max_batch_size if config.max_batch_size is None else config.max_batch_size
     inputs = _specs(where, "inputs", model.inputs)
     outputs = _specs(where, "outputs", model.outputs)
+    if isinstance(model, RuntimeModel):
+        try:
+            model.check_implicit_shapes(max_batch > 0)
+        except ModelFileError as ex:
+            raise LoadError(f"{where}: load failed: {ex}") from None
     if max_batch > 0:
         for spec in (*(inputs or ()), *(outputs or ())):
             if not spec.shape or spec.shape[0] != -1:

@@ -109,14 +109,16 @@ sequence_batching {
 MISNAMED = ACCUMULATE_ONNX.replace('"accumulate_onnx"', '"misnamed"').replace(
     '"INPUT_STATE"', '"MEMORY"'
 )
+# The accumulator's config, but its file takes START as three values a row.
+MISSHAPEN = ACCUMULATE_ONNX.replace('"accumulate_onnx"', '"misshapen"')
 START_VALUE = 100
 
 
-def accumulator(path: Path) -> None:
+def accumulator(path: Path, start_width: int = 1) -> None:
     """OUTPUT = INPUT + INPUT_STATE * (1 - START); the controls echoed back."""
     graph = Graph("accumulate")
     graph.input("INPUT", np.int32, ["batch", 1])
-    graph.input("START", np.int32, ["batch", 1])
+    graph.input("START", np.int32, ["batch", start_width])
     graph.input("END", np.bool_, ["batch", 1])
     graph.input("READY", np.float32, ["batch", 1])
     graph.input("CORRID", np.uint64, ["batch", 1])
@@ -159,6 +161,8 @@ def appliance() -> Iterator[Appliance]:
     for name, text in (("accumulate_onnx", ACCUMULATE_ONNX), ("misnamed", MISNAMED)):
         accumulator(root / name / "1" / "model.onnx")
         (root / name / "config.pbtxt").write_text(text)
+    accumulator(root / "misshapen" / "1" / "model.onnx", start_width=3)
+    (root / "misshapen" / "config.pbtxt").write_text(MISSHAPEN)
     torch_dir = root / "accumulate_torch"
     torch_accumulator(torch_dir / "1" / "model.pt")
     (torch_dir / "initial_state").mkdir()
@@ -288,3 +292,15 @@ def test_a_state_the_model_file_lacks_is_named(appliance: Appliance) -> None:
     assert entry["state"] == "UNAVAILABLE"
     reason = entry["reason"]
     assert "sequence_batching.state MEMORY: misnamed/1/model.onnx has no input 'MEMORY'" in reason
+
+
+def test_a_control_the_model_file_takes_in_another_shape_is_refused_at_load(
+    appliance: Appliance,
+) -> None:
+    ready, entry = appliance.kserve_state("misshapen")
+    assert not ready
+    assert entry["state"] == "UNAVAILABLE"
+    assert (
+        "sequence_batching.control_input START: misshapen/1/model.onnx declares shape [-1, 3], "
+        "but the worker gives it [-1, 1]"
+    ) in entry["reason"]
