@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import callers  # noqa: E402
+from bench.bench_peers import appliance_endpoints  # noqa: E402
 from bench.loadgen import ClientPool, ProcessTree, write_results  # noqa: E402
 from bench.plan import (  # noqa: E402
     APPLIANCE,
@@ -71,17 +72,6 @@ class Grid:
     cells: list[tuple[System, str, int]]
     seconds: float
     repeats: int
-
-
-def appliance_endpoints(appliance: Any) -> dict[str, Any]:
-    """Where bench_peers' callers reach an appliance (as bench_peers.py has it)."""
-    ports = appliance.ports
-    return {
-        "grpc": f"127.0.0.1:{ports['grpc']}",
-        "http": f"127.0.0.1:{ports['http']}",
-        "mip": {x["model"]: int(x["port"]) for x in appliance.state["mip_listeners"]},
-        "run_dir": str(appliance.run_dir),
-    }
 
 
 def with_settings(settings: Sequence[str]) -> Setup:
