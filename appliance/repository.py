@@ -39,7 +39,7 @@ import importlib.util
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -298,12 +298,17 @@ def _check_setting(key: str, value: object) -> str:
     return check(value) if check is not None else ""
 
 
-def _check_versions(value: object) -> str:
-    try:
-        parse_versions(value)
-    except RepositoryError as ex:
-        return str(ex)
-    return ""
+def _check_by(read: Callable[[Any], object], error: type[Exception] = ValueError) -> Any:
+    """A check that reads the value with ``read``; what ``read`` raises is its message."""
+
+    def check(value: object) -> str:
+        try:
+            read(value)
+        except error as ex:
+            return str(ex)
+        return ""
+
+    return check
 
 
 def _check_choice(choices: tuple[str, ...] | dict[str, Any]) -> Any:
@@ -351,27 +356,6 @@ def _check_tensors(value: object) -> str:
             and all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape)
         ):
             return f"[{index}].shape: expected a list of sizes (-1 = any), got {shape!r}"
-    return ""
-
-
-def _check_controls(value: object) -> str:
-    try:
-        read_controls(value)
-    except ValueError as ex:
-        return str(ex)
-    return ""
-
-
-def _check_states(value: object) -> str:
-    try:
-        read_states(value)
-    except ValueError as ex:
-        return str(ex)
-    assert isinstance(value, list)  # read_states checked it
-    for index, table in enumerate(value):
-        name = table.get("initial_file")
-        if name is not None and (name.startswith(("/", ".")) or ".." in name.split("/")):
-            return f"[{index}].initial_file: expected a path inside the model directory"
     return ""
 
 
@@ -496,7 +480,7 @@ _WHOLE_MINIMUM = {
 }
 _CHECKS: dict[str, Any] = {
     "platform": _check_choice((*PLATFORMS, ENSEMBLE)),
-    "versions": _check_versions,
+    "versions": _check_by(parse_versions, RepositoryError),
     "device": devices.check,
     "description": _check_string,
     "model_file": _check_file_name,
@@ -505,6 +489,6 @@ _CHECKS: dict[str, Any] = {
     "inputs": _check_tensors,
     "outputs": _check_tensors,
     "steps": _check_steps,
-    "sequence_controls": _check_controls,
-    "sequence_state": _check_states,
+    "sequence_controls": _check_by(read_controls),
+    "sequence_state": _check_by(read_states),
 }

@@ -172,7 +172,8 @@ def read_states(tables: object) -> list[State]:
 
     Keys: ``input``, ``output``, ``dtype``, ``shape`` (-1 for a free size),
     and optionally ``initial_shape`` (the shape a sequence starts with,
-    every size given) and ``initial_file`` (checked here for its type only).
+    every size given) and ``initial_file`` (a path inside the model
+    directory; read by the runtime).
 
     Raises:
         ValueError: a table is malformed; the message starts with its index.
@@ -197,8 +198,13 @@ def read_states(tables: object) -> list[State]:
                 f"{where}.initial_shape: {list(start_shape)} does not fit the state's shape "
                 f"{list(shape)}"
             )
-        if "initial_file" in table and not isinstance(table["initial_file"], str):
-            raise ValueError(f"{where}.initial_file: expected a file name")
+        initial_file = table.get("initial_file")
+        if initial_file is not None and (
+            not isinstance(initial_file, str)
+            or initial_file.startswith(("/", "."))
+            or ".." in initial_file.split("/")
+        ):
+            raise ValueError(f"{where}.initial_file: expected a path inside the model directory")
         names = [name for item in states for name in (item.input, item.output)]
         for key in ("input", "output"):
             if table[key] in names:

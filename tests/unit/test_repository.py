@@ -95,6 +95,17 @@ def test_a_new_file_is_a_change(repo: Path) -> None:
     assert by_name(scan(repo))["multi"]["options"]["version"] == "11"
 
 
+STATE = """
+sequence_batching = true
+[[sequence_state]]
+input = "IN_STATE"
+output = "OUT_STATE"
+dtype = "INT32"
+shape = [1]
+initial_file = "{file}"
+"""
+
+
 @pytest.mark.parametrize(
     ("files", "message"),
     [
@@ -115,6 +126,18 @@ def test_a_new_file_is_a_change(repo: Path) -> None:
         (
             {"m/1/model.pt": "x", "m/config.toml": "[[outputs]]\nname = 'y'\nsize = 2"},
             "outputs: [0]: unknown key 'size'",
+        ),
+        (
+            {"m/1/model.onnx": "x", "m/config.toml": STATE.format(file="../../secret")},
+            "sequence_state: [0].initial_file: expected a path inside the model directory",
+        ),
+        (
+            {"m/1/model.onnx": "x", "m/config.toml": STATE.format(file="/etc/passwd")},
+            "sequence_state: [0].initial_file: expected a path inside the model directory",
+        ),
+        (
+            {"m/1/model.onnx": "x", "m/config.toml": "[[sequence_controls]]\nname = 'S'\n"},
+            "sequence_controls: [0]",
         ),
     ],
 )
