@@ -47,6 +47,8 @@ from google.protobuf import text_format
 from google.protobuf.message import Message
 
 from appliance._generated import triton_model_config_pb2 as mc
+from appliance.core.dtypes import DType
+from appliance.core.sequences import CORRID_DTYPES
 
 FILE = "config.pbtxt"
 
@@ -371,10 +373,11 @@ class _Reader:
                 raise PbtxtError(f"{where}.{next(iter(given))}: {kind} takes data_type, not values")
             dtype = mc.DataType.Name(control.data_type).removeprefix("TYPE_")
             dtype = "BYTES" if dtype == "STRING" else dtype
-            if dtype not in ("INT32", "INT64", "UINT32", "UINT64", "BYTES"):
+            if dtype not in {item.value for item in CORRID_DTYPES}:
+                names = [f"TYPE_{'STRING' if d is DType.BYTES else d.value}" for d in CORRID_DTYPES]
                 raise PbtxtError(
-                    f"{where}.data_type: {kind} is TYPE_INT32, TYPE_INT64, TYPE_UINT32, "
-                    f"TYPE_UINT64 or TYPE_STRING, not {mc.DataType.Name(control.data_type)}"
+                    f"{where}.data_type: {kind} is {', '.join(names[:-1])} or {names[-1]}, "
+                    f"not {mc.DataType.Name(control.data_type)}"
                 )
             return {"name": item.name, "kind": short, "dtype": dtype}
         if control.data_type:
