@@ -105,23 +105,24 @@ def test_cuda_models_fail_to_load_without_a_gpu_and_the_rest_serves(
     if not cuda_missing():
         pytest.skip("a CUDA device is usable here; the CUDA models load")
     # The tree counts as started once one instance of each model failed; the
-    # second instance of a two-instance model may still be loading.
-    # The master retries a failed load after a pause; a slot it restarts shows
-    # the last note but no device until the new process resolves it, so the
-    # checks read one listing where every instance has both.
+    # second instance of a two-instance model may still be loading. The master
+    # retries a failed load after a pause; a slot it restarts shows the last
+    # note but no device until the new process resolves it. So each model's
+    # instance is read from the first listing that shows it with both (a
+    # listing where every failing instance has both at once can take a minute).
     failing = ("digits_cuda", *PAIRS)
-    rows: list[dict[str, Any]] = []
-
-    def all_failed() -> bool:
-        rows[:] = [p for p in appliance.processes() if p["model"]]
-        return all(p.get("note") and p.get("device") for p in rows if p["model"] in failing)
-
+    seen: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not all_failed():  # not eventually(): its last check would list again
-        assert time.monotonic() < deadline, rows
+    while not all(model in seen for model in (*failing, "digits")):
+        assert time.monotonic() < deadline, (seen, appliance.processes())
+        for process in appliance.processes():
+            model = process["model"]
+            told = process.get("note") or model not in failing
+            if model and model not in seen and process.get("device") and told:
+                seen[model] = process
         time.sleep(0.05)
-    notes = {p["model"]: p.get("note", "") for p in rows}
-    devices = {p["model"]: p.get("device") for p in rows}
+    notes = {model: p.get("note", "") for model, p in seen.items()}
+    devices = {model: p.get("device") for model, p in seen.items()}
     # Without torch at all (an install without the torch extra) the reasons say so.
     if "torch is not installed" in cuda_missing():
         assert "device cuda:0 requested but torch is not installed" in notes["digits_cuda"]
