@@ -418,11 +418,15 @@ def _stamp(stat: os.stat_result) -> str:
 
 
 def _state_file_stamps(model_dir: Path, settings: Mapping[str, Any]) -> list[str]:
-    """A stamp per initial-state data file, so that a reload sees one replaced in place."""
+    """A stamp per initial-state data file, so that a reload sees one replaced in place.
+
+    ``settings`` are checked (read_settings): a state's initial_file is a path
+    inside the model directory, when given.
+    """
     stamps = []
-    for table in settings.get("sequence_state") or ():
-        name = table.get("initial_file") if isinstance(table, Mapping) else None
-        if not isinstance(name, str):
+    for table in settings.get("sequence_state", ()):
+        name = table.get("initial_file")
+        if name is None:
             continue
         try:
             stamps.append(f"{name}={_stamp((model_dir / name).stat())}")
