@@ -47,8 +47,13 @@ LATENCY = Histogram(
     ["protocol", "model"],
     buckets=_SECONDS,
 )
-# The families a model call is recorded into, as read back (call_samples).
+# The families a model call is recorded into, as read back (call_samples),
+# and the names of their samples.
 CALL_FAMILIES = ("appliance_model_requests", "appliance_model_request_duration_seconds")
+CALLS_TOTAL = "appliance_model_requests_total"
+CALL_SECONDS_BUCKET = "appliance_model_request_duration_seconds_bucket"
+CALL_SECONDS_SUM = "appliance_model_request_duration_seconds_sum"
+CALL_SECONDS_COUNT = "appliance_model_request_duration_seconds_count"
 _files: MetricFiles | None = None
 BATCH_ROWS = Histogram(
     "appliance_batch_rows",
@@ -117,13 +122,13 @@ def call_totals(model: str) -> tuple[int, int, float]:
     for name, labels, value in call_samples():
         if labels.get("model") != model:
             continue
-        if name == "appliance_model_requests_total":
+        if name == CALLS_TOTAL:
             outcome = labels.get("outcome")
             if outcome == "ok":
                 ok += int(value)
             elif outcome != _OUTCOMES[ErrorCode.BAD_REQUEST]:
                 failed += int(value)
-        elif name == "appliance_model_request_duration_seconds_sum":
+        elif name == CALL_SECONDS_SUM:
             seconds += value
     return ok, failed, seconds
 

@@ -13,14 +13,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from appliance.metrics import call_samples
+from appliance.metrics import (
+    CALL_SECONDS_BUCKET,
+    CALL_SECONDS_COUNT,
+    CALL_SECONDS_SUM,
+    CALLS_TOTAL,
+    call_samples,
+)
 
 # A call whose model is unknown is recorded with an empty model label.
 UNKNOWN_MODEL = "(unknown)"
-_REQUESTS = "appliance_model_requests_total"
-_BUCKET = "appliance_model_request_duration_seconds_bucket"
-_SUM = "appliance_model_request_duration_seconds_sum"
-_COUNT = "appliance_model_request_duration_seconds_count"
 
 
 def read() -> dict[str, Any]:
@@ -35,18 +37,18 @@ def read() -> dict[str, Any]:
     bounds: dict[float, None] = {}
     for name, labels, value in call_samples():
         model = labels.get("model") or UNKNOWN_MODEL
-        if name == _REQUESTS:
+        if name == CALLS_TOTAL:
             entry = _entry(models, model)
             entry["ok" if labels.get("outcome") == "ok" else "fail"] += value
             protocol = labels.get("protocol", "")
             protocols[protocol] = protocols.get(protocol, 0.0) + value
-        elif name == _BUCKET:
+        elif name == CALL_SECONDS_BUCKET:
             bound = float(labels["le"])
             bounds[bound] = None
             buckets = _entry(models, model)["by_bound"]
             buckets[bound] = buckets.get(bound, 0.0) + value
-        elif name in (_SUM, _COUNT):
-            key = "seconds" if name == _SUM else "count"
+        elif name in (CALL_SECONDS_SUM, CALL_SECONDS_COUNT):
+            key = "seconds" if name == CALL_SECONDS_SUM else "count"
             _entry(models, model)[key] += value
     ordered = sorted(bounds)
     for entry in models.values():
