@@ -4,7 +4,9 @@
 ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers in
 docs/performance.md (:data:`PAGE`), so a rerun replaces the table and nothing
 else; bench_gpu.py and bench_models.py put theirs there the same way, between
-markers of their own.
+markers of their own. :func:`readme_http` builds the README's HTTP tables (the
+floors, the new connections, the ladder), which every run puts between the
+README's ``<!-- bench-http:begin -->`` and ``<!-- bench-http:end -->``.
 """
 
 from __future__ import annotations
