@@ -133,6 +133,13 @@ class MipConfig:
 class ShmConfig:
     request_ring_bytes: int = 32 * MiB
     response_ring_bytes: int = 32 * MiB
+    # Where /dev/shm has less free space than the rings above need (a
+    # container's 64 MiB default), the master caps every ring at an equal
+    # share of it, down to min_ring_bytes; false: it refuses to start instead.
+    shrink_to_fit: bool = True
+    # The smallest ring shrink_to_fit makes; tensors larger than a ring go
+    # into one-off segments while /dev/shm has room for them.
+    min_ring_bytes: int = 1 * MiB
     inline_threshold_bytes: int = 16 * 1024
     # A tensor larger than a ring goes into a one-off segment up to this size;
     # a larger one fails its request with an error that names this key.

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from appliance.core.segment import mib
+
 _COLUMNS = ("pid", "role", "model", "state", "restarts", "rss", "cpu", "device")
 # Past this many model processes, ready ones are counted rather than listed:
 # two hundred rows would bury the one that failed.
@@ -65,7 +67,23 @@ def format_status(reply: dict[str, Any], every: bool = False) -> str:
         lines += ["", *format_ensembles(reply["ensembles"])]
     if reply.get("sizing"):
         lines += ["", format_sizing(reply["sizing"])]
+    if reply.get("shm"):
+        lines.append(format_shm(reply["shm"]))
     return "\n".join(lines) + "\n"
+
+
+def format_shm(shm: dict[str, int]) -> str:
+    """One line: /dev/shm's size and free space, the tree's part, any cap on rings."""
+    line = (
+        f"shared memory: /dev/shm {mib(shm['total_bytes'])}, {mib(shm['free_bytes'])} free; "
+        f"this appliance holds {mib(shm['tree_bytes'])}"
+    )
+    if shm.get("ring_cap_bytes"):
+        line += (
+            f"; every ring capped at {mib(shm['ring_cap_bytes'])}: /dev/shm was too small "
+            f"for the configured {mib(shm['wanted_bytes'])}"
+        )
+    return line
 
 
 def format_ensembles(ensembles: list[dict[str, Any]]) -> list[str]:

@@ -12,6 +12,7 @@ travels as ``(code, message)`` inside a descriptor, never as a pickle.
      +-- Unsupported         the model does not implement what was asked
      +-- TooLarge            a tensor or request exceeds a configured limit
      +-- Overloaded          a queue or ring is full; try again later
+     |    +-- ShmExhausted   the shared-memory filesystem (/dev/shm) is full
      +-- DeadlineExceeded    the request's deadline passed before it finished
      +-- WorkerLost          the model worker died while holding the request
      +-- ModelFailed         the model's own code raised
@@ -77,6 +78,15 @@ class TooLarge(ApplianceError):
 
 class Overloaded(ApplianceError):
     code = ErrorCode.OVERLOADED
+
+
+class ShmExhausted(Overloaded):
+    """No room left in /dev/shm for a segment: a resource-exhausted error.
+
+    It crosses processes as Overloaded (its code), which every protocol
+    already words as its resource-exhausted form; the message names shared
+    memory, the bytes wanted and the bytes free.
+    """
 
 
 class DeadlineExceeded(ApplianceError):

@@ -16,3 +16,7 @@ class ExitCode(enum.IntEnum):
     # The model could not be imported or loaded; restarted with backoff, and
     # the model is reported not ready with the reason meanwhile.
     MODEL_LOAD_ERROR = 5
+    # /dev/shm had no room for the process's ring (at its smallest size); the
+    # note in its status slot says how much was free. Restarted with backoff,
+    # like a model that failed to load.
+    NO_SHARED_MEMORY = 6

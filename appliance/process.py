@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import signal
 import sys
 
@@ -54,3 +55,19 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def raise_descriptor_limit() -> tuple[int, int]:
+    """Raise the soft descriptor limit (RLIMIT_NOFILE) to the hard one; return (before, now).
+
+    The master does this at start and its children inherit it: systemd's and
+    many containers' soft limit is 1024, far below what connections need.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, hard

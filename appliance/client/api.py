@@ -112,7 +112,7 @@ class ModelClient:
             publish_slot,
             tree.ring_name(what=f"req{next(_RING_NUMBERS)}"),
             ring_bytes or shm.request_ring_bytes,
-            (shm.inline_threshold_bytes, shm.max_tensor_bytes, shm.spill_limit_bytes),
+            shm,
             self._channel,
         )
         self._pid = os.getpid()

@@ -14,7 +14,7 @@ from appliance.client import inline
 from appliance.client.routing import Router
 from appliance.core.tree import Tree
 from appliance.ctl import request
-from appliance.errors import ControlError, ModelNotReady
+from appliance.errors import ControlError, ModelNotReady, error_from_code
 
 LOAD_POLL_S = 0.05
 
@@ -61,7 +61,8 @@ def load_model(
         BadRequest: a file path no model directory could hold; nothing was written.
         ControlError: the master refused (unknown model or key, unservable
             files, a reload running).
-        ModelNotReady: its new instances failed to load, or took too long.
+        ModelNotReady: its new instances failed to load, or took too long;
+            Overloaded (ShmExhausted's code): /dev/shm had no room for them.
     """
     if files:
         directory = inline.write(tree, model, files)
@@ -90,6 +91,11 @@ def load_model(
                 raise ModelNotReady(f"failed to load ensemble {model}: {ensemble['not_ready']}")
             if model in router.slots and router.ready(model):
                 return
+            failed = state.get("failed_loads", {}).get(model)
+            if failed is not None:
+                raise error_from_code(
+                    failed["code"], f"failed to load model {model}: {failed['reason']}"
+                )
             raise ModelNotReady(f"failed to load model {model}: {router.why_not_ready(model)}")
         time.sleep(LOAD_POLL_S)
     raise ModelNotReady(f"failed to load model {model}: not ready after {timeout_s:.0f} s")

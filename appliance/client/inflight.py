@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,7 @@ import orjson
 import zmq
 
 from appliance.client.routing import Router, Target
+from appliance.config import ShmConfig
 from appliance.core.client_memory import ClientTensor
 from appliance.core.descriptor import (
     Kind,
@@ -41,12 +43,12 @@ from appliance.core.descriptor import (
     ring_blocks,
 )
 from appliance.core.device_tensors import CudaPlace, DeviceTensor
-from appliance.core.ring import Block, Ring
-from appliance.core.segment import Segment
+from appliance.core.ring import Block, Ring, is_spill
+from appliance.core.segment import Segment, mib
 from appliance.core.status import StatusTable
 from appliance.core.tensor import Tensor
 from appliance.core.tree import owner_pid
-from appliance.errors import BadRequest, error_from_code
+from appliance.errors import BadRequest, ShmExhausted, error_from_code
 from appliance.process import pid_alive
 
 # A DeviceTensor is an input in a client's GPU memory (KServe CUDA shared memory),
@@ -55,6 +57,8 @@ from appliance.process import pid_alive
 TensorLike = Tensor | DeviceTensor | ClientTensor | Placed | npt.NDArray[Any]
 # What a TensorLike becomes before it is sent.
 TensorOf = Tensor | DeviceTensor | ClientTensor | Placed
+
+log = logging.getLogger("appliance.client")
 
 
 class Outbox(Protocol):
@@ -143,8 +147,9 @@ class InFlight:
         status: where the in-flight count and ring use are published.
         publish_slot: the status slot to publish in (frontends have one).
         segment_name: the request ring's shared-memory name.
-        ring_bytes: its size.
-        limits: the config's (inline_threshold, max_tensor, spill_limit) bytes.
+        ring_bytes: its size, or (where the master capped rings, see
+            master/shm.py) the most it may take.
+        shm: the config's limits (inline threshold, largest tensor, spills, smallest ring).
         outbox: the calling thread's channel, for giving blocks back.
     """
 
@@ -155,23 +160,24 @@ class InFlight:
         publish_slot: int | None,
         segment_name: str,
         ring_bytes: int,
-        limits: tuple[int, int, int],
+        shm: ShmConfig,
         outbox: Callable[[], Outbox],
     ) -> None:
         self.router = router
         self._status = status
         self._publish_slot = publish_slot
-        self._inline_threshold, max_tensor, spill_limit = limits
-        self._ring = Ring(
-            Segment.create(segment_name, ring_bytes),
+        self._inline_threshold = shm.inline_threshold_bytes
+        self._ring = request_ring(
+            status.ring_size(ring_bytes, shm.min_ring_bytes),
             segment_name,
-            max_tensor,
-            spill_limit,
-            limit_hint="shm.request_ring_bytes",
+            shm.max_tensor_bytes,
+            shm.spill_limit_bytes,
         )
         self._outbox = outbox
         self._lock = threading.Lock()
-        self._reader = SegmentReader(Segment.attach)
+        # A one-off segment's memory stays taken while it is mapped, unlinked
+        # or not: such a mapping is not kept, and goes with the last view of it.
+        self._reader = SegmentReader(Segment.attach, keep=lambda name: not is_spill(name))
         self._ids = itertools.count(1)
         self._abandoned: dict[int, tuple[Target, list[Block], Callable[[], None] | None]] = {}
         self.count = 0
@@ -406,6 +412,34 @@ class InFlight:
         self._closed = True
         self._reader.close()
         self._ring.close()
+
+
+def request_ring(size: tuple[int, int], name: str, max_tensor: int, spill_limit: int) -> Ring:
+    """This process's request ring, ``size`` (wanted, floor) bytes or less.
+
+    Where /dev/shm has no room for even the floor, the process still serves:
+    tensors small enough to ride in descriptors need no ring, and the ring
+    is made once there is room again (requests meanwhile get ShmExhausted).
+    """
+    wanted, floor = size
+
+    def make() -> Segment:
+        return Segment.create_shrinking(name, wanted, floor)
+
+    hint = "shm.request_ring_bytes"
+    segment: Segment | None = None
+    try:
+        segment = make()
+    except ShmExhausted as ex:
+        log.error("no request ring yet, serving tensors inline only: %s", ex)
+    if segment is not None and segment.size < wanted:
+        log.warning(
+            "request ring of %s, not %s: /dev/shm has no room for more; larger "
+            "requests spill into one-off segments while it has room for them",
+            mib(segment.size),
+            mib(wanted),
+        )
+    return Ring(segment, name, max_tensor, spill_limit, limit_hint=hint, regrow=make)
 
 
 def request_body(

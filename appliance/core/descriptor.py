@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -257,10 +257,13 @@ class SegmentReader:
     Args:
         attach: maps a segment by name (read-only); raising
             FileNotFoundError if it is gone.
+        keep: which segments stay mapped for later reads (all by default);
+            the mapping of any other lives as long as the views of it.
     """
 
-    def __init__(self, attach: Any) -> None:
+    def __init__(self, attach: Any, keep: Callable[[str], bool] | None = None) -> None:
         self._attach = attach
+        self._keep = keep
         self._segments: dict[str, Any] = {}
         self._bases: dict[str, int] = {}
 
@@ -268,9 +271,10 @@ class SegmentReader:
         mapped = self._segments.get(segment)
         if mapped is None:
             mapped = self._attach(segment)
-            self._segments[segment] = mapped
-            first = np.frombuffer(mapped.buffer, dtype=np.uint8, count=min(1, mapped.size))
-            self._bases[segment] = int(first.__array_interface__["data"][0])
+            if self._keep is None or self._keep(segment):
+                self._segments[segment] = mapped
+                first = np.frombuffer(mapped.buffer, dtype=np.uint8, count=min(1, mapped.size))
+                self._bases[segment] = int(first.__array_interface__["data"][0])
         if offset < 0 or nbytes < 0 or offset + nbytes > mapped.size:
             raise DescriptorError(
                 f"block [{offset}, {offset + nbytes}) lies outside segment {segment}"

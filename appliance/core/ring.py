@@ -15,13 +15,19 @@ cap the allocation fails with :class:`~appliance.errors.Overloaded`.
 from __future__ import annotations
 
 import bisect
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
 
 from appliance.core.segment import Segment
-from appliance.errors import Overloaded, TooLarge
+from appliance.errors import Overloaded, ShmExhausted, TooLarge
+
+log = logging.getLogger("appliance.shm")
 
 ALIGN = 64
+REGROW_EVERY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,24 +53,29 @@ class Ring:
     """Allocate and release blocks in one owned segment, spilling if needed.
 
     Args:
-        segment: the owned segment to allocate in.
+        segment: the owned segment to allocate in; None while /dev/shm had no
+            room for one: every block spills (and fails while no room
+            returns), and ``regrow`` is tried now and then.
         spill_prefix: name prefix for one-off segments (``<prefix>-x<n>``).
         max_tensor_bytes: the largest single allocation allowed at all.
         spill_limit_bytes: the most bytes held in one-off segments at once.
         limit_hint: the config key to name in errors about the ring's size.
+        regrow: makes the ring's segment once there is room again.
     """
 
     def __init__(
         self,
-        segment: Segment,
+        segment: Segment | None,
         spill_prefix: str,
         max_tensor_bytes: int,
         spill_limit_bytes: int,
         limit_hint: str = "shm ring size",
+        regrow: Callable[[], Segment] | None = None,
     ) -> None:
-        self.segment = segment
-        self.capacity = segment.size
-        self._free: list[tuple[int, int]] = [(0, segment.size)]
+        self.segment: Segment | None = None
+        self._name = ""
+        self.capacity = 0
+        self._free: list[tuple[int, int]] = []
         self._used: dict[int, int] = {}
         self.used_bytes = 0
         self._spills: dict[str, Segment] = {}
@@ -74,6 +85,29 @@ class Ring:
         self._max_tensor = max_tensor_bytes
         self._spill_limit = spill_limit_bytes
         self._hint = limit_hint
+        self._regrow = regrow
+        self._regrow_at = 0.0
+        if segment is not None:
+            self._adopt(segment)
+
+    def _adopt(self, segment: Segment) -> None:
+        self.segment = segment
+        self._name = segment.name
+        self.capacity = segment.size
+        self._free = [(0, segment.size)]
+
+    def _try_regrow(self) -> None:
+        """Make the ring's segment if there is room again (at most once a second)."""
+        now = time.monotonic()
+        if self._regrow is None or now < self._regrow_at:
+            return
+        self._regrow_at = now + REGROW_EVERY_S
+        try:
+            segment = self._regrow()
+        except ShmExhausted:
+            return
+        log.info("shared memory has room again: a ring of %d KiB", segment.size >> 10)
+        self._adopt(segment)
 
     @property
     def spilled_bytes(self) -> int:
@@ -92,6 +126,8 @@ class Ring:
                 "(shm.max_tensor_bytes)"
             )
         size = _aligned(nbytes)
+        if self.segment is None:
+            self._try_regrow()
         for index, (start, length) in enumerate(self._free):
             if length >= size:
                 if length == size:
@@ -100,13 +136,14 @@ class Ring:
                     self._free[index] = (start + size, length - size)
                 self._used[start] = size
                 self.used_bytes += size
-                return Block(self.segment.name, start, nbytes)
+                return Block(self._name, start, nbytes)
         return self._spill(nbytes)
 
     def _spill(self, nbytes: int) -> Block:
         if self._spilled_bytes + nbytes > self._spill_limit:
+            name = self._name or self._spill_prefix
             raise Overloaded(
-                f"shared-memory ring {self.segment.name} is full ({self.used_bytes} of "
+                f"shared-memory ring {name} is full ({self.used_bytes} of "
                 f"{self.capacity} bytes in use, {self._spilled_bytes} spilled); raise "
                 f"{self._hint} or send fewer requests at once"
             )
@@ -118,7 +155,7 @@ class Ring:
 
     def view(self, block: Block) -> memoryview:
         """Return a writable view of a block's bytes."""
-        if block.segment == self.segment.name:
+        if self.segment is not None and block.segment == self._name:
             segment = self.segment
         else:
             segment = self._spills[block.segment]
@@ -126,7 +163,7 @@ class Ring:
 
     def release(self, block: Block) -> None:
         """Give a block back; unknown or already released blocks are ignored."""
-        if block.segment != self.segment.name:
+        if block.segment != self._name:
             spill = self._spills.pop(block.segment, None)
             if spill is not None:
                 self._spilled_bytes -= block.nbytes
@@ -158,5 +195,6 @@ class Ring:
             spill.close()
             spill.unlink()
         self._spills.clear()
-        self.segment.unlink()
-        self.segment.close()
+        if self.segment is not None:
+            self.segment.unlink()
+            self.segment.close()

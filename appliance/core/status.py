@@ -15,6 +15,9 @@ Layout (little-endian)::
      16  master pid        u32
      20  layout generation u32    bumped by the master when model -> slots changes
      24  master heartbeat  f64    CLOCK_MONOTONIC seconds
+     32  ring cap          u64    written by the master only: the most bytes a
+                                  ring may take where /dev/shm is too small for
+                                  the config's sizes (0: no cap)
     slot i at 256 + 512*i
       0  state             u8     SlotState
       1  role              u8     Role
@@ -55,13 +58,15 @@ from dataclasses import dataclass
 from appliance.core.segment import Segment
 
 MAGIC = b"APST"
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 256
 SLOT_SIZE = 512
 N_COUNTERS = 12
 
 _HEADER = struct.Struct("<4sIBBxxIIId")
 _LAYOUT = struct.Struct("<I")
+_RING_CAP = struct.Struct("<Q")
+_OFF_RING_CAP = 32
 _HOT = struct.Struct("<BBHIII")  # state, role, instance, pid, generation, depth
 _TIMES = struct.Struct("<dd")
 _COUNTERS = struct.Struct(f"<{N_COUNTERS}Q")
@@ -145,9 +150,13 @@ class StatusTable:
             raise ValueError(f"segment {segment.name} is not a status table of version {VERSION}")
         self.n_slots = _HEADER.unpack_from(self._buf, 0)[4]
 
+    @staticmethod
+    def size(n_slots: int) -> int:
+        return HEADER_SIZE + SLOT_SIZE * n_slots
+
     @classmethod
     def create(cls, name: str, n_slots: int, master_pid: int) -> StatusTable:
-        segment = Segment.create(name, HEADER_SIZE + SLOT_SIZE * n_slots)
+        segment = Segment.create(name, cls.size(n_slots))
         _HEADER.pack_into(segment.buffer, 0, MAGIC, VERSION, 0, 0, n_slots, master_pid, 0, 0.0)
         return cls(segment)
 
@@ -184,6 +193,21 @@ class StatusTable:
     def bump_layout(self) -> None:
         """Tell every client to re-read the model -> slots layout (master)."""
         _LAYOUT.pack_into(self._buf, 20, self.layout_generation + 1)
+
+    @property
+    def ring_cap(self) -> int:
+        """The most bytes one ring may take (0: as configured); see master/shm.py."""
+        return int(_RING_CAP.unpack_from(self._buf, _OFF_RING_CAP)[0])
+
+    @ring_cap.setter
+    def ring_cap(self, value: int) -> None:
+        _RING_CAP.pack_into(self._buf, _OFF_RING_CAP, value)
+
+    def ring_size(self, configured: int, floor: int) -> tuple[int, int]:
+        """A ring's (size to ask for, floor) under the master's cap."""
+        cap = self.ring_cap
+        size = min(configured, cap) if cap else configured
+        return size, min(size, floor)
 
     def beat_master(self) -> None:
         struct.pack_into("<d", self._buf, 24, time.monotonic())

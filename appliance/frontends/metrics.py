@@ -19,7 +19,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from appliance.client.api import ModelClient
+from appliance.core.segment import Space, held_by
 from appliance.core.status import Role, SlotState
+from appliance.core.tree import PREFIX
 from appliance.metric_files import MetricFiles
 from appliance.protocols.web import blocking
 
@@ -47,6 +49,22 @@ class TreeCollector(Collector):
         )
         yield from self._slots()
         yield from self._processes()
+        yield from self._shm()
+
+    def _shm(self) -> Iterator[Metric]:
+        space = Space.now()
+        yield _gauge(
+            "appliance_shm_bytes",
+            "The shared-memory filesystem (/dev/shm): its size, what is free, what this "
+            "appliance holds there, and the cap on each ring (0: none; see appliance ctl status).",
+            ["kind"],
+            [
+                (["size"], space.total),
+                (["free"], space.free),
+                (["held"], held_by(f"{PREFIX}{self.client.tree.id}-")),
+                (["ring_cap"], self.client.status.ring_cap),
+            ],
+        )
 
     def _slots(self) -> Iterator[Metric]:
         status = self.client.status

@@ -32,6 +32,9 @@ BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 30.0
 # A child that ran at least this long before dying restarts at once again.
 HEALTHY_RUN_S = 10.0
+# After this many failures in a row a child's restarts are reported as a loop,
+# once; they go on, each after a longer wait (BACKOFF_MAX_S at most).
+KEEPS_FAILING = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,9 @@ class Process(Protocol):
     def send_signal(self, sig: int) -> None: ...
 
 
+# Names the cause of a child's death (the child, its pid, its exit status), or "".
+Explain = Callable[["Child", int, int], str]
+
 # Starts a model worker from ``appliance child`` arguments another way than a
 # fresh exec; None when it cannot now.
 Fork = Callable[[list[str]], Process | None]
@@ -83,6 +89,7 @@ class Child:
         self.next_start: float | None = 0.0
         self.stopping = False
         self.last_exit: str = ""
+        self.exit_code: int | None = None
         self.load_failed = False
         # Retired by a reload: SIGTERM at retire_at, forgotten once it exits.
         self.retired = False
@@ -104,6 +111,9 @@ class Child:
         """
         spec = self.spec
         self.generation = status.assign(spec.slot, spec.status_role, spec.model, spec.instance)
+        if not spec.is_model:
+            # A model worker clears its note once loaded; others have no load.
+            status.set_note(spec.slot, "")
         # A model that failed to load will most likely fail again: no one waits for it.
         status.set_restart_at(spec.slot, 0.0 if self.load_failed else time.monotonic())
         args = [
@@ -135,28 +145,48 @@ class Child:
         log.info("%s %s (pid %d)", how, spec.title, proc.pid)
         return self.pidfd
 
-    def reap(self, status: StatusTable) -> int:
-        """Collect the exit status of a child whose pidfd became readable."""
+    def reap(self, status: StatusTable, explain: Explain | None = None) -> int:
+        """Collect the exit status of a child whose pidfd became readable.
+
+        ``explain`` names the cause of a death the exit status does not tell
+        (the OOM killer's SIGKILL, see oom.py); such a death counts as a
+        failure, restarted with backoff however long the child ran.
+        """
         assert self.proc is not None
         code = self.proc.wait()
         pid = self.proc.pid
         if self.pidfd is not None:
             os.close(self.pidfd)
         self.proc, self.pidfd = None, None
-        self.last_exit = describe_exit(code)
+        cause = explain(self, pid, code) if explain is not None and not self.stopping else ""
+        self.last_exit = describe_exit(code) + (f": {cause}" if cause else "")
+        self.exit_code = code
         ran = time.monotonic() - self.started_at
         level = logging.INFO if self.stopping or code == 0 else logging.WARNING
         log.log(level, "%s (pid %d) %s after %.1f s", self.spec.title, pid, self.last_exit, ran)
-        failed = code == ExitCode.MODEL_LOAD_ERROR
+        if cause:
+            status.set_note(self.spec.slot, f"{describe_exit(code)}: {cause}")
+        failed = code in (ExitCode.MODEL_LOAD_ERROR, ExitCode.NO_SHARED_MEMORY)
         self.load_failed = failed
         if not self.stopping:
             # A load that fails slowly (a large import) is still no healthy run.
-            healthy = ran >= HEALTHY_RUN_S and not failed
+            healthy = ran >= HEALTHY_RUN_S and not failed and not cause
             self.failures = 0 if healthy else self.failures + 1
             delay = 0.0 if self.failures == 0 else self.backoff_s()
             self.next_start = time.monotonic() + delay
             self.restarts += 1
-            if delay:
+            if self.failures == KEEPS_FAILING:
+                note = status.read(self.spec.slot).note
+                log.error(
+                    "%s keeps failing (%d times in a row; last: %s%s): restarts wait longer "
+                    "each time, up to %.0f s",
+                    self.spec.title,
+                    self.failures,
+                    self.last_exit,
+                    f"; {note}" if note and note not in self.last_exit else "",
+                    BACKOFF_MAX_S,
+                )
+            elif delay:
                 log.info("restarting %s in %.1f s", self.spec.title, delay)
         # Clients wait for a restart due soon instead of failing (client/restarts.py).
         # Written before the state, so a client never sees DEAD with the last start's time.

@@ -24,6 +24,8 @@ from typing import Any, Protocol
 
 from appliance.config import ApplianceConfig, ModelConfig, write_snapshot
 from appliance.core.status import SlotState, StatusTable
+from appliance.errors import ErrorCode
+from appliance.exitcodes import ExitCode
 from appliance.master.children import Child
 from appliance.master.plan import model_specs
 
@@ -50,6 +52,9 @@ class Slots(Protocol):
 
     def retire(self, children: list[Child]) -> None: ...
 
+    # model -> (error code, why) of its last failed load, until one succeeds.
+    failed_loads: dict[str, tuple[int, str]]
+
 
 class Reload:
     """One reload in progress, from the ``old`` config to the ``new``.
@@ -73,8 +78,13 @@ class Reload:
         fresh = {model.name: model for model in new.models}
         self.added = [name for name in fresh if name not in old]
         self.removed = [name for name in old if name not in fresh]
-        self.changed = [name for name in fresh if name in old and old[name] != fresh[name]]
-        self.unchanged = [name for name in fresh if name in old and old[name] == fresh[name]]
+        # A model without instances (its last load failed) starts again.
+        self.changed = [
+            name
+            for name in fresh
+            if name in old and (old[name] != fresh[name] or name not in slots.layout)
+        ]
+        self.unchanged = [name for name in fresh if name in old and name not in self.changed]
         self.pending: dict[str, list[Child]] = {}
         self.started = time.monotonic()
 
@@ -133,10 +143,14 @@ class Reload:
                 sup.write_layout()
                 sup.retire(old)
                 del self.pending[name]
+                sup.failed_loads.pop(name, None)
                 log.info("reload: model %s now served by its new instances", name)
             elif overdue or any(state == SlotState.FAILED for state in states):
                 notes = {sup.status.read(child.spec.slot).note for child in children} - {""}
                 reason = next(iter(notes), "not ready in time")
+                no_room = any(c.exit_code == ExitCode.NO_SHARED_MEMORY for c in children)
+                code = ErrorCode.OVERLOADED if no_room else ErrorCode.MODEL_NOT_READY
+                sup.failed_loads[name] = (int(code), reason)
                 log.error("reload: model %s keeps its old instances: %s", name, reason)
                 sup.retire(children)
                 del self.pending[name]

@@ -11,7 +11,6 @@ them by argv and reads what they report in the status table.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import logging
@@ -29,18 +28,22 @@ import orjson
 from appliance.client import inline
 from appliance.config import ApplianceConfig, ConfigError, write_snapshot
 from appliance.config_reader import load
-from appliance.core.status import Counter, Role, SlotState, StatusTable
+from appliance.core.segment import Space, mib
+from appliance.core.status import Role, SlotState, StatusTable
 from appliance.core.tree import Tree, new_tree_id
 from appliance.ctl import ControlError, request
-from appliance.master import commands, report, served, sweep, systemd, watchdog, zygote
+from appliance.errors import ShmExhausted
+from appliance.master import commands, report, served, shm, sweep, systemd, watchdog, zygote
 from appliance.master.children import Child
 from appliance.master.control import ControlServer
 from appliance.master.drain import Drain, Step
+from appliance.master.oom import OomWatch
 from appliance.master.plan import Plan, make_plan
 from appliance.master.ports import PortError, Ports
+from appliance.master.readiness import Readiness
 from appliance.master.reload import Reload
-from appliance.master.stats import ProcessStats
-from appliance.process import pid_alive
+from appliance.master.stats import ProcessStats, RequestRate
+from appliance.process import pid_alive, raise_descriptor_limit
 
 log = logging.getLogger("appliance.master")
 
@@ -48,7 +51,6 @@ HOUSEKEEPING_S = 2.0
 # Between marking a retired instance STOPPING and signalling it: requests
 # routed just before the mark still reach it and are served.
 RETIRE_DELAY_S = 0.5
-RATE_WINDOW_S = 10.0
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _FRONTEND_ROLES = (Role.HTTP, Role.GRPC, Role.MIP)
 
@@ -71,8 +73,7 @@ class Supervisor:
         self._held: Ports | None = None
         self.stats = ProcessStats()
         self.started_at = time.time()
-        self.ready = False
-        self.settled = False
+        self.readiness = Readiness()
         self.drain = Drain(config.server, self.go_offline, self.in_flight)
         self._lock_fd: int | None = None
         self._control: ControlServer | None = None
@@ -83,14 +84,15 @@ class Supervisor:
         self.layout: dict[str, list[int]] = {}
         self.free_slots: list[int] = []
         self.reloading: Reload | None = None
+        self.failed_loads: dict[str, tuple[int, str]] = {}
         # The config file's models as loads and unloads have changed them.
         self.served = served.ServedModels(config.models, self.tree.inline_dir, config.ensembles)
-        self._notified_ready = False
-        self._http_booted = -1  # the HTTP arbiter generation whose workers all booted
-        self._request_totals: collections.deque[tuple[float, int]] = collections.deque()
+        self.rate = RequestRate()
         self.reloads = 0
         self.watchdog = watchdog.Watchdog()
         self.zygote: zygote.Zygote | None = None
+        self.shm_fit = shm.Fit(0, 0, Space(0, 0))
+        self.oom = OomWatch()
 
     @property
     def status(self) -> StatusTable:
@@ -162,6 +164,9 @@ class Supervisor:
         # Everything the tree writes (state, snapshot, layout, metrics files,
         # sockets) is for this user alone; the children inherit the umask.
         os.umask(0o077)
+        before, now = raise_descriptor_limit()
+        if now != before:
+            log.info("descriptor limit (RLIMIT_NOFILE) raised from %d to %d", before, now)
         tree = self.tree
         self._refuse_second_instance()
         try:
@@ -169,7 +174,10 @@ class Supervisor:
         except ValueError as ex:
             raise StartError(str(ex)) from None
         tree.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock_fd = sweep.lock_tree(tree)
+        try:
+            self._lock_fd = sweep.lock_tree(tree)
+        except OSError as ex:
+            raise StartError(f"cannot create the tree's lock file in /dev/shm: {ex}") from None
         sweep.sweep_stale(tree.id)
         self._sweep_stale_dirs()
         tree.dir.mkdir(mode=0o700)
@@ -180,7 +188,7 @@ class Supervisor:
             raise StartError(str(ex)) from None
         self.ports = held.by_name
         self.plan = make_plan(self.config, held, tree.snapshot_path)
-        self._status = StatusTable.create(tree.status_name, self.plan.n_slots, os.getpid())
+        self._status = self._make_status_table()
         self.status.online = self.config.server.start_online
         write_snapshot(self.config, tree.snapshot_path)
         self.layout = {name: list(slots) for name, slots in self.plan.model_slots.items()}
@@ -206,6 +214,20 @@ class Supervisor:
                 self.zygote.wait_ready()
             self._spawn(child)
         self._write_state()
+
+    def _make_status_table(self) -> StatusTable:
+        """The status table, once the config's rings are known to fit /dev/shm (shm.py)."""
+        fit = self.shm_fit = shm.fit(self.config, Space.now(), StatusTable.size(self.plan.n_slots))
+        if fit.refused:
+            raise StartError(f"shared memory: {fit.message}")
+        if fit.cap:
+            log.warning("shared memory: %s", fit.message)
+        try:
+            status = StatusTable.create(self.tree.status_name, self.plan.n_slots, os.getpid())
+        except ShmExhausted as ex:
+            raise StartError(str(ex)) from None
+        status.ring_cap = fit.cap
+        return status
 
     def _refuse_second_instance(self) -> None:
         path = self.tree.control_path
@@ -293,12 +315,20 @@ class Supervisor:
     def _on_exit(self, child: Child) -> None:
         assert child.pidfd is not None
         self.selector.unregister(child.pidfd)
-        pid = child.reap(self.status)
+        pid = child.reap(self.status, self._explain_death)
         sweep.sweep_process(self.tree, pid)
         if child.retired:
             self.children.remove(child)
             self.status.clear(child.spec.slot)
             self.free_slots.append(child.spec.slot)
+
+    def _explain_death(self, child: Child, pid: int, code: int) -> str:
+        """The OOM killer's SIGKILL, told from others by the memory cgroup (oom.py)."""
+        if code != -signal.SIGKILL or not self.oom.killed_since():
+            return ""
+        figures = self.stats.figures.get(pid)
+        rss = f"; RSS {mib(figures.rss_bytes)} at the last sample" if figures else ""
+        return f"out of memory, killed by the kernel's OOM killer{rss}"
 
     # -- reload -----------------------------------------------------------------
 
@@ -447,12 +477,16 @@ class Supervisor:
             "tree": self.tree.id,
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.started_at, 1),
-            "requests_per_s": round(self.requests_per_s(), 1),
+            "requests_per_s": round(self.rate.per_s(), 1),
             "in_flight": self.in_flight(),
             "online": self.status.online,
-            "ready": self.ready,
+            "ready": self.readiness.ready,
             "draining": self.drain.active,
             "reloading": self.reloading.summary() if self.reloading else None,
+            "failed_loads": {
+                model: {"code": code, "reason": reason}
+                for model, (code, reason) in self.failed_loads.items()
+            },
             "models": list(self.layout),
             "unloaded": sorted(self.served.unloaded),
             "ensembles": report.ensemble_rows(self.config.ensembles, self.layout, self.status),
@@ -465,6 +499,7 @@ class Supervisor:
                 self.drain.active,
             ),
             "sizing": report.sizing_of(self.config),
+            "shm": shm.report(self.tree.id, self.shm_fit),
         }
 
     def in_flight(self) -> int:
@@ -476,54 +511,15 @@ class Supervisor:
                 total += depth
         return total
 
-    def is_ready(self, or_failed: bool = False) -> bool:
-        """Every frontend listens and every model has a ready instance.
-
-        With ``or_failed``, a model whose instances all failed to load also
-        counts: the tree has settled, even if not everything serves.
-        """
-        for child in self.frontends():
-            if self.status.hot(child.spec.slot)[0] != SlotState.READY:
-                return False
-            if child.spec.status_role is Role.HTTP and not self._http_workers_booted(child):
-                return False
-        accepted = {SlotState.READY, SlotState.FAILED} if or_failed else {SlotState.READY}
-        for slots in self.layout.values():
-            if not any(self.status.hot(slot)[0] in accepted for slot in slots):
-                return False
-        return True
-
-    def _http_workers_booted(self, arbiter: Child) -> bool:
-        """Every gunicorn worker of this arbiter has booted once.
-
-        The arbiter is up before it forks its workers; ready at that point
-        would send a balancer's first requests to one worker while the
-        others still import. Later, a worker gunicorn replaces must not
-        flap readiness, so the count is checked once per arbiter generation.
-        """
-        if self._http_booted == arbiter.generation:
-            return True
-        if sum(map(pid_alive, self.http_worker_pids())) < self.config.http.workers:
-            return False
-        self._http_booted = arbiter.generation
-        return True
-
     def _update_readiness(self) -> None:
-        ready = self.is_ready()
-        settled = ready or self.is_ready(or_failed=True)
-        if ready != self.ready or settled != self.settled:
-            self.ready, self.settled = ready, settled
-            text = (
-                "all models and frontends are ready"
-                if ready
-                else "not ready" + (" (a model failed to load)" if settled else "")
-            )
-            log.info("%s", text)
-            if ready and not self._notified_ready:
-                # systemd waits for this before it counts the service as started.
-                self._notified_ready = systemd.notify("READY=1", f"STATUS={text}")
-            else:
-                systemd.notify(f"STATUS={text}")
+        changed = self.readiness.update(
+            self.status,
+            self.frontends(),
+            self.layout,
+            lambda: sum(map(pid_alive, self.http_worker_pids())),
+            self.config.http.workers,
+        )
+        if changed:
             self._write_state()
 
     def _write_state(self) -> None:
@@ -538,8 +534,8 @@ class Supervisor:
                 for port, model in (self._held.mip_listeners if self._held else [])
             ],
             "control_socket": str(self.tree.control_path),
-            "ready": self.ready,
-            "settled": self.settled,
+            "ready": self.readiness.ready,
+            "settled": self.readiness.settled,
             "online": self.status.online if self._status else False,
         }
         temp = self.tree.state_path.with_suffix(".tmp")
@@ -565,26 +561,8 @@ class Supervisor:
         self.stats.sample(pids)
         return pids
 
-    def requests_per_s(self) -> float:
-        """Model requests answered per second over the last RATE_WINDOW_S."""
-        if len(self._request_totals) < 2:
-            return 0.0
-        (first_at, first), (last_at, last) = self._request_totals[0], self._request_totals[-1]
-        return (last - first) / (last_at - first_at) if last_at > first_at else 0.0
-
-    def _sample_requests(self) -> None:
-        total = 0
-        for slots in self.layout.values():
-            for slot in slots:
-                counters = self.status.read(slot).counters
-                total += counters[Counter.SUCCESS] + counters[Counter.FAIL]
-        now = time.monotonic()
-        self._request_totals.append((now, total))
-        while self._request_totals and now - self._request_totals[0][0] > RATE_WINDOW_S:
-            self._request_totals.popleft()
-
     def _housekeeping(self) -> None:
-        self._sample_requests()
+        self.rate.sample(self.status, (slot for slots in self.layout.values() for slot in slots))
         self._forget_dead_http_workers()
         self.status.beat_master()
         pids = self.sample_stats()

@@ -22,10 +22,10 @@ from appliance.config_reader import read_snapshot
 from appliance.core import dtypes
 from appliance.core.metadata import ModelMetadata
 from appliance.core.ring import ALIGN, Ring
-from appliance.core.segment import Segment
+from appliance.core.segment import Segment, mib
 from appliance.core.status import SlotState, StatusTable
 from appliance.core.tree import Tree
-from appliance.errors import ModelFailed
+from appliance.errors import ModelFailed, ShmExhausted
 from appliance.exitcodes import ExitCode
 from appliance.process import become_child
 from appliance.worker.batcher import DERIVATIVES
@@ -88,10 +88,25 @@ def run(
     tracing.configure_from(tree.dir, config.traces)
     status.set_note(slot, "")
 
-    ring_bytes = response_ring_bytes(loaded.metadata, model_config, config.shm)
+    wanted = response_ring_bytes(loaded.metadata, model_config, config.shm)
+    ring_bytes, floor = status.ring_size(wanted, config.shm.min_ring_bytes)
     ring_name = tree.ring_name(what="out")
+    try:
+        segment = Segment.create_shrinking(ring_name, ring_bytes, floor)
+    except ShmExhausted as ex:
+        note = f"no response ring: {ex}"
+        log.error("%s", note)
+        status.set_note(slot, note)
+        return ExitCode.NO_SHARED_MEMORY
+    if segment.size < ring_bytes:
+        log.warning(
+            "response ring of %s, not %s: /dev/shm has no room for more; larger replies "
+            "spill into one-off segments while it has room for them",
+            mib(segment.size),
+            mib(ring_bytes),
+        )
     ring = Ring(
-        Segment.create(ring_name, ring_bytes),
+        segment,
         ring_name,
         config.shm.max_tensor_bytes,
         config.shm.spill_limit_bytes,

@@ -29,7 +29,6 @@ from appliance import device as devices
 from appliance.core.descriptor import (
     Kind,
     Message,
-    SegmentReader,
     blocks_from,
     error_message,
     from_frame,
@@ -39,10 +38,8 @@ from appliance.core.descriptor import (
 )
 from appliance.core.device_tensors import OPEN_REGION
 from appliance.core.ring import Block, Ring, is_spill
-from appliance.core.segment import Segment
 from appliance.core.status import N_COUNTERS, Counter, SlotState, StatusTable
 from appliance.core.tensor import Tensor
-from appliance.core.tree import owner_pid
 from appliance.errors import (
     ApplianceError,
     BadRequest,
@@ -59,6 +56,7 @@ from appliance.worker.batcher import DERIVATIVES, STREAM, batch_inputs, check_re
 from appliance.worker.client_gpu import ClientGpu
 from appliance.worker.cuda_regions import CudaRegions
 from appliance.worker.loader import Loaded
+from appliance.worker.mappings import Mappings
 from appliance.worker.outbox import Outbox, reply_to
 from appliance.worker.passthrough import borrowed_entries, input_spans
 from appliance.worker.pending import Pending, Whole
@@ -130,7 +128,7 @@ class WorkerServer:
         self.sequences = Sequences(sequences) if sequences else None
         self.batcher = batcher_for(loaded.max_batch_size, max_queue_delay_s, self.sequences)
         self.streams: list[Stream] = []
-        self.reader = SegmentReader(_attach_read_only)
+        self.mappings = Mappings()
         self.cuda = (
             None
             if cuda_regions is None
@@ -142,7 +140,6 @@ class WorkerServer:
                 sequences is not None,
             )
         )
-        self.unmapped: set[str] = set()
         self.stopping = False
         self._last_message = 0.0
         self.pid = os.getpid()
@@ -281,7 +278,7 @@ class WorkerServer:
             return
         try:
             entries = body.get("tensors", [])
-            tensors = read_tensors(entries, message.payloads, self.reader)
+            tensors = read_tensors(entries, message.payloads, self.mappings.reader)
             pending = check_request(self.metadata, message, tensors)
             if "trace" in body:
                 traces.accepted(pending)
@@ -291,7 +288,7 @@ class WorkerServer:
                 self.cuda.place_inputs(pending, entries, self.batcher.max_batch_size)
             self._admit(pending)
             if self.passthrough:
-                pending.spans = input_spans(message.body.get("tensors", []), self.reader)
+                pending.spans = input_spans(message.body.get("tensors", []), self.mappings.reader)
         except ApplianceError as ex:
             self._fail(message, ex)
             return
@@ -353,7 +350,7 @@ class WorkerServer:
     def close(self) -> None:
         """Close every reply socket, flushing what it holds, and unmap segments."""
         self.outbox.close()
-        self.reader.close()
+        self.mappings.close()
         if self.cuda is not None:
             self.cuda.regions.close()
 
@@ -388,6 +385,9 @@ class WorkerServer:
             self._finish(head, lambda: methods.derivative(self.model, self.metadata, head))
         else:
             self._predict(live, now)
+        # The batch's outputs (views of its inputs, for a pass-through) are gone
+        # now: a one-off segment's memory comes back once nothing maps it.
+        self.mappings.retry()
 
     def _predict(self, batch: list[Pending], started: float) -> None:
         self.status.beat(self.slot, busy_since=started)
@@ -572,18 +572,13 @@ class WorkerServer:
         ]
         pending.arrays.clear()
         pending.message.payloads.clear()
-        for name in spills:
-            if not self.reader.forget(name):
-                self.unmapped.add(name)
+        self.mappings.unmap(spills)
 
     # -- clients that died ----------------------------------------------------
 
     def _drop_dead_clients(self) -> None:
-        for name in list(self.unmapped):
-            if self.reader.forget(name):
-                self.unmapped.discard(name)
-        owners = self.outbox.owners()
-        owners.update(pid for pid in map(owner_pid, self.reader.names()) if pid)
+        self.mappings.retry()
+        owners = self.outbox.owners() | self.mappings.owners()
         for pid in owners:
             if pid_alive(pid):
                 continue
@@ -591,10 +586,4 @@ class WorkerServer:
             for stream in [s for s in self.streams if s.pending.message.pid == pid]:
                 self._end_stream(stream, BadRequest("client went away"))
             self.batcher.drop(lambda p, dead=pid: p.message.pid == dead)
-            for name in self.reader.names():
-                if owner_pid(name) == pid and not self.reader.forget(name):
-                    self.unmapped.add(name)
-
-
-def _attach_read_only(name: str) -> Segment:
-    return Segment.attach(name)
+            self.mappings.drop_owner(pid)

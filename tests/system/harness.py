@@ -134,6 +134,8 @@ class Appliance:
     state: dict[str, Any] = field(default_factory=dict)
     pids: set[int] = field(default_factory=set)
     clients: list[ModelClient] = field(default_factory=list)
+    # The log as it was when serving() removed the run directory.
+    final_log: str | None = None
 
     @property
     def tree(self) -> str:
@@ -156,6 +158,8 @@ class Appliance:
         return client
 
     def log(self) -> str:
+        if self.final_log is not None:
+            return self.final_log
         return self.log_path.read_text(errors="replace")
 
     def kserve_state(self, model: str) -> tuple[bool, dict[str, Any]]:
@@ -252,8 +256,10 @@ def start(
     env: dict[str, str] | None = None,
     affinity: set[int] | None = None,
     ready_timeout_s: float = START_TIMEOUT_S,
+    wrap: tuple[str, ...] = (),
 ) -> Appliance:
-    """Start an appliance; ``affinity``: the CPUs its tree may use (as ``taskset``)."""
+    """Start an appliance; ``affinity``: the CPUs its tree may use (as ``taskset``);
+    ``wrap``: a command that execs ``appliance serve`` (its arguments follow it)."""
     run_dir = Path(config["server"]["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.toml"
@@ -261,7 +267,7 @@ def start(
     log_path = run_dir / "appliance.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "appliance", "serve", "--config", str(config_path)],
+            [*wrap, sys.executable, "-m", "appliance", "serve", "--config", str(config_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -315,12 +321,15 @@ def serving(
     env: dict[str, str] | None = None,
     affinity: set[int] | None = None,
     ready_timeout_s: float = START_TIMEOUT_S,
+    wrap: tuple[str, ...] = (),
 ) -> Iterator[Appliance]:
     """Run an appliance with ``config`` (from :func:`make_config`) for a ``with`` block;
     afterwards it is stopped, checked clean, and its run directory removed."""
     run_dir = Path(config["server"]["run_dir"])
     try:
-        appliance = start(config, env=env, affinity=affinity, ready_timeout_s=ready_timeout_s)
+        appliance = start(
+            config, env=env, affinity=affinity, ready_timeout_s=ready_timeout_s, wrap=wrap
+        )
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
@@ -331,4 +340,6 @@ def serving(
             appliance.stop()
             appliance.assert_clean()
         finally:
+            with contextlib.suppress(OSError):
+                appliance.final_log = appliance.log()
             shutil.rmtree(run_dir, ignore_errors=True)
