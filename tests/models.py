@@ -56,12 +56,19 @@ class GatedSequence(SimpleSequence):
 
 
 class Slow(Model):
-    """Return the input after sleeping ``sleep_s`` (a request parameter)."""
+    """Return the input after sleeping ``sleep_s`` (a request parameter).
+
+    ``hog_mib`` (a request parameter) makes the instance take and keep that
+    much more memory first, as a leak would.
+    """
 
     inputs = [spec("x", "FP32", [-1])]
     outputs = [spec("y", "FP32", [-1])]
+    hogged: list[np.ndarray[Any, Any]] = []
 
     def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        if parameters.get("hog_mib"):
+            self.hogged.append(np.ones(int(parameters["hog_mib"]) << 20, dtype=np.uint8))
         time.sleep(float(parameters.get("sleep_s", self.options.get("sleep_s", 0.0))))
         if parameters.get("fail"):
             raise ValueError("asked to fail")

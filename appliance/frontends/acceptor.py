@@ -14,24 +14,40 @@ idle ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Any
 
+from appliance.frontends.descriptors import Descriptors
+
 log = logging.getLogger("appliance.frontends")
 
-# After an accept that failed for want of descriptors or memory: the socket
-# stays readable, so it is left unwatched this long instead of spinning.
+# After an accept that failed for want of memory: the socket stays readable,
+# so it is left unwatched this long instead of spinning.
 RETRY_S = 1.0
+# accept's answers when the process (or the system) has no descriptor left.
+_NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE)
 
 
 class Acceptor:
     """Serve connections from ``sock`` with protocols made by ``factory``, in this loop."""
 
-    def __init__(self, sock: socket.socket, factory: Callable[[], asyncio.BaseProtocol]) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        factory: Callable[[], asyncio.BaseProtocol],
+        descriptors: Descriptors | None = None,
+    ) -> None:
         self._sock = sock
         self._factory = factory
+        self._descriptors = descriptors
+        # Closed to accept (and close at once) a connection when no descriptor
+        # is left, so a client is refused instead of waiting in the queue.
+        self._spare: int | None = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         self._loop = asyncio.get_running_loop()
         self._starting: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -43,6 +59,8 @@ class Acceptor:
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return  # a sibling took it, or its client gave up
         except OSError as ex:
+            if ex.errno in _NO_DESCRIPTOR and self._refuse_one():
+                return
             log.warning("cannot accept a connection (%s); retrying in %.0f s", ex, RETRY_S)
             self._loop.remove_reader(self._sock.fileno())
             self._loop.call_later(RETRY_S, self._resume)
@@ -51,6 +69,24 @@ class Acceptor:
         task = self._loop.create_task(self._loop.connect_accepted_socket(self._factory, conn))
         self._starting.add(task)
         task.add_done_callback(lambda done: self._started(done, conn))
+
+    def _refuse_one(self) -> bool:
+        """Accept the waiting connection on the spare descriptor and close it."""
+        if self._spare is None:
+            return False
+        os.close(self._spare)
+        self._spare = None
+        try:
+            conn, _peer = self._sock.accept()
+        except OSError:
+            pass
+        else:
+            conn.close()
+            if self._descriptors is not None:
+                self._descriptors.refuse("no descriptor left to accept a connection")
+        with contextlib.suppress(OSError):
+            self._spare = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        return True
 
     def _started(self, task: asyncio.Task[Any], conn: socket.socket) -> None:
         self._starting.discard(task)
@@ -68,3 +104,6 @@ class Acceptor:
         self._closed = True
         self._loop.remove_reader(self._sock.fileno())
         self._sock.close()
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None

@@ -30,6 +30,7 @@ from appliance.core.status import SlotState
 from appliance.exitcodes import ExitCode
 from appliance.frontends import auth, loops
 from appliance.frontends.context import FrontendContext
+from appliance.frontends.descriptors import Descriptors
 from appliance.frontends.grpc_listener import serve_on
 from appliance.frontends.grpc_registry import Registry, chain
 from appliance.frontends.observe import observe_grpc
@@ -57,6 +58,16 @@ def run(tree_dir: Path, master_pid: int, slot: int, listen_fd: int, index: int) 
     return loops.run(_serve(context, slot, listen_fd), config.server.event_loop)
 
 
+def _connection_cap(config: ApplianceConfig) -> int:
+    """The most connections this process holds: what its descriptor limit leaves
+    once its event loop's ZeroMQ sockets (two descriptors per model instance) are open."""
+    instances = sum(model.instances for model in config.models)
+    cap = Descriptors("grpc").static_cap(2 * instances)
+    if cap < 1024:
+        log.warning("at most %d gRPC connections in this process (RLIMIT_NOFILE)", cap)
+    return cap
+
+
 async def _serve(context: FrontendContext, slot: int, listen_fd: int) -> int:
     config = context.config
     # Created in the loop: the client's asyncio channel belongs to it.
@@ -69,6 +80,9 @@ async def _serve(context: FrontendContext, slot: int, listen_fd: int) -> int:
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            # grpcio closes connections beyond it at once (uncounted), where at
+            # the descriptor limit they would wait in the queue (descriptors.py).
+            ("grpc.max_allowed_incoming_connections", _connection_cap(config)),
         ],
     )
     try:

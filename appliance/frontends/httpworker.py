@@ -49,6 +49,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
+from appliance.frontends.descriptors import Descriptors
 from appliance.process import die_with_parent
 
 # Bodies up to this size must arrive within http.read_timeout_s; larger ones
@@ -83,13 +84,26 @@ class Connection(HttpToolsProtocol):
 
     read_timeout_s: float = 30.0
     io_timeout_s: float = 60.0
+    # This worker's connections within its descriptor limit (descriptors.py).
+    descriptors: Descriptors | None = None
+    _admitted = False
 
     @classmethod
-    def configured(cls, read_timeout_s: float, io_timeout_s: float) -> type[Connection]:
-        attributes = {"read_timeout_s": read_timeout_s, "io_timeout_s": io_timeout_s}
+    def configured(
+        cls, read_timeout_s: float, io_timeout_s: float, descriptors: Descriptors
+    ) -> type[Connection]:
+        attributes = {
+            "read_timeout_s": read_timeout_s,
+            "io_timeout_s": io_timeout_s,
+            "descriptors": descriptors,
+        }
         return type("Connection", (cls,), attributes)
 
     def connection_made(self, transport: Any) -> None:
+        if self.descriptors is not None and not self.descriptors.admit():
+            transport.close()
+            return
+        self._admitted = True
         self._deadline: asyncio.TimerHandle | None = None
         self._stalled: asyncio.TimerHandle | None = None
         self._body_watch: asyncio.TimerHandle | None = None
@@ -112,6 +126,10 @@ class Connection(HttpToolsProtocol):
         self._task = task
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._admitted:
+            return
+        if self.descriptors is not None:
+            self.descriptors.closed()
         task = self._task
         if task is not None and not task.done():
             self.loop.call_later(DISCONNECT_GRACE_S, task.cancel, CLIENT_LEFT)
@@ -271,7 +289,9 @@ class HttpWorker(UvicornWorker):  # type: ignore[misc]
         settings: dict[str, Any] = {
             "app": None,  # the app gunicorn loads, in _serve
             "loop": config.server.event_loop,
-            "http": Connection.configured(http.read_timeout_s, http.io_timeout_s),
+            "http": Connection.configured(
+                http.read_timeout_s, http.io_timeout_s, Descriptors("http")
+            ),
             "lifespan": "off",
             "log_config": None,
             # The app's observer writes the access lines; no client address

@@ -40,6 +40,7 @@ from appliance.exitcodes import ExitCode
 from appliance.frontends import loops
 from appliance.frontends.acceptor import Acceptor
 from appliance.frontends.context import FrontendContext
+from appliance.frontends.descriptors import Descriptors
 from appliance.listeners import ListenerError, inherited
 from appliance.process import become_child
 from appliance.protocols.mip import codec
@@ -89,6 +90,7 @@ class Process:
     client: ModelClient
     limits: MipConfig
     connections: set[MipConnection] = field(default_factory=set)
+    descriptors: Descriptors = field(default_factory=lambda: Descriptors("mip"))
 
 
 Reply = bytes | asyncio.Task[bytes] | _Close
@@ -122,18 +124,24 @@ class MipConnection(asyncio.BufferedProtocol):
         # uvloop's transports do not subclass asyncio's (server.event_loop).
         self.transport = cast(asyncio.Transport, transport)
         self._arm(self.limits.idle_timeout_s)
-        connections = self.process.connections
+        connections, descriptors = self.process.connections, self.process.descriptors
         if len(connections) >= self.limits.max_connections:
-            log.warning("refusing a connection: %d are open", len(connections))
             message = (
                 f"too many MIP connections: this process has {len(connections)} open, "
                 f"mip.max_connections is {self.limits.max_connections}"
             )
-            self._replies.append(codec.encode_error(ErrorCode.MEMORY, message))
-            self._replies.append(_CLOSE)
-            self._advance()
+            descriptors.refuse(message)
+        elif not descriptors.admit():
+            message = (
+                "too many MIP connections: this process is at its descriptor limit "
+                f"(RLIMIT_NOFILE {descriptors.limit})"
+            )
+        else:
+            connections.add(self)
             return
-        connections.add(self)
+        self._replies.append(codec.encode_error(ErrorCode.MEMORY, message))
+        self._replies.append(_CLOSE)
+        self._advance()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.frames.get_buffer()
@@ -153,7 +161,9 @@ class MipConnection(asyncio.BufferedProtocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.process.connections.discard(self)
+        if self in self.process.connections:
+            self.process.connections.discard(self)
+            self.process.descriptors.closed()
         if self._timer is not None:
             self._timer.cancel()
         for reply in self._replies:
@@ -364,7 +374,7 @@ async def serve(
         service = MipService(process.client, model)
         locked = auth_locked(context.config, index)
         factory = functools.partial(MipConnection, process, service, locked)
-        acceptors.append(Acceptor(sock, factory))
+        acceptors.append(Acceptor(sock, factory, process.descriptors))
         log.info("listening on %s:%d for model %s", host, port, model)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
