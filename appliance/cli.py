@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import tomllib
 from pathlib import Path
 
 import orjson
 
 from appliance import logs
-from appliance.config import ConfigError
-from appliance.config_reader import load
+from appliance.config import DEFAULT_CONFIG, ConfigError
+from appliance.config_reader import from_dict, load
 from appliance.core.tree import Tree
 
 log = logging.getLogger("appliance")
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    handler = {"serve": _serve, "ctl": _ctl, "child": _child}[args.command]
+    handler = {"serve": _serve, "shm-size": _shm_size, "ctl": _ctl, "child": _child}[args.command]
     return handler(args)
 
 
@@ -38,6 +39,15 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     serve = commands.add_parser("serve", help="serve the configured models in the foreground")
     serve.add_argument("--config", type=Path, help="TOML config (default: the demo config)")
+
+    shm_size = commands.add_parser(
+        "shm-size",
+        help="how large /dev/shm should be for a config (a container's --shm-size)",
+    )
+    shm_size.add_argument("--config", type=Path, help="TOML config (default: the demo config)")
+    shm_size.add_argument(
+        "--cpus", type=int, default=0, help='the CPUs "auto" sizes for (default: this host\'s)'
+    )
 
     ctl = commands.add_parser("ctl", help="control a running appliance")
     where = ctl.add_mutually_exclusive_group()
@@ -87,6 +97,24 @@ def _serve(args: argparse.Namespace) -> int:
     except StartError as ex:
         log.error("cannot start: %s", ex)
         return 1
+
+
+def _shm_size(args: argparse.Namespace) -> int:
+    from appliance.master import shm
+
+    try:
+        config = load(args.config)
+        if args.cpus:
+            # "auto" counts as on a host (a pod's CPU limit) of that many CPUs.
+            path = args.config or DEFAULT_CONFIG
+            data = tomllib.loads(path.read_text())
+            data.setdefault("server", {})["cpus"] = args.cpus
+            config = from_dict(data, str(path), scan_repositories=True)
+    except ConfigError as ex:
+        print(f"appliance shm-size: {ex}", file=sys.stderr)
+        return 2
+    print(shm.sizing_text(config))
+    return 0
 
 
 def _ctl(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import tomllib
 from typing import Any
 
@@ -11,6 +12,7 @@ import kubernetes_validate
 import pytest
 
 from appliance import config_reader
+from appliance.master import shm
 from tests.deploy.manifests import DEPLOY, ROOT, containerfile, documents, manifests, validate
 
 
@@ -125,3 +127,36 @@ def test_the_kserve_config_serves_the_repository_kserve_downloads(tmp_path: Any)
     config = config_reader.load(config_path)
     assert {"digits_onnx", "digits_torch"} <= {model.name for model in config.models}
     assert config.server.host == "0.0.0.0"
+
+
+def _quantity(text: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return int(text[: -len(suffix)]) * factor
+    return int(text)
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "ClusterServingRuntime"])
+def test_dev_shm_holds_what_the_config_needs_at_the_pods_cpu_limit(
+    kind: str, tmp_path: Any
+) -> None:
+    """What `appliance shm-size --config <its config> --cpus <its limit>` asks for, at least."""
+    if kind == "Deployment":
+        spec, container = by_kind(kind)["spec"]["template"]["spec"], pod_container()
+    else:
+        spec, container = by_kind(kind)["spec"], runtime_container()
+    argv = container.get("command") or container["args"]
+    text = containerfile().source(argv[argv.index("--config") + 1]).read_text()
+    # KServe's /mnt/models: one model, as an InferenceService serves.
+    repository = ROOT / "appliance" / "demos" / "repository"
+    data = tomllib.loads(text.replace('"/mnt/models"', f'"{repository}"'))
+    data["server"]["cpus"] = int(container["resources"]["limits"]["cpu"])
+    config = config_reader.from_dict(data, str(tmp_path / "config.toml"), scan_repositories=True)
+    if kind != "Deployment":
+        config = dataclasses.replace(config, models=config.models[:1])
+    wanted = sum(kind.total for kind in shm.needs(config))
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volume = {v["name"]: v for v in spec["volumes"]}[mounts["/dev/shm"]]
+    assert volume["emptyDir"]["medium"] == "Memory"
+    assert _quantity(volume["emptyDir"]["sizeLimit"]) >= shm.recommended_bytes(wanted)
