@@ -22,6 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests.system import traffic
 from tests.system.harness import Appliance, eventually, make_config, new_run_dir, serving
 from tests.system.test_metrics import scrape, value
 
@@ -51,17 +52,19 @@ def appliance() -> Iterator[Appliance]:
         yield started
 
 
-class Load:
+class Load(traffic.Background):
     """Threads calling the chain over KServe gRPC and REST until stopped."""
 
+    JOIN_S = 60.0
+
     def __init__(self, app: Appliance) -> None:
+        super().__init__()
         self.app = app
         self.ok = 0
         self.failures: list[str] = []
         self.wrong = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [
+        self.threads = [
             threading.Thread(target=self._loop, args=(maker,), daemon=True)
             for maker in (self._grpc, self._grpc, self._rest, self._rest)
         ]
@@ -89,7 +92,7 @@ class Load:
     def _loop(self, maker: Callable[[], tuple[Callable[[], Any], Callable[[], None]]]) -> None:
         call, close = maker()
         try:
-            while not self._stop.is_set():
+            while not self.stop.is_set():
                 try:
                     answer = call()
                 except Exception as ex:
@@ -103,16 +106,6 @@ class Load:
                         self.wrong += 1
         finally:
             close()
-
-    def __enter__(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(60)
 
 
 def rings_in_use(app: Appliance) -> list[tuple[str, str, float]]:

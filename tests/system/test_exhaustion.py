@@ -24,6 +24,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.system import traffic
 from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, serving, start
 
 DEFAULTS = tomllib.loads((ROOT / "appliance" / "default.toml").read_text())
@@ -143,16 +144,16 @@ def test_the_default_config_serves_every_model_in_a_small_dev_shm(size: int) -> 
     no_child_killed(appliance.log())
 
 
-class Load:
+class Load(traffic.Background):
     """Clients calling identity in a loop over KServe REST and gRPC, counting outcomes."""
 
     def __init__(self, appliance: Appliance, floats: int) -> None:
+        super().__init__()
         self.ports = appliance.ports
         self.floats = floats
         self.passed = 0
         self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [
+        self.threads = [
             threading.Thread(target=self._run, args=(module,), daemon=True)
             for module in (httpclient, grpcclient)
         ]
@@ -161,7 +162,7 @@ class Load:
         port = self.ports["http" if module is httpclient else "grpc"]
         client = module.InferenceServerClient(f"127.0.0.1:{port}")
         try:
-            while not self._stop.is_set():
+            while not self.stop.is_set():
                 try:
                     identity(client, module, self.floats)
                     self.passed += 1
@@ -169,16 +170,6 @@ class Load:
                     self.failures.append(str(ex))
         finally:
             client.close()
-
-    def __enter__(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(30)
 
 
 def fill(directory: Path) -> list[Path]:

@@ -14,6 +14,7 @@ import tomli_w
 
 from appliance.ctl import ControlError
 from appliance.errors import ApplianceError, ModelNotFound
+from tests.system import traffic
 from tests.system.harness import Appliance, demo_models, running
 
 
@@ -44,14 +45,14 @@ def wait_reloaded(appliance: Appliance, timeout_s: float = 60.0) -> None:
     raise AssertionError("reload did not finish")
 
 
-class Load:
+class Load(traffic.Background):
     """Threads calling ``tagged`` in a loop, counting tags and failures."""
 
     def __init__(self, appliance: Appliance, threads: int = 3) -> None:
+        super().__init__()
         self.client = appliance.client()
         self.tags: Counter[str] = Counter()
         self.failures: list[str] = []
-        self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.loop) for _ in range(threads)]
 
     def loop(self) -> None:
@@ -62,16 +63,6 @@ class Load:
                     self.tags[result.array("tag")[0].decode()] += 1
             except ApplianceError as ex:
                 self.failures.append(repr(ex))
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(30)
 
 
 def test_changed_added_and_removed_models_swap_under_load() -> None:

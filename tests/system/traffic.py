@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +30,30 @@ CALL_TIMEOUT_S = 10.0
 # the server's deadline error comes before the client gives up.
 DEADLINE_S = 8.0
 Array = npt.NDArray[np.float64]
+
+
+class Background:
+    """Threads that call in a loop until the ``with`` block ends.
+
+    A subclass puts its threads in ``threads`` (their loops end once ``stop``
+    is set); leaving the block stops and joins them, JOIN_S each at most.
+    """
+
+    JOIN_S = 30.0
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def __enter__(self) -> Self:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(self.JOIN_S)
 
 
 @dataclass(frozen=True, slots=True)
