@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,10 +40,25 @@ import numpy.typing as npt
 from appliance.core.sequences import Control, State, state
 from appliance.core.tensor import TensorSpec, spec
 
-__all__ = ["Arrays", "Model", "Outputs", "State", "TensorSpec", "spec", "state"]
+__all__ = ["Arrays", "Model", "Outputs", "Request", "State", "TensorSpec", "spec", "state"]
 
 Arrays = dict[str, npt.NDArray[Any]]
 Outputs = Mapping[str, npt.ArrayLike]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request of a batch, for a model that takes a batch's requests apart
+    (:attr:`Model.per_request`, :meth:`Model.predict_requests`)."""
+
+    inputs: Arrays
+    parameters: Mapping[str, Any]
+    # The outputs the client asked for; None: all of them.
+    outputs: Sequence[str] | None
+    request_id: str = ""
+    # A sequence's id, and its TRITONSERVER_REQUEST_FLAG_* (start 1, end 2).
+    correlation_id: int | str = 0
+    flags: int = 0
 
 
 class Model:
@@ -98,6 +114,9 @@ class Model:
     sequence_batching: bool = False
     sequence_state: Sequence[State] = ()
     sequence_controls: Mapping[str, str | Control] = {}
+    # True: the worker calls predict_requests with the batch's requests one by
+    # one (Triton's Python backend), never predict with them concatenated.
+    per_request: bool = False
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         """Keep the config's ``options`` table; do heavy work in :meth:`load`."""
@@ -121,6 +140,17 @@ class Model:
             Exception: any error fails the request (or batch) with its message.
         """
         raise NotImplementedError
+
+    def predict_requests(self, requests: Sequence[Request]) -> Sequence[Outputs | Exception]:
+        """Answer each request of a batch (for a model with ``per_request`` set).
+
+        Returns one result per request, in order: its outputs, or the error
+        that fails that request alone. Raising fails every request of the batch.
+        """
+        raise NotImplementedError
+
+    def unload(self) -> None:
+        """Release what :meth:`load` took; runs once when the instance stops."""
 
     def predict_stream(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Iterator[Outputs]:
         """Yield partial outputs; streaming protocols send each as it comes."""

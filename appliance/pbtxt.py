@@ -43,7 +43,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from appliance._generated import triton_model_config_pb2 as mc
@@ -51,12 +52,13 @@ from appliance.core.dtypes import DType
 from appliance.core.sequences import CORRID_DTYPES
 
 FILE = "config.pbtxt"
+PYTHON = "python"
 
 _PLATFORMS = {
     "onnxruntime_onnx": "onnxruntime_onnx",
     "pytorch_libtorch": "pytorch_libtorch",
 }
-_BACKENDS = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}
+_BACKENDS = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", "python": "python"}
 # ModelConfig fields read below; any other field that is set becomes a note.
 _USED = {
     "name",
@@ -137,7 +139,9 @@ class _Reader:
         if config.default_model_filename:
             settings["model_file"] = config.default_model_filename
         batched = config.max_batch_size > 0
-        settings["max_batch_size"] = max(config.max_batch_size, 0)
+        if batched or platform != PYTHON:
+            # A Python model's auto_complete_config may set it when the file does not.
+            settings["max_batch_size"] = max(config.max_batch_size, 0)
         if config.input:
             settings["inputs"] = [
                 self._tensor("input", i, t, batched) for i, t in enumerate(config.input)
@@ -150,14 +154,25 @@ class _Reader:
         settings.update(self._scheduling(batched))
         settings.update(self._versions())
         settings.update(self._parameters())
-        if config.model_transaction_policy.decoupled:
-            raise PbtxtError(
-                "model_transaction_policy.decoupled: a decoupled (streaming) model is served "
-                "from a Python model class with predict_stream, not from a model file"
-            )
+        self._refuse_unserved(platform)
         for field in sorted(f.name for f, _ in config.ListFields() if f.name not in _USED):
             self.notes.append(f"{field} is not used by the appliance")
         return settings, self.notes
+
+    def _refuse_unserved(self, platform: str) -> None:
+        """What a model of this platform asks for that it cannot be served with."""
+        config = self.config
+        python = platform == PYTHON
+        if python and config.HasField("sequence_batching"):
+            raise PbtxtError("sequence_batching: Python-backend sequence models are not served yet")
+        if config.model_transaction_policy.decoupled:
+            raise PbtxtError(
+                "model_transaction_policy.decoupled: decoupled Python-backend models are not "
+                "served yet"
+                if python
+                else "model_transaction_policy.decoupled: a decoupled (streaming) model is "
+                "served from a Python model class with predict_stream, not from a model file"
+            )
 
     def _ensemble(self) -> dict[str, Any]:
         """An ensemble's table, in the shape appliance/ensembles.py reads."""
@@ -205,15 +220,9 @@ class _Reader:
         if config.backend:
             found = _BACKENDS.get(config.backend)
             if found is None:
-                hint = (
-                    " (Triton's Python models are written for its backend API; serve one as "
-                    "an appliance Model class in a [[models]] table)"
-                    if config.backend == "python"
-                    else ""
-                )
                 raise PbtxtError(
                     f"backend: {config.backend!r} has no runtime here; the appliance serves "
-                    f"the {' and '.join(_BACKENDS)} backends{hint}"
+                    f"the {', '.join(_BACKENDS)} backends"
                 )
             return found
         return ""
@@ -528,3 +537,47 @@ class _Reader:
 def _is_set(message: Message, field: str) -> bool:
     """Whether a field of ``message`` holds anything (a repeated one, any element)."""
     return any(described.name == field for described, _ in message.ListFields())
+
+
+def as_json(path: Path) -> dict[str, Any]:
+    """A config.pbtxt as Triton's JSON of its ModelConfig (field names as in the
+    proto, enums by name, every field, 64-bit integers as numbers), the form a
+    Python-backend model's ``initialize`` gets in ``args["model_config"]``.
+
+    Raises:
+        PbtxtError: it is not a Triton model config.
+    """
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(path.read_text(encoding="utf-8", errors="replace"), config)
+    except text_format.ParseError as ex:
+        raise PbtxtError(f"it is not a Triton model config: {ex}") from None
+    data = json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    _integers(config.DESCRIPTOR, data)
+    return data
+
+
+_INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
+
+
+def _integers(descriptor: Any, data: dict[str, Any]) -> None:
+    """Turn the 64-bit integers protobuf's JSON writes as strings back into numbers."""
+    for field in descriptor.fields:
+        value = data.get(field.name)
+        if value is None:
+            continue
+        message = field.message_type
+        if message is not None and message.GetOptions().map_entry:
+            inner = message.fields_by_name["value"]
+            if inner.message_type is not None:
+                for item in value.values():
+                    _integers(inner.message_type, item)
+            elif inner.cpp_type in _INT64:
+                data[field.name] = {key: int(item) for key, item in value.items()}
+        elif message is not None:
+            for item in value if isinstance(value, list) else [value]:
+                _integers(message, item)
+        elif field.cpp_type in _INT64:
+            data[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)

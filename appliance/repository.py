@@ -48,6 +48,7 @@ from appliance.core.sequences import read_controls, read_states
 
 ONNX_CLASS = "appliance.runtimes.onnx:OnnxModel"
 TORCHSCRIPT_CLASS = "appliance.runtimes.torchscript:TorchScriptModel"
+PYTHON_CLASS = "appliance.runtimes.python_backend:PythonBackendModel"
 BROKEN_CLASS = "appliance.runtimes.broken:Broken"
 CONFIG_FILE = "config.toml"
 PBTXT_FILE = "config.pbtxt"
@@ -58,8 +59,10 @@ PLATFORMS: dict[str, tuple[str, str]] = {
     "onnx": ("model.onnx", ONNX_CLASS),
     "pytorch_libtorch": ("model.pt", TORCHSCRIPT_CLASS),
     "torchscript": ("model.pt", TORCHSCRIPT_CLASS),
+    # Triton's Python backend: a model.py defining TritonPythonModel.
+    "python": ("model.py", PYTHON_CLASS),
 }
-MODEL_FILES = {"model.onnx": ONNX_CLASS, "model.pt": TORCHSCRIPT_CLASS}
+MODEL_FILES = {"model.onnx": ONNX_CLASS, "model.pt": TORCHSCRIPT_CLASS, "model.py": PYTHON_CLASS}
 # Each runtime's Python package, and the extra that installs it.
 RUNTIME_PACKAGES = {ONNX_CLASS: ("onnxruntime", "onnx"), TORCHSCRIPT_CLASS: ("torch", "torch")}
 

@@ -34,10 +34,21 @@ PREDICT = "predict"
 STREAM = "stream"
 DERIVATIVES = ("gradient", "apply_jacobian", "apply_hessian")
 SENS, VEC = "__sens__", "__vec__"
+# The batch key of every prediction of a model that takes requests one by one.
+ANY_REQUEST = "any request"
 
 
-def check_request(metadata: ModelMetadata, message: Message, tensors: dict[str, Tensor]) -> Pending:
+def check_request(
+    metadata: ModelMetadata,
+    message: Message,
+    tensors: dict[str, Tensor],
+    per_request: bool = False,
+) -> Pending:
     """Check a request against the model's declarations and build its arrays.
+
+    ``per_request``: the model takes a batch's requests one by one
+    (Model.per_request), so any two predictions may share a batch, whatever
+    their shapes and parameters.
 
     Raises:
         BadRequest: unknown method, names, dtypes, shapes or batch size.
@@ -69,7 +80,9 @@ def check_request(metadata: ModelMetadata, message: Message, tensors: dict[str, 
         # Steps of different sequences share batches (sequences.py keeps them apart).
         sequence = {k: v for k, v in parameters.items() if k in SEQUENCE_PARAMETERS}
         parameters = {k: v for k, v in parameters.items() if k not in SEQUENCE_PARAMETERS}
-    key = _batch_key(arrays, parameters) if rows and method == PREDICT else None
+    key: Hashable | None = None
+    if rows and method == PREDICT:
+        key = ANY_REQUEST if per_request else _batch_key(arrays, parameters)
     for name, tensor in extras.items():
         arrays[name] = _array(name, tensor)
     pending = Pending(message, arrays, method, parameters, outputs, rows, key)

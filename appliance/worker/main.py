@@ -148,8 +148,17 @@ def run(
         socket.close(0)
         context.term()
         ring.close()
+        unload(loaded)
     log.info("stopped")
     return ExitCode.OK
+
+
+def unload(loaded: Loaded) -> None:
+    """Let the model release what it holds (a Triton Python model's finalize)."""
+    try:
+        loaded.model.unload()
+    except Exception:
+        log.exception("model %s: unload raised", loaded.metadata.name)
 
 
 def response_ring_bytes(metadata: ModelMetadata, model: ModelConfig, shm: ShmConfig) -> int:

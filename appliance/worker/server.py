@@ -46,12 +46,11 @@ from appliance.errors import (
     DeadlineExceeded,
     ErrorCode,
     ModelFailed,
-    Overloaded,
     Unsupported,
 )
 from appliance.metrics import flush_batches, record_batch
 from appliance.process import pid_alive
-from appliance.worker import methods, traces
+from appliance.worker import methods, per_request, refusals, traces
 from appliance.worker.batcher import DERIVATIVES, STREAM, batch_inputs, check_request, split_outputs
 from appliance.worker.client_gpu import ClientGpu
 from appliance.worker.cuda_regions import CudaRegions
@@ -270,7 +269,9 @@ class WorkerServer:
     def _accept(self, message: Message) -> None:
         if len(self.batcher) >= self.max_queue:
             # Refused before its tensors are mapped: a full queue costs no memory.
-            self._fail(message, self._overloaded())
+            queued = len(self.batcher)
+            name = self.metadata.name
+            self._fail(message, refusals.queue_full(name, self.pid, queued, self.max_queue))
             return
         body = message.body
         if body.get("method") == OPEN_REGION:
@@ -279,7 +280,7 @@ class WorkerServer:
         try:
             entries = body.get("tensors", [])
             tensors = read_tensors(entries, message.payloads, self.mappings.reader)
-            pending = check_request(self.metadata, message, tensors)
+            pending = check_request(self.metadata, message, tensors, self.model.per_request)
             if "trace" in body:
                 traces.accepted(pending)
             if ClientGpu.names_any(message):
@@ -301,7 +302,16 @@ class WorkerServer:
             return
         pieces = cut(pending, max_rows)
         if len(self.batcher) + len(pieces) > self.max_queue:
-            self._fail_pending(pending, self._too_many_pieces(pending.rows, len(pieces)))
+            error = refusals.too_many_pieces(
+                self.metadata.name,
+                self.pid,
+                pending.rows,
+                len(pieces),
+                self.batcher.max_batch_size,
+                len(self.batcher),
+                self.max_queue,
+            )
+            self._fail_pending(pending, error)
             return
         for piece in pieces:
             self.batcher.add(piece)
@@ -323,23 +333,6 @@ class WorkerServer:
             refuse_sequence(self.metadata.name, pending)
         else:
             self.sequences.admit(pending, time.monotonic())
-
-    def _overloaded(self) -> Overloaded:
-        name = self.metadata.name
-        return Overloaded(
-            f"model {name} is overloaded: its instance (pid {self.pid}) already holds "
-            f"{len(self.batcher)} queued requests, the limit (models[{name}].max_queue) is "
-            f"{self.max_queue}; retry later, or add instances"
-        )
-
-    def _too_many_pieces(self, rows: int, pieces: int) -> Overloaded:
-        name = self.metadata.name
-        return Overloaded(
-            f"model {name} is overloaded: a request of {rows} rows runs as {pieces} batches of "
-            f"at most {self.batcher.max_batch_size} rows, and its instance (pid {self.pid}) "
-            f"holds {len(self.batcher)} queued of at most {self.max_queue} "
-            f"(models[{name}].max_queue); send fewer rows per request, or retry later"
-        )
 
     def _cancel(self, pid: int, request_id: int) -> None:
         for stream in list(self.streams):
@@ -394,16 +387,7 @@ class WorkerServer:
         begin = time.perf_counter_ns()
         began_ns = time.time_ns()  # spans are on the wall clock
         try:
-            inputs = batch_inputs(batch)
-            sequences = self.sequences
-            if sequences is not None:
-                inputs = sequences.inputs(batch, inputs)
-            produced = self.model.predict(inputs, batch[0].parameters)
-            if self.cuda is not None:
-                produced = self.cuda.off_gpu(batch, produced)
-            if sequences is not None:
-                produced = sequences.keep(batch, produced)
-            results = split_outputs(self.metadata, produced, batch)
+            results = self._results(batch)
         except Exception as ex:
             error = self._as_error(ex)
             for pending in batch:
@@ -413,7 +397,12 @@ class WorkerServer:
             self.status.beat(self.slot)
         compute_ns = time.perf_counter_ns() - begin
         traces.batch_ran(self.metadata.name, batch, began_ns, began_ns + compute_ns)
+        failed = 0
         for pending, outputs in zip(batch, results, strict=True):
+            if isinstance(outputs, ApplianceError):
+                self._fail_pending(pending, outputs)
+                failed += pending.whole is None
+                continue
             if pending.whole is None:
                 self._reply(pending, Kind.REPLY, outputs)
                 continue
@@ -423,14 +412,31 @@ class WorkerServer:
             if joined is not None:
                 self._reply(pending.whole.pending, Kind.REPLY, joined)
                 self._counts[Counter.SUCCESS] += 1
-        self._count(batch, started, compute_ns)
+        self._count(batch, started, compute_ns, failed)
 
-    def _count(self, batch: list[Pending], started: float, compute_ns: int) -> None:
+    def _results(self, batch: list[Pending]) -> list[dict[str, Tensor] | ApplianceError]:
+        """Run the batch; each request's outputs, or (a per-request model) its error."""
+        if self.model.per_request:
+            return per_request.run(self.model, self.metadata, batch)
+        inputs = batch_inputs(batch)
+        sequences = self.sequences
+        if sequences is not None:
+            inputs = sequences.inputs(batch, inputs)
+        produced = self.model.predict(inputs, batch[0].parameters)
+        if self.cuda is not None:
+            produced = self.cuda.off_gpu(batch, produced)
+        if sequences is not None:
+            produced = sequences.keep(batch, produced)
+        return list(split_outputs(self.metadata, produced, batch))
+
+    def _count(
+        self, batch: list[Pending], started: float, compute_ns: int, failed: int = 0
+    ) -> None:
         waits = [started - p.arrived for p in batch]
         rows = sum(max(p.rows, 1) for p in batch)
         counts = self._counts
         # A piece of a larger request counts once its whole request is answered.
-        counts[Counter.SUCCESS] += sum(1 for p in batch if p.whole is None)
+        counts[Counter.SUCCESS] += sum(1 for p in batch if p.whole is None) - failed
         counts[Counter.BATCHES] += 1
         counts[Counter.BATCH_ROWS] += rows
         counts[Counter.QUEUE_NS] += max(0, int(sum(waits) * 1e9))

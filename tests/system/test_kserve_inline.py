@@ -212,7 +212,7 @@ def test_files_that_hold_no_model_are_refused_and_removed(
     notes = {"file:1/notes.txt": b"no model here"}
     error = failure(lambda: grpc_client.load_model("inline_digits", config="{}", files=notes))
     assert "failed to load 'inline_digits'" in error.message()
-    assert "holds no model.onnx or model.pt" in error.message()
+    assert "holds no model.onnx or model.pt or model.py" in error.message()
     assert shipped(appliance) == []
     assert not grpc_client.is_model_ready("inline_digits")
 

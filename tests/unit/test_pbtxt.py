@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from appliance import pbtxt
 from appliance.repository import BROKEN_CLASS, ONNX_CLASS, TORCHSCRIPT_CLASS, scan
 
 
@@ -306,7 +307,16 @@ def test_what_an_ensemble_does_not_use_is_noted(tmp_path: Path) -> None:
             'ensemble_scheduling: only an ensemble (platform: "ensemble") has steps',
         ),
         ('platform: "ensemble"', "ensemble_scheduling.step: an ensemble needs at least one step"),
-        ('backend: "python"', "backend: 'python' has no runtime here"),
+        ('backend: "tensorflow"', "backend: 'tensorflow' has no runtime here"),
+        ('backend: "python"', "m/1/ has no model.py (platform python)"),
+        (
+            'backend: "python" sequence_batching { }',
+            "sequence_batching: Python-backend sequence models are not served yet",
+        ),
+        (
+            'backend: "python" model_transaction_policy { decoupled: true }',
+            "decoupled Python-backend models are not served yet",
+        ),
         ('platform: "tensorrt_plan"', "platform: 'tensorrt_plan' has no runtime here"),
         ('name: "other"', "name: 'other' is not its directory's name 'm'"),
         (
@@ -407,3 +417,23 @@ def test_both_config_files_are_refused(tmp_path: Path) -> None:
     folder = model(tmp_path, "m", 'backend: "onnxruntime"')
     (folder / "config.toml").write_text("max_batch_size = 4\n")
     assert "holds both config.toml and config.pbtxt; keep one" in reason(only(tmp_path))
+
+
+def test_a_python_backend_model_is_its_version_directory_s_model_py(tmp_path: Path) -> None:
+    text = 'backend: "python" input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]'
+    model(tmp_path, "py", text, {"1": "model.py"})
+    entry = only(tmp_path)
+    assert entry["class"] == "appliance.runtimes.python_backend:PythonBackendModel"
+    assert entry["options"]["path"].endswith("py/1/model.py")
+    # Left unset: the model's auto_complete_config may set it.
+    assert "max_batch_size" not in entry
+
+
+def test_a_config_pbtxt_as_triton_s_json_has_every_field_and_numbers(tmp_path: Path) -> None:
+    folder = model(tmp_path, "m", IDENTITY)
+    config = pbtxt.as_json(folder / "config.pbtxt")
+    assert config["max_batch_size"] == 8
+    [tensor] = config["input"]
+    assert tensor["data_type"] == "TYPE_FP32"
+    assert all(isinstance(d, int) for d in tensor["dims"])
+    assert tensor["optional"] is False

@@ -110,7 +110,10 @@ initial_file = "{file}"
     ("files", "message"),
     [
         ({"m/notes.txt": "x"}, "m/ has no version directory (such as m/1/)"),
-        ({"m/1/weights.bin": "x"}, "m/1/ holds no model.onnx or model.pt (it holds: weights.bin)"),
+        (
+            {"m/1/weights.bin": "x"},
+            "m/1/ holds no model.onnx or model.pt or model.py (it holds: weights.bin)",
+        ),
         ({"m/1/model.onnx": "x", "m/1/model.pt": "x"}, "holds both model.onnx and model.pt"),
         ({"m/1/model.onnx": "x", "m/config.toml": "instances = ["}, "m/config.toml: cannot read"),
         ({"m/1/model.onnx": "x", "m/config.toml": "colour = 1"}, "colour: unknown key"),

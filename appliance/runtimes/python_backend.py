@@ -1,0 +1,250 @@
+"""Triton's Python backend: a ``model.py`` defining ``TritonPythonModel``, served unmodified.
+
+A repository model whose config.pbtxt says ``backend: "python"`` (or whose
+config.toml says ``platform = "python"``) is a version directory's
+``model.py`` (or ``default_model_filename``). The model worker serves it the
+way Triton's Python stub does:
+
+- ``load``: ``triton_python_backend_utils`` is this package's own
+  (python_backend_utils.py); the model's version and model directories go on
+  ``sys.path`` and the file is imported as ``<version>.<file>``, as Triton
+  imports it; ``TritonPythonModel.auto_complete_config`` (a static method,
+  when defined) completes the config, which then declares the tensors and
+  max_batch_size; ``initialize(args)`` runs with Triton's args.
+- each batch: ``execute`` gets the batch's requests as a list (never
+  concatenated), input tensors as read-only views of the shared memory they
+  arrived in, and must return one ``InferenceResponse`` per request, in order.
+  A response with an error fails its request alone; a wrong count, or a
+  response that is not one, fails the batch's requests, not the instance.
+- ``unload`` (the instance stops): ``finalize()``.
+
+Decoupled models and calls to other models (BLS) are refused by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from appliance import device as devices
+from appliance.core.tensor import TensorSpec
+from appliance.errors import (
+    ApplianceError,
+    BadRequest,
+    ModelFailed,
+    ModelNotFound,
+    ModelNotReady,
+    Unsupported,
+)
+from appliance.model import Outputs, Request
+from appliance.runtimes import python_backend_utils as pb_utils
+from appliance.runtimes.interface import ModelFileError, RuntimeModel, parse_dtype
+
+log = logging.getLogger("appliance.worker")
+
+MODULE_NAME = "triton_python_backend_utils"
+_ERRORS: dict[int, type[ApplianceError]] = {
+    pb_utils.TritonError.INVALID_ARG: BadRequest,
+    pb_utils.TritonError.NOT_FOUND: ModelNotFound,
+    pb_utils.TritonError.UNAVAILABLE: ModelNotReady,
+    pb_utils.TritonError.UNSUPPORTED: Unsupported,
+}
+
+
+class PythonBackendModel(RuntimeModel):
+    """A Triton Python-backend model: ``model.py``'s ``TritonPythonModel``."""
+
+    per_request = True
+    platform = "python"
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        super().__init__(options)
+        self.model_name = self.path.parent.parent.name
+        self._instance: Any = None
+
+    def load(self) -> None:
+        """Import model.py, complete and read the config, then ``initialize``.
+
+        Raises:
+            ModelFileError: model.py cannot be imported, has no TritonPythonModel,
+                its auto_complete_config or initialize raised, or the config
+                declares no inputs or outputs.
+        """
+        sys.modules[MODULE_NAME] = pb_utils
+        config = self.triton_config()
+        cls = self._model_class()
+        complete = getattr(cls, "auto_complete_config", None)
+        if complete is not None:
+            completed = self._call("auto_complete_config", complete, pb_utils.ModelConfig(config))
+            if not isinstance(completed, pb_utils.ModelConfig):
+                raise ModelFileError(
+                    f"{self.file_name}: auto_complete_config must return the "
+                    "pb_utils.ModelConfig it was given"
+                )
+            config = completed.as_dict()
+        if pb_utils.using_decoupled_model_transaction_policy(config):
+            raise ModelFileError(
+                f"{self.config_name}: model_transaction_policy.decoupled: decoupled Python "
+                "models are not served by the appliance yet"
+            )
+        self.config = config
+        self._declare(config)
+        instance = self._call("TritonPythonModel()", cls)
+        initialize = getattr(instance, "initialize", None)
+        if initialize is not None:
+            self._call("initialize", initialize, self._args(config))
+        self._instance = instance
+        if not self.description:
+            self.description = f"Triton Python model {self.model_name} ({self.file_name})"
+
+    def predict_requests(self, requests: Sequence[Request]) -> list[Outputs | ApplianceError]:
+        """Run ``execute`` on the batch's requests; one result per request, in order."""
+        wrapped = [self._request(request) for request in requests]
+        try:
+            responses = self._instance.execute(wrapped)
+        except Exception as ex:
+            raise ModelFailed(f"model {self.model_name}: execute raised {_last_line(ex)}") from ex
+        if not isinstance(responses, list | tuple) or len(responses) != len(wrapped):
+            count = len(responses) if isinstance(responses, list | tuple) else type(responses)
+            raise ModelFailed(
+                f"model {self.model_name}: execute returned {count} responses for "
+                f"{len(wrapped)} requests (one InferenceResponse per request, in order)"
+            )
+        return [self._result(response) for response in responses]
+
+    def unload(self) -> None:
+        finalize = getattr(self._instance, "finalize", None)
+        if finalize is None:
+            return
+        try:
+            finalize()
+        except Exception as ex:
+            log.error("model %s: finalize raised %s", self.model_name, _last_line(ex))
+
+    # -- load ------------------------------------------------------------------
+
+    def triton_config(self) -> dict[str, Any]:
+        """The model's config as Triton's JSON, as ``initialize`` gets it in ``args``."""
+        if self.pbtxt:
+            from appliance import pbtxt  # a protobuf parser: only for a config.pbtxt
+
+            config = pbtxt.as_json(self.path.parent.parent / pbtxt.FILE)
+        else:
+            config = {
+                "max_batch_size": int(self.options.get("max_batch_size", 0)),
+                "input": _tables(self.options.get("inputs")),
+                "output": _tables(self.options.get("outputs")),
+            }
+        config["name"] = self.model_name
+        config.setdefault("backend", "python")
+        return config
+
+    def _model_class(self) -> Any:
+        version_dir, model_dir = self.path.parent, self.path.parent.parent
+        for directory in (str(version_dir), str(model_dir)):
+            if directory not in sys.path:
+                sys.path.append(directory)
+        name = f"{version_dir.name}.{self.path.stem}"
+        sys.modules.pop(name, None)
+        try:
+            module = importlib.import_module(name)
+        except Exception as ex:
+            raise ModelFileError(f"{self.file_name} failed to import: {_last_line(ex)}") from None
+        cls = getattr(module, "TritonPythonModel", None)
+        if cls is None:
+            raise ModelFileError(f"{self.file_name} defines no class TritonPythonModel")
+        return cls
+
+    def _call(self, what: str, function: Any, *args: Any) -> Any:
+        try:
+            return function(*args)
+        except Exception as ex:
+            raise ModelFileError(f"{self.file_name}: {what} raised {_last_line(ex)}") from None
+
+    def _declare(self, config: Mapping[str, Any]) -> None:
+        batch = int(config.get("max_batch_size", 0))
+        rows = (-1,) if batch > 0 else ()
+        specs = {}
+        for kind in ("input", "output"):
+            tables = list(config.get(kind) or ())
+            if not tables:
+                raise ModelFileError(
+                    f"{self.config_name}: no {kind}s declared (in config.pbtxt, or by the "
+                    "model's auto_complete_config)"
+                )
+            specs[kind] = [
+                TensorSpec(
+                    str(table["name"]),
+                    parse_dtype(str(table["data_type"]), f"{self.config_name}: {table['name']}"),
+                    (*rows, *(int(d) for d in table.get("dims", ()))),
+                )
+                for table in tables
+            ]
+        self.declare(specs["input"], specs["output"])
+        self.max_batch_size = batch
+
+    def _args(self, config: Mapping[str, Any]) -> dict[str, str]:
+        gpu = devices.is_cuda(self.device)
+        return {
+            "model_config": json.dumps(config),
+            "model_instance_kind": "GPU" if gpu else "CPU",
+            "model_instance_name": f"{self.model_name}_0_0",
+            "model_instance_device_id": self.device.partition(":")[2] if gpu else "0",
+            "model_repository": str(self.path.parent.parent),
+            "model_version": self.version,
+            "model_name": self.model_name,
+        }
+
+    # -- requests and responses ------------------------------------------------
+
+    def _request(self, request: Request) -> pb_utils.InferenceRequest:
+        inputs = [pb_utils.Tensor(name, array) for name, array in request.inputs.items()]
+        wanted = (
+            request.outputs if request.outputs is not None else [s.name for s in self.outputs or ()]
+        )
+        return pb_utils.InferenceRequest(
+            inputs=inputs,
+            request_id=request.request_id,
+            correlation_id=request.correlation_id,
+            requested_output_names=wanted,
+            parameters=dict(request.parameters),
+            flags=request.flags,
+            model_name=self.model_name,
+        )
+
+    def _result(self, response: Any) -> Outputs | ApplianceError:
+        if not isinstance(response, pb_utils.InferenceResponse):
+            return ModelFailed(
+                f"model {self.model_name}: execute returned {type(response).__name__} where an "
+                "InferenceResponse was due"
+            )
+        error = response.error()
+        if error is not None:
+            kind = _ERRORS.get(error.code(), ModelFailed)
+            return kind(error.message())
+        return {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
+
+
+def _tables(tables: Any) -> list[dict[str, Any]]:
+    """config.toml's inputs or outputs as Triton's JSON tensors (their dims, no rows)."""
+    converted = []
+    for table in tables or ():
+        shape = [int(d) for d in table.get("shape", ())]
+        converted.append(
+            {
+                "name": str(table["name"]),
+                "data_type": "TYPE_" + str(table["dtype"]).replace("BYTES", "STRING"),
+                "dims": shape,
+            }
+        )
+    return converted
+
+
+def _last_line(ex: BaseException) -> str:
+    """An exception as its traceback's last line says it: "ValueError: ..."."""
+    return traceback.format_exception_only(type(ex), ex)[-1].strip()

@@ -1,0 +1,439 @@
+"""``triton_python_backend_utils``: what a Triton Python-backend ``model.py`` imports.
+
+A Triton Python model is a ``model.py`` defining ``TritonPythonModel`` that
+imports this module as ``pb_utils``. The appliance's Python-backend runtime
+(``python_backend.py``) registers this module under Triton's name before it
+imports a ``model.py``, so models run unmodified with no Triton installed.
+
+What it holds, as Triton's users use it: :class:`Tensor` (input tensors are
+read-only views of the shared memory the request arrived in),
+:class:`InferenceRequest` and :class:`InferenceResponse`, :class:`TritonError`
+with its codes, :class:`TritonModelException`, :class:`Logger`, the helpers
+that look tensors and tensor configs up by name and convert Triton's type
+names, the request and response flags, and :class:`ModelConfig` for
+``auto_complete_config``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+log = logging.getLogger("appliance.model")
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+# Triton's type names and TRITONSERVER_DataType numbers, and their numpy types.
+_TYPES: tuple[tuple[str, int, Any], ...] = (
+    ("TYPE_BOOL", 1, np.bool_),
+    ("TYPE_UINT8", 2, np.uint8),
+    ("TYPE_UINT16", 3, np.uint16),
+    ("TYPE_UINT32", 4, np.uint32),
+    ("TYPE_UINT64", 5, np.uint64),
+    ("TYPE_INT8", 6, np.int8),
+    ("TYPE_INT16", 7, np.int16),
+    ("TYPE_INT32", 8, np.int32),
+    ("TYPE_INT64", 9, np.int64),
+    ("TYPE_FP16", 10, np.float16),
+    ("TYPE_FP32", 11, np.float32),
+    ("TYPE_FP64", 12, np.float64),
+    ("TYPE_STRING", 13, np.object_),
+)
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {name: numpy for name, _n, numpy in _TYPES}
+_NUMBER_TO_NUMPY = {number: numpy for _name, number, numpy in _TYPES}
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    """The numpy type of a config's ``data_type`` ("TYPE_FP32" -> numpy.float32)."""
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    """The numpy type of a TRITONSERVER_DataType number; None for an unknown one."""
+    return _NUMBER_TO_NUMPY.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    """The TRITONSERVER_DataType number of a numpy type; None for an unknown one."""
+    if data_type in (np.object_, np.bytes_, bytes, str) or np.dtype(data_type).kind in "OSU":
+        return 13
+    wanted = np.dtype(data_type)
+    for _name, number, numpy in _TYPES[:-1]:
+        if np.dtype(numpy) == wanted:
+            return number
+    return None
+
+
+def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> npt.NDArray[np.uint8] | None:
+    """BYTES elements as Triton lays them out: a 4-byte little-endian length, then the bytes."""
+    if input_tensor.size == 0:
+        return None
+    chunks = []
+    for item in input_tensor.ravel(order="C"):
+        data = item.encode() if isinstance(item, str) else bytes(item)
+        chunks += [len(data).to_bytes(4, "little"), data]
+    return np.frombuffer(b"".join(chunks), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes | npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """The inverse of :func:`serialize_byte_tensor`: an object array of bytes."""
+    data = bytes(encoded_tensor)
+    items, at = [], 0
+    while at < len(data):
+        length = int.from_bytes(data[at : at + 4], "little")
+        items.append(data[at + 4 : at + 4 + length])
+        at += 4 + length
+    array = np.empty(len(items), dtype=np.object_)
+    array[:] = items
+    return array
+
+
+class TritonError:
+    """An error a model returns in a response (or a BLS call returns to it)."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = str(message)
+        self._code = int(code)
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, {self._code})"
+
+
+class TritonModelException(Exception):
+    """Raised to the model by this module's calls that fail."""
+
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class _Capsule:
+    """A DLPack capsule as numpy.from_dlpack takes it (it wants ``__dlpack__``)."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, stream: Any = None, **_kwargs: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+
+class Tensor:
+    """A named tensor: an input the model got, or an output it returns.
+
+    Args:
+        name: the tensor's name in the model's config.
+        data: a numpy array (BYTES as an object array of bytes or str).
+    """
+
+    def __init__(self, name: str, data: Any, dtype: Any = None) -> None:
+        if not isinstance(data, np.ndarray):
+            raise TritonModelException(
+                f"tensor {name!r}: expected a numpy array, got {type(data).__name__} "
+                "(Tensor.from_dlpack takes DLPack tensors)"
+            )
+        self._name = name
+        self._array = data if dtype is None else data.astype(dtype, copy=False)
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> npt.NDArray[Any]:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int | None:
+        return numpy_to_triton_type(self._array.dtype)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        if self._array.dtype == np.object_:
+            raise TritonModelException(f"tensor {self._name!r}: BYTES tensors have no DLPack form")
+        return self._array.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        source = capsule if hasattr(capsule, "__dlpack__") else _Capsule(capsule)
+        try:
+            array = np.from_dlpack(source)
+        except (TypeError, RuntimeError, BufferError) as ex:
+            raise TritonModelException(
+                f"tensor {name!r}: cannot read a DLPack tensor on the CPU: {ex}"
+            ) from None
+        return Tensor(name, array)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
+
+
+class InferenceResponse:
+    """What a model answers one request with: its outputs, or an error."""
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: Mapping[str, Any] | str | None = None,
+    ) -> None:
+        self._outputs = list(output_tensors or ())
+        self._error = error
+        self._parameters = (
+            parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        )
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+class InferenceRequest:
+    """A request ``execute`` gets; made by the runtime from what arrived.
+
+    Args:
+        inputs: the request's tensors.
+        request_id: the client's id for the request ("" when it sent none).
+        correlation_id: the sequence's id (0 outside a sequence).
+        requested_output_names: what the client asked for (all outputs when
+            it named none).
+        parameters: the request's parameters.
+        flags: TRITONSERVER_REQUEST_FLAG_* of a sequence's step.
+        model_name: the model it is for.
+        cancelled: tells whether the client gave up on it.
+    """
+
+    def __init__(
+        self,
+        inputs: Iterable[Tensor] = (),
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        requested_output_names: Iterable[str] = (),
+        parameters: Mapping[str, Any] | str | None = None,
+        flags: int = 0,
+        model_name: str = "",
+        model_version: int = -1,
+        timeout: int = 0,
+        cancelled: Callable[[], bool] | None = None,
+        **_unused: Any,
+    ) -> None:
+        self._inputs = list(inputs)
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._outputs = list(requested_output_names)
+        self._parameters = (
+            parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        )
+        self._flags = flags
+        self._model_name = model_name
+        self._model_version = model_version
+        self._timeout = timeout
+        self._cancelled = cancelled
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def requested_output_names(self) -> list[str]:
+        return self._outputs
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON object's text."""
+        return self._parameters
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def is_cancelled(self) -> bool:
+        return bool(self._cancelled and self._cancelled())
+
+    def get_response_sender(self) -> Any:
+        raise TritonModelException(
+            "get_response_sender: decoupled models (model_transaction_policy { decoupled: true }) "
+            "are not served by the appliance yet"
+        )
+
+    def exec(self, decoupled: bool = False) -> Any:
+        raise TritonModelException(
+            "InferenceRequest.exec: calling other models from a Python model (BLS) is not "
+            "served by the appliance yet"
+        )
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        return self.exec(decoupled)
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    return next((t for t in inference_request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in inference_response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> Any:
+    return next((c for c in model_config.get("input", ()) if c.get("name") == name), None)
+
+
+def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> Any:
+    return next((c for c in model_config.get("output", ()) if c.get("name") == name), None)
+
+
+def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+class Logger:
+    """Triton's model logger: lines go to the appliance's log, named by the model."""
+
+    class LogLevel:
+        INFO = 0
+        WARNING = 1
+        ERROR = 2
+        VERBOSE = 3
+
+    _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+    @staticmethod
+    def log(message: str, level: int = 0) -> None:
+        log.log(Logger._LEVELS.get(level, logging.INFO), "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        log.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        log.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        log.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        log.debug("%s", message)
+
+
+class ModelConfig:
+    """A model's config as ``auto_complete_config`` sees and completes it (Triton's JSON).
+
+    Each setter refuses what contradicts what the config already says, as
+    Triton's does, naming the field.
+    """
+
+    def __init__(self, model_config: str | Mapping[str, Any]) -> None:
+        loaded = json.loads(model_config) if isinstance(model_config, str) else model_config
+        self._model_config: dict[str, Any] = dict(loaded)
+
+    @property
+    def _config(self) -> dict[str, Any]:
+        return self._model_config
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._model_config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = int(self._config.get("max_batch_size", 0))
+        if current not in (0, max_batch_size):
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but auto-complete-config "
+                f"function for model '{self._config.get('name', '')}' specified max_batch_size "
+                f"{max_batch_size}"
+            )
+        self._config["max_batch_size"] = int(max_batch_size)
+
+    def set_dynamic_batching(self) -> None:
+        if not self._config.get("sequence_batching"):
+            self._config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: Mapping[str, Any]) -> None:
+        self._add("input", input)
+
+    def add_output(self, output: Mapping[str, Any]) -> None:
+        self._add("output", output)
+
+    def set_model_transaction_policy(self, transaction_policy_dict: Mapping[str, Any]) -> None:
+        policy = self._config.setdefault("model_transaction_policy", {})
+        for key, value in transaction_policy_dict.items():
+            if key != "decoupled":
+                raise ValueError(f"model transaction property {key!r} is not supported")
+            if key in policy and policy[key] != value:
+                raise ValueError(
+                    f"model transaction policy {key} is {policy[key]} in the config, and the "
+                    f"auto-complete-config function set it to {value}"
+                )
+            policy[key] = value
+
+    def _add(self, kind: str, tensor: Mapping[str, Any]) -> None:
+        entry = dict(tensor)
+        unknown = set(entry) - {"name", "data_type", "dims", "optional"}
+        if unknown:
+            raise ValueError(
+                f"{kind} {entry.get('name', '')!r}: {', '.join(sorted(unknown))}: only name, "
+                "data_type, dims and optional may be set"
+            )
+        for key in ("name", "data_type", "dims"):
+            if key not in entry:
+                raise ValueError(f"{kind} {entry.get('name', '')!r} has no {key!r}")
+        if entry["data_type"] not in TRITON_STRING_TO_NUMPY:
+            raise ValueError(f"{kind} {entry['name']!r}: unknown data_type {entry['data_type']!r}")
+        entry["dims"] = [int(d) for d in entry["dims"]]
+        tensors = self._config.setdefault(kind, [])
+        known = next((t for t in tensors if t.get("name") == entry["name"]), None)
+        if known is None:
+            tensors.append(entry)
+            return
+        for key in ("data_type", "dims"):
+            if known.get(key) not in (None, [], entry[key]):
+                raise ValueError(
+                    f"{kind} {entry['name']!r}: {key} is {known[key]} in the config, and the "
+                    f"auto-complete-config function set it to {entry[key]}"
+                )
+            known[key] = entry[key]

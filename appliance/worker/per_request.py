@@ -1,0 +1,50 @@
+"""A batch for a model that takes its requests one by one (``Model.per_request``).
+
+Triton's Python backend gives ``execute`` the batch's requests as a list and
+gets one response back per request. The worker then hands the model each
+request's own inputs (views of shared memory, never concatenated) and checks
+each result alone: a result that is an error, or outputs that do not fit the
+model's declaration, fail that request only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from appliance.core.metadata import ModelMetadata
+from appliance.core.tensor import Tensor
+from appliance.errors import ApplianceError, ModelFailed
+from appliance.model import Model, Request
+from appliance.worker.batcher import split_outputs
+from appliance.worker.pending import Pending
+
+
+def run(
+    model: Model, metadata: ModelMetadata, batch: list[Pending]
+) -> list[dict[str, Tensor] | ApplianceError]:
+    """Each request's outputs or its error, in the batch's order.
+
+    Raises:
+        Exception: what the model raised; it fails the whole batch.
+    """
+    requests = [Request(p.arrays, p.parameters, p.outputs) for p in batch]
+    produced = model.predict_requests(requests)
+    results: list[dict[str, Tensor] | ApplianceError] = []
+    for pending, result in zip(batch, produced, strict=True):
+        if isinstance(result, ApplianceError):
+            results.append(result)
+        elif isinstance(result, Exception):
+            results.append(ModelFailed(f"model {metadata.name} failed: {result}"))
+        else:
+            results.append(_checked(metadata, result, pending))
+    return results
+
+
+def _checked(
+    metadata: ModelMetadata, outputs: Mapping[str, Any], pending: Pending
+) -> dict[str, Tensor] | ApplianceError:
+    try:
+        return split_outputs(metadata, outputs, [pending])[0]
+    except ApplianceError as ex:
+        return ex

@@ -1,0 +1,189 @@
+"""Triton Python-backend models (config.pbtxt + model.py) served as they are.
+
+A copy of tests/data/python_models, a Triton repository of Python-backend
+models written as Triton's users write them (``import triton_python_backend_utils
+as pb_utils``, ``TritonPythonModel`` with initialize, execute, finalize and
+auto_complete_config), is the appliance's only repository; tritonclient
+drives it over REST and gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, serving
+
+MODELS = ROOT / "tests" / "data" / "python_models"
+
+
+@pytest.fixture(scope="module")
+def repository() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="pyrepo-", dir="/tmp"))
+    shutil.copytree(MODELS, root, dirs_exist_ok=True)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def appliance(repository: Path) -> Iterator[Appliance]:
+    config = make_config(new_run_dir(), [])
+    config["repositories"] = [{"path": str(repository)}]
+    with serving(config) as started:
+        yield started
+
+
+def clients(app: Appliance) -> list[tuple[Any, Any]]:
+    return [
+        (httpclient, httpclient.InferenceServerClient(f"127.0.0.1:{app.ports['http']}")),
+        (grpcclient, grpcclient.InferenceServerClient(f"127.0.0.1:{app.ports['grpc']}")),
+    ]
+
+
+def tensor(module: Any, name: str, array: np.ndarray, dtype: str) -> Any:
+    item = module.InferInput(name, list(array.shape), dtype)
+    item.set_data_from_numpy(array)
+    return item
+
+
+def test_add_sub_answers_over_rest_and_grpc(appliance: Appliance) -> None:
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    b = np.ones((2, 4), dtype=np.float32)
+    for module, client in clients(appliance):
+        try:
+            inputs = [tensor(module, "INPUT0", a, "FP32"), tensor(module, "INPUT1", b, "FP32")]
+            result = client.infer("add_sub", inputs)
+            assert np.array_equal(result.as_numpy("OUTPUT0"), a + b)
+            assert np.array_equal(result.as_numpy("OUTPUT1"), a - b)
+            metadata = client.get_model_metadata("add_sub")
+            platform = metadata["platform"] if module is httpclient else metadata.platform
+            assert platform == "python"
+        finally:
+            client.close()
+
+
+def test_execute_gets_a_batch_as_a_list_of_requests_with_inputs_in_shared_memory(
+    appliance: Appliance,
+) -> None:
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}", concurrency=16)
+    try:
+        sent = []
+        for index in range(32):
+            x = tensor(httpclient, "X", np.array([[index]], dtype=np.int32), "INT32")
+            parameters = {"delay_ms": 30, "tag": f"t{index}"}
+            sent.append(rest.async_infer("batch_probe", [x], parameters=parameters))
+        results = [request.get_result() for request in sent]
+    finally:
+        rest.close()
+    answers = [
+        (
+            int(result.as_numpy("REQUESTS")[0, 0]),
+            bool(result.as_numpy("WRITABLE")[0, 0]),
+            result.as_numpy("PARAMETER")[0, 0],
+        )
+        for result in results
+    ]
+    # Requests that queued behind a running execute came in one list.
+    assert max(count for count, _writable, _tag in answers) > 1, answers
+    # Inputs are read-only views of shared memory, never a model's to change.
+    assert not any(writable for _count, writable, _tag in answers)
+    # Each request kept its own parameters.
+    assert [tag for _c, _w, tag in answers] == [f"t{i}".encode() for i in range(32)]
+
+
+def test_auto_complete_config_declares_the_tensors_a_config_leaves_out(
+    appliance: Appliance,
+) -> None:
+    for module, client in clients(appliance):
+        try:
+            x = np.array([[1.0, 2.0]], dtype=np.float64)
+            result = client.infer("auto_declared", [tensor(module, "IN", x, "FP64")])
+            assert np.array_equal(result.as_numpy("DOUBLED"), 2 * x)
+            if module is httpclient:
+                config = client.get_model_config("auto_declared")
+                assert config["max_batch_size"] == 4
+                assert [i["name"] for i in config["input"]] == ["IN"]
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize(
+    ("do", "status", "words"),
+    [
+        ("raise", "", "execute raised ValueError: asked to raise"),
+        ("count", "", "execute returned 0 responses for 1 requests"),
+        ("object", "", "execute returned dict where an InferenceResponse was due"),
+        ("error", "400", "X must be positive"),
+    ],
+)
+def test_a_misbehaving_execute_fails_its_requests_not_the_instance(
+    appliance: Appliance, do: str, status: str, words: str
+) -> None:
+    x = np.array([1.0, 2.0], dtype=np.float32)  # max_batch_size 0: no rows dimension
+    for module, client in clients(appliance):
+        try:
+            with pytest.raises(InferenceServerException) as failed:
+                client.infer("misbehaving", [tensor(module, "X", x, "FP32")], parameters={"do": do})
+            assert words in str(failed.value)
+            assert "misbehaving" in str(failed.value) or do == "error"
+            if status and module is httpclient:
+                assert failed.value.status() == status
+            # The same instance answers the next request.
+            result = client.infer("misbehaving", [tensor(module, "X", x, "FP32")])
+            assert np.array_equal(result.as_numpy("Y"), x)
+        finally:
+            client.close()
+    row = next(p for p in appliance.processes() if p["model"] == "misbehaving")
+    assert row["restarts"] == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "words"),
+    [
+        ("import_fails", "ModuleNotFoundError: No module named 'a_module_nobody_installed'"),
+        ("initialize_fails", "initialize raised RuntimeError: weights.bin is missing"),
+    ],
+)
+def test_a_model_py_that_cannot_load_is_reported_with_its_reason(
+    appliance: Appliance, model: str, words: str
+) -> None:
+    ready, entry = appliance.kserve_state(model)
+    assert not ready
+    assert entry["state"] == "UNAVAILABLE"
+    assert words in entry["reason"], entry
+    assert "add_sub" in [p["model"] for p in appliance.processes() if p["state"] == "ready"]
+
+
+def test_finalize_runs_when_the_model_is_unloaded_with_triton_s_args(
+    appliance: Appliance, repository: Path
+) -> None:
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
+    try:
+        rest.unload_model("add_sub")
+        deadline = time.monotonic() + 30
+        while not list((repository / "add_sub").glob("finalized-*")):
+            assert time.monotonic() < deadline, "finalize did not run"
+            time.sleep(0.1)
+        [marker] = (repository / "add_sub").glob("finalized-*")
+        args = json.loads(marker.read_text())
+        assert args["model_name"] == "add_sub"
+        assert args["model_version"] == "1"
+        assert args["model_instance_kind"] == "CPU"
+        assert Path(args["model_repository"]) == repository / "add_sub"
+        rest.load_model("add_sub")
+        assert rest.is_model_ready("add_sub")
+    finally:
+        rest.close()

@@ -1,0 +1,70 @@
+"""Triton's own Python-backend examples: their model.py and config.pbtxt, and their client.py.
+
+The examples come from Triton's python_backend repository, a mirror this
+machine may or may not hold (the tests skip without it, saying so). Each
+model directory is laid out as the example's README says; each client.py
+runs as shipped but for its server address (``localhost:8000``, replaced by
+the appliance's port, which tests choose at random).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.system.harness import Appliance, make_config, new_run_dir, serving
+
+REPO = Path("/work/.mirror/triton-inference-server+python_backend/repo")
+pytestmark = pytest.mark.skipif(
+    not REPO.exists(), reason=f"Triton's python_backend repository is not at {REPO}"
+)
+
+# model directory -> (model.py, config.pbtxt or None: auto-completed), from examples/.
+MODELS = {
+    "add_sub": ("add_sub/model.py", "add_sub/config.pbtxt"),
+    "pytorch": ("pytorch/model.py", "pytorch/config.pbtxt"),
+    "nobatch_auto_complete": ("auto_complete/nobatch_model.py", None),
+    "batch_auto_complete": ("auto_complete/batch_model.py", None),
+}
+CLIENTS = ["add_sub/client.py", "pytorch/client.py", "auto_complete/client.py"]
+
+
+def shipped(path: str) -> bytes:
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"HEAD:examples/{path}"], check=True, capture_output=True
+    )
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
+    root = tmp_path_factory.mktemp("examples")
+    for name, (model, config) in MODELS.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_bytes(shipped(model))
+        if config is not None:
+            (root / name / "config.pbtxt").write_bytes(shipped(config))
+    config = make_config(new_run_dir(), [])
+    config["repositories"] = [{"path": str(root)}]
+    with serving(config) as started:
+        yield started
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_the_example_client_passes_against_the_appliance(
+    examples: Appliance, client: str, tmp_path: Path
+) -> None:
+    source = shipped(client).replace(
+        b"localhost:8000", f"127.0.0.1:{examples.ports['http']}".encode()
+    )
+    script = tmp_path / "client.py"
+    script.write_bytes(source)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS" in done.stdout, done.stdout
