@@ -234,31 +234,44 @@ def counts(calls: list[traffic.Call]) -> dict[str, dict[str, int]]:
 
 
 def unexplained(loops: list[traffic.Loop], kills: list[Kill]) -> list[str]:
-    """Failed calls that no kill of their own transport explains, or too many for one kill.
+    """Failed calls that no kill of their own transport explains, or more than kills explain.
 
-    A failed call is put down to the last kill of its transport before it
-    ended; it must have started before that kill's replacement served (or
-    soon after: a client finds its connection dead only when it next uses it).
+    A kill explains a failed call of its transport that ended after the kill
+    and started before its replacement served (or soon after: a client finds
+    its connection dead only when it next uses it), at most THREADS calls of
+    each protocol (one per client thread). Up to AT_ONCE kills of a transport
+    await their replacements at once, so a failed call may lie in the windows
+    of two: calls are taken in the order they ended, each charged to the kill
+    whose window closes first and that has room left, so that the calls of a
+    first kill are not charged to the second.
     """
     transport_of = {k.protocol: t for t, (_role, kinds) in VICTIMS.items() for k in kinds}
     problems = []
-    per_kill: dict[tuple[Kill, str], int] = {}
-    for loop in loops:
-        for call in loop.calls:
-            if not call.error:
-                continue
-            transport = transport_of[call.protocol]
-            before = [k for k in kills if k.transport == transport and k.at <= call.ended]
-            kill = max(before, key=lambda k: k.at, default=None)
-            if kill is None or call.started > kill.back + NOTICE_S:
-                problems.append(f"{call.protocol} failed with no {transport} kill: {call.error}")
-                continue
-            per_kill[kill, call.protocol] = per_kill.get((kill, call.protocol), 0) + 1
-    problems += [
-        f"{failed} {protocol} calls failed for one kill of {kill.title}"
-        for (kill, protocol), failed in per_kill.items()
-        if failed > THREADS
-    ]
+    charged: dict[tuple[Kill, str], int] = {}
+    failed = sorted((c for loop in loops for c in loop.calls if c.error), key=lambda c: c.ended)
+    for call in failed:
+        transport = transport_of[call.protocol]
+        explaining = sorted(
+            (
+                k
+                for k in kills
+                if k.transport == transport
+                and k.at <= call.ended
+                and call.started <= k.back + NOTICE_S
+            ),
+            key=lambda k: k.back,
+        )
+        if not explaining:
+            problems.append(f"{call.protocol} failed with no {transport} kill: {call.error}")
+            continue
+        room = [k for k in explaining if charged.get((k, call.protocol), 0) < THREADS]
+        if not room:
+            victims = ", ".join(k.title for k in explaining)
+            problems.append(
+                f"more than {THREADS} {call.protocol} calls failed for each kill of {victims}"
+            )
+            continue
+        charged[room[0], call.protocol] = charged.get((room[0], call.protocol), 0) + 1
     return problems
 
 
