@@ -103,14 +103,15 @@ def _shm_size(args: argparse.Namespace) -> int:
     from appliance.master import shm
 
     try:
-        config = load(args.config)
         if args.cpus:
             # "auto" counts as on a host (a pod's CPU limit) of that many CPUs.
             path = args.config or DEFAULT_CONFIG
             data = tomllib.loads(path.read_text())
             data.setdefault("server", {})["cpus"] = args.cpus
             config = from_dict(data, str(path), scan_repositories=True)
-    except ConfigError as ex:
+        else:
+            config = load(args.config)
+    except (ConfigError, OSError, tomllib.TOMLDecodeError) as ex:
         print(f"appliance shm-size: {ex}", file=sys.stderr)
         return 2
     print(shm.sizing_text(config))

@@ -58,7 +58,7 @@ _PLATFORMS = {
     "onnxruntime_onnx": "onnxruntime_onnx",
     "pytorch_libtorch": "pytorch_libtorch",
 }
-_BACKENDS = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", "python": "python"}
+_BACKENDS = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", PYTHON: PYTHON}
 # ModelConfig fields read below; any other field that is set becomes a note.
 _USED = {
     "name",
@@ -100,14 +100,21 @@ def read(model_dir: Path) -> tuple[dict[str, Any], list[str]]:
         PbtxtError: it does not parse, or names what the appliance cannot serve
             (the message names the field).
     """
-    path = model_dir / FILE
-    text = path.read_text(encoding="utf-8", errors="replace")
+    return _Reader(_parse(model_dir / FILE), model_dir).settings()
+
+
+def _parse(path: Path) -> Any:
+    """The ModelConfig a config.pbtxt holds.
+
+    Raises:
+        PbtxtError: it is not a Triton model config.
+    """
     config = mc.ModelConfig()
     try:
-        text_format.Parse(text, config)
+        text_format.Parse(path.read_text(encoding="utf-8", errors="replace"), config)
     except text_format.ParseError as ex:
         raise PbtxtError(f"it is not a Triton model config: {ex}") from None
-    return _Reader(config, model_dir).settings()
+    return config
 
 
 class _Reader:
@@ -547,11 +554,7 @@ def as_json(path: Path) -> dict[str, Any]:
     Raises:
         PbtxtError: it is not a Triton model config.
     """
-    config = mc.ModelConfig()
-    try:
-        text_format.Parse(path.read_text(encoding="utf-8", errors="replace"), config)
-    except text_format.ParseError as ex:
-        raise PbtxtError(f"it is not a Triton model config: {ex}") from None
+    config = _parse(path)
     data = json_format.MessageToDict(
         config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )

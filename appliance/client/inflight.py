@@ -43,8 +43,8 @@ from appliance.core.descriptor import (
     ring_blocks,
 )
 from appliance.core.device_tensors import CudaPlace, DeviceTensor
-from appliance.core.ring import Block, Ring, is_spill
-from appliance.core.segment import Segment, mib
+from appliance.core.ring import Block, Ring, is_spill, ring_segment
+from appliance.core.segment import Segment
 from appliance.core.status import StatusTable
 from appliance.core.tensor import Tensor
 from appliance.core.tree import owner_pid
@@ -421,24 +421,16 @@ def request_ring(size: tuple[int, int], name: str, max_tensor: int, spill_limit:
     tensors small enough to ride in descriptors need no ring, and the ring
     is made once there is room again (requests meanwhile get ShmExhausted).
     """
-    wanted, floor = size
 
     def make() -> Segment:
-        return Segment.create_shrinking(name, wanted, floor)
+        return ring_segment(name, size, "request")
 
-    hint = "shm.request_ring_bytes"
     segment: Segment | None = None
     try:
         segment = make()
     except ShmExhausted as ex:
         log.error("no request ring yet, serving tensors inline only: %s", ex)
-    if segment is not None and segment.size < wanted:
-        log.warning(
-            "request ring of %s, not %s: /dev/shm has no room for more; larger "
-            "requests spill into one-off segments while it has room for them",
-            mib(segment.size),
-            mib(wanted),
-        )
+    hint = "shm.request_ring_bytes"
     return Ring(segment, name, max_tensor, spill_limit, limit_hint=hint, regrow=make)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
 
-from appliance.core.segment import Segment
+from appliance.core.segment import Segment, mib
 from appliance.errors import Overloaded, ShmExhausted, TooLarge
 
 log = logging.getLogger("appliance.shm")
@@ -37,6 +37,28 @@ class Block:
     segment: str
     offset: int
     nbytes: int
+
+
+def ring_segment(name: str, size: tuple[int, int], what: str) -> Segment:
+    """A ring's segment: ``size`` (wanted, floor) bytes, or less where /dev/shm is short.
+
+    A ring smaller than wanted is logged once, with ``what`` it holds.
+
+    Raises:
+        ShmExhausted: not even the floor fits.
+    """
+    wanted, floor = size
+    segment = Segment.create_shrinking(name, wanted, floor)
+    if segment.size < wanted:
+        log.warning(
+            "%s ring of %s, not %s: /dev/shm has no room for more; larger %s spill into "
+            "one-off segments while it has room for them",
+            what,
+            mib(segment.size),
+            mib(wanted),
+            "requests" if what == "request" else "replies",
+        )
+    return segment
 
 
 def is_spill(segment_name: str) -> bool:

@@ -35,7 +35,8 @@ RECOUNT_NEAR_S = 0.1
 
 REFUSED = Counter(
     "appliance_connections_refused",
-    "Connections a frontend closed at once: it was at its descriptor limit (RLIMIT_NOFILE).",
+    "Connections a frontend closed at once: it was at its descriptor limit (RLIMIT_NOFILE), "
+    "or (MIP) at mip.max_connections.",
     ["protocol"],
 )
 

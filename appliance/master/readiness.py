@@ -36,15 +36,9 @@ class Readiness:
         http_workers: int,
     ) -> bool:
         """Look again; return True when ready or settled changed (and log it)."""
-        frontends = list(frontends)
-
-        def look(or_failed: bool) -> bool:
-            return self._frontends_ready(
-                status, frontends, http_workers_alive, http_workers
-            ) and _models_ready(status, layout, or_failed)
-
-        ready = look(False)
-        settled = ready or look(True)
+        listening = self._frontends_ready(status, frontends, http_workers_alive, http_workers)
+        ready = listening and _models_ready(status, layout, or_failed=False)
+        settled = ready or (listening and _models_ready(status, layout, or_failed=True))
         if ready == self.ready and settled == self.settled:
             return False
         self.ready, self.settled = ready, settled
@@ -64,7 +58,7 @@ class Readiness:
     def _frontends_ready(
         self,
         status: StatusTable,
-        frontends: list[Child],
+        frontends: Iterable[Child],
         http_workers_alive: Callable[[], int],
         http_workers: int,
     ) -> bool:

@@ -23,10 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from appliance.config import ApplianceConfig
-from appliance.core.segment import PAGE, Space, held_by, mib
+from appliance.core.segment import PAGE, MiB, Space, held_by, mib
 from appliance.core.tree import PREFIX
 
-MiB = 1 << 20
 # Kept free for one-off segments (tensors larger than a ring) and for a
 # replaced process's ring before its predecessor's is swept.
 RESERVE_FRACTION = 8
@@ -79,12 +78,25 @@ class Fit:
     message: str = ""
 
 
+def _sizes_and_floors(kinds: list[Rings], config: ApplianceConfig) -> tuple[list[int], list[int]]:
+    """Every ring's most and least: as configured, and at shm.min_ring_bytes."""
+    sizes = [size for kind in kinds for size in kind.sizes]
+    floor_each = max(PAGE, config.shm.min_ring_bytes)
+    return sizes, [min(size, floor_each) for size in sizes]
+
+
+def _settings(size: int) -> str:
+    """How to give /dev/shm ``size`` bytes in a container."""
+    return (
+        f"docker run --shm-size={size // MiB}m; in Kubernetes an emptyDir with medium: Memory "
+        f"and sizeLimit: {size // MiB}Mi mounted at /dev/shm"
+    )
+
+
 def fit(config: ApplianceConfig, space: Space, extra: int = 0) -> Fit:
     """Decide how the config's rings fit into ``space`` (``extra``: other bytes it needs)."""
     kinds = needs(config)
-    sizes = [size for kind in kinds for size in kind.sizes]
-    floor_each = max(PAGE, config.shm.min_ring_bytes)
-    floors = [min(size, floor_each) for size in sizes]
+    sizes, floors = _sizes_and_floors(kinds, config)
     wanted, floor = sum(sizes) + extra, sum(floors) + extra
     budget = space.free - space.free // RESERVE_FRACTION - extra
     if wanted <= budget:
@@ -98,14 +110,15 @@ def fit(config: ApplianceConfig, space: Space, extra: int = 0) -> Fit:
     if not config.shm.shrink_to_fit:
         return Fit(0, wanted, space, True, f"{short}; shm.shrink_to_fit is off. {advice}")
     if floor > budget:
+        least = max(PAGE, config.shm.min_ring_bytes)
         return Fit(
             0,
             wanted,
             space,
             True,
             f"{short}, and at least {mib(floor)} with every ring at shm.min_ring_bytes "
-            f"({mib(floor_each)}) and 1/{RESERVE_FRACTION} of /dev/shm kept for larger "
-            f"tensors. {advice} Or lower shm.min_ring_bytes.",
+            f"({mib(least)}) and 1/{RESERVE_FRACTION} of /dev/shm kept for larger tensors. "
+            f"{advice} Or lower shm.min_ring_bytes.",
         )
     cap = _water_level(sizes, floors, budget)
     return Fit(
@@ -140,11 +153,9 @@ def recommended_bytes(wanted: int) -> int:
 
 def _advice(config: ApplianceConfig, wanted: int) -> str:
     size = recommended_bytes(wanted)
-    flag = f"{size // MiB}m"
     return (
         f"To give every ring its configured size, give /dev/shm at least {mib(size)} "
-        f"(docker run --shm-size={flag}; in Kubernetes an emptyDir with medium: Memory and "
-        f"sizeLimit: {size // MiB}Mi mounted at /dev/shm), or lower shm.request_ring_bytes "
+        f"({_settings(size)}), or lower shm.request_ring_bytes "
         f"({mib(config.shm.request_ring_bytes)}), shm.response_ring_bytes "
         f"({mib(config.shm.response_ring_bytes)}) or a model's response_ring_bytes, or run "
         "fewer model instances or frontend workers (http.workers, grpc.workers, mip.workers)."
@@ -167,12 +178,11 @@ def report(tree_id: str, decided: Fit) -> dict[str, int]:
 def sizing_text(config: ApplianceConfig) -> str:
     """What ``appliance shm-size`` prints: the size to give /dev/shm, and why."""
     kinds = needs(config)
-    wanted = sum(kind.total for kind in kinds)
+    sizes, floors = _sizes_and_floors(kinds, config)
+    wanted, floor = sum(sizes), sum(floors)
     size = recommended_bytes(wanted)
-    floor = sum(min(s, max(PAGE, config.shm.min_ring_bytes)) for k in kinds for s in k.sizes)
     lines = [
-        f"/dev/shm: {size // MiB} MiB (docker run --shm-size={size // MiB}m; Kubernetes: an "
-        f"emptyDir with medium: Memory, sizeLimit: {size // MiB}Mi, mounted at /dev/shm)",
+        f"/dev/shm: {mib(size)} ({_settings(size)})",
         f"  the rings may take {mib(wanted)}, plus 1/{RESERVE_FRACTION} kept for tensors "
         "larger than a ring:",
         *(f"  - {kind.describe()}" for kind in kinds if kind.sizes),

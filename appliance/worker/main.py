@@ -21,8 +21,7 @@ from appliance.config import ConfigError, ModelConfig, ShmConfig
 from appliance.config_reader import read_snapshot
 from appliance.core import dtypes
 from appliance.core.metadata import ModelMetadata
-from appliance.core.ring import ALIGN, Ring
-from appliance.core.segment import Segment, mib
+from appliance.core.ring import ALIGN, Ring, ring_segment
 from appliance.core.status import SlotState, StatusTable
 from appliance.core.tree import Tree
 from appliance.errors import ModelFailed, ShmExhausted
@@ -89,22 +88,16 @@ def run(
     status.set_note(slot, "")
 
     wanted = response_ring_bytes(loaded.metadata, model_config, config.shm)
-    ring_bytes, floor = status.ring_size(wanted, config.shm.min_ring_bytes)
     ring_name = tree.ring_name(what="out")
     try:
-        segment = Segment.create_shrinking(ring_name, ring_bytes, floor)
+        segment = ring_segment(
+            ring_name, status.ring_size(wanted, config.shm.min_ring_bytes), "response"
+        )
     except ShmExhausted as ex:
         note = f"no response ring: {ex}"
         log.error("%s", note)
         status.set_note(slot, note)
         return ExitCode.NO_SHARED_MEMORY
-    if segment.size < ring_bytes:
-        log.warning(
-            "response ring of %s, not %s: /dev/shm has no room for more; larger replies "
-            "spill into one-off segments while it has room for them",
-            mib(segment.size),
-            mib(ring_bytes),
-        )
     ring = Ring(
         segment,
         ring_name,
