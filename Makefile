@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?=
 GENERATED := appliance/_generated
 
-.PHONY: help install upgrade run test test-unit test-image lint fmt generate generate-check docs docs-reference docs-check bench soak fuzz wire-capture clean install-systemd image image-base
+.PHONY: help install upgrade run test test-unit test-image test-peers lint fmt generate generate-check docs docs-reference docs-check bench soak fuzz wire-capture clean install-systemd image image-base
 
 # install-systemd: a virtual environment of its own under PREFIX, the unit, and
 # an example config (never overwritten). DESTDIR stages it elsewhere.
@@ -34,6 +34,7 @@ help:
 	@echo "make image     build the container image with buildah (IMAGE, IMAGE_BASE, IMAGE_EXTRAS)"
 	@echo "make image-base  a Debian base image from Debian's packages (mmdebstrap), for hosts without a registry"
 	@echo "make test-image  build the image and run the appliance in it (buildah; not part of make test)"
+	@echo "make test-peers  the differential tests against real Triton (installed into bench/.peers/)"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -92,6 +93,11 @@ image-base:
 # the appliance inside it: minutes, so not part of `make test`.
 test-image: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider -m image tests/deploy/test_image.py
+
+# Differential tests against real Triton (tests/peers/), which they install
+# into bench/.peers/ on first use like the benchmarks' peers.
+test-peers: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider -m peers tests/peers
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check appliance tests bench tools deploy

@@ -191,6 +191,11 @@ class Model:
         """Return the Hessian of <sens, out_wrt> w.r.t. in_wrt1, in_wrt2, applied to vec."""
         raise NotImplementedError
 
+    def supported(self) -> dict[str, bool]:
+        """Which methods this instance serves: :meth:`supports`, unless a
+        model's file decides (a Triton decoupled model streams only)."""
+        return self.supports()
+
     @classmethod
     def supports(cls) -> dict[str, bool]:
         """Return which optional methods this model implements."""

@@ -27,9 +27,9 @@ appliance's settings (appliance/repository.py), field by field:
   model (instances, batching, parameters) do not apply to it and are noted.
 
 A field that would change what a client sees and that the appliance cannot
-honour (reshape, optional or shape-tensor inputs, decoupled
-models, batch inputs and outputs, iterative sequences, several GPUs of a
-group) makes the model unservable, with the field named. Every other field
+honour (reshape, optional or shape-tensor inputs, decoupled models other
+than Python-backend ones, batch inputs and outputs, iterative sequences,
+several GPUs of a group) makes the model unservable, with the field named. Every other field
 that is set but not used (optimization, warmup, rate limiters, response
 cache, other parameters, ...) is accepted and returned as a note, which the
 model's worker logs once at load.
@@ -172,13 +172,11 @@ class _Reader:
         python = platform == PYTHON
         if python and config.HasField("sequence_batching"):
             raise PbtxtError("sequence_batching: Python-backend sequence models are not served yet")
-        if config.model_transaction_policy.decoupled:
+        if config.model_transaction_policy.decoupled and not python:
             raise PbtxtError(
-                "model_transaction_policy.decoupled: decoupled Python-backend models are not "
-                "served yet"
-                if python
-                else "model_transaction_policy.decoupled: a decoupled (streaming) model is "
-                "served from a Python model class with predict_stream, not from a model file"
+                "model_transaction_policy.decoupled: a decoupled (streaming) model is served "
+                "from a Python-backend model.py or a model class with predict_stream, not from "
+                "a model file"
             )
 
     def _ensemble(self) -> dict[str, Any]:

@@ -69,6 +69,7 @@ class Reload:
         new: ApplianceConfig,
         generation: int,
         tree_dir: Path,
+        loaded: str = "",
     ) -> None:
         self.slots = slots
         self.new = new
@@ -78,15 +79,26 @@ class Reload:
         fresh = {model.name: model for model in new.models}
         self.added = [name for name in fresh if name not in old]
         self.removed = [name for name in old if name not in fresh]
-        # A model without instances (its last load failed) starts again.
+        # A model without instances (its last load failed) starts again; so
+        # does the model a load names when its every instance failed to start
+        # (a load retries it now, as Triton's does, and says how it went).
         self.changed = [
             name
             for name in fresh
-            if name in old and (old[name] != fresh[name] or name not in slots.layout)
+            if name in old
+            and (
+                old[name] != fresh[name]
+                or name not in slots.layout
+                or (name == loaded and not self._any_alive(name))
+            )
         ]
         self.unchanged = [name for name in fresh if name in old and name not in self.changed]
         self.pending: dict[str, list[Child]] = {}
         self.started = time.monotonic()
+
+    def _any_alive(self, name: str) -> bool:
+        slots = self.slots.layout[name]
+        return any(self.slots.status.hot(slot)[0] != SlotState.FAILED for slot in slots)
 
     @property
     def done(self) -> bool:
@@ -148,9 +160,20 @@ class Reload:
             elif overdue or any(state == SlotState.FAILED for state in states):
                 notes = {sup.status.read(child.spec.slot).note for child in children} - {""}
                 reason = next(iter(notes), "not ready in time")
-                no_room = any(c.exit_code == ExitCode.NO_SHARED_MEMORY for c in children)
-                code = ErrorCode.OVERLOADED if no_room else ErrorCode.MODEL_NOT_READY
+                code = _load_error(children)
                 sup.failed_loads[name] = (int(code), reason)
                 log.error("reload: model %s keeps its old instances: %s", name, reason)
                 sup.retire(children)
                 del self.pending[name]
+
+
+def _load_error(children: list[Child]) -> ErrorCode:
+    """The error a failed load's caller gets: what the instances' exits say."""
+    exits = {child.exit_code for child in children}
+    if ExitCode.NO_SHARED_MEMORY in exits:
+        return ErrorCode.OVERLOADED
+    if ExitCode.MODEL_LOAD_ERROR in exits:
+        # The model's files are at fault (Triton answers a failed load with
+        # INVALID_ARG too): loading them again as they are cannot help.
+        return ErrorCode.BAD_REQUEST
+    return ErrorCode.MODEL_NOT_READY

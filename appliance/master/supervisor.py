@@ -368,7 +368,7 @@ class Supervisor:
         """
         self._check_can_reload()
         path = Path(directory) if directory else None
-        return self._apply(self.served.load(model, overrides, path, self.config_path))
+        return self._apply(self.served.load(model, overrides, path, self.config_path), model)
 
     def _check_can_reload(self) -> None:
         if self.drain.active:
@@ -376,16 +376,17 @@ class Supervisor:
         if self.reloading is not None:
             raise RuntimeError(f"a reload is in progress: {self.reloading.summary()}")
 
-    def _apply(self, dropped: Path | None = None) -> dict[str, Any]:
+    def _apply(self, dropped: Path | None = None, loaded: str = "") -> dict[str, Any]:
         """Serve what ``self.served`` says (see reload.py); then remove ``dropped``,
-        the directory of files a model no longer serves from."""
+        the directory of files a model no longer serves from. ``loaded``: the
+        model a load names, started again if its every instance failed."""
         merged = dataclasses.replace(
             self.config, models=self.served.models(), ensembles=self.served.ensembles()
         )
         ensembles = served.ensemble_changes(self.config.ensembles, merged.ensembles)
         self.reloads += 1
         systemd.notify("RELOADING=1", systemd.monotonic_usec(), "STATUS=reloading")
-        reload = Reload(self, self.config, merged, self.reloads, self.tree.dir)
+        reload = Reload(self, self.config, merged, self.reloads, self.tree.dir, loaded)
         reload.start()
         self.config = merged
         write_snapshot(merged, self.tree.snapshot_path)

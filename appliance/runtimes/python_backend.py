@@ -18,7 +18,12 @@ way Triton's Python stub does:
   response that is not one, fails the batch's requests, not the instance.
 - ``unload`` (the instance stops): ``finalize()``.
 
-Decoupled models and calls to other models (BLS) are refused by name.
+- a decoupled model (``model_transaction_policy { decoupled: true }``):
+  each request goes to ``execute`` alone with a response sender, and what it
+  sends (from any thread) streams back until the final flag; such a model is
+  served over streams only (KServe gRPC ModelStreamInfer), as in Triton.
+
+Calls to other models (BLS) are refused by name.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import queue
 import sys
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from appliance import device as devices
@@ -41,13 +47,19 @@ from appliance.errors import (
     ModelNotReady,
     Unsupported,
 )
-from appliance.model import Outputs, Request
+from appliance.model import Arrays, Outputs, Request
 from appliance.runtimes import python_backend_utils as pb_utils
 from appliance.runtimes.interface import ModelFileError, RuntimeModel, parse_dtype
 
 log = logging.getLogger("appliance.worker")
 
 MODULE_NAME = "triton_python_backend_utils"
+# Triton copies inputs into its stub, so a model.py may write into them; here
+# they are views of the request's shared memory, which no model may change.
+READ_ONLY_HINT = (
+    " (input tensors are read-only views of the request's shared memory: copy one "
+    "before writing into it, e.g. np.array(tensor.as_numpy()))"
+)
 _ERRORS: dict[int, type[ApplianceError]] = {
     pb_utils.TritonError.INVALID_ARG: BadRequest,
     pb_utils.TritonError.NOT_FOUND: ModelNotFound,
@@ -66,6 +78,7 @@ class PythonBackendModel(RuntimeModel):
         super().__init__(options)
         self.model_name = self.path.parent.parent.name
         self._instance: Any = None
+        self.decoupled = False
 
     def load(self) -> None:
         """Import model.py, complete and read the config, then ``initialize``.
@@ -87,11 +100,7 @@ class PythonBackendModel(RuntimeModel):
                     "pb_utils.ModelConfig it was given"
                 )
             config = completed.as_dict()
-        if pb_utils.using_decoupled_model_transaction_policy(config):
-            raise ModelFileError(
-                f"{self.config_name}: model_transaction_policy.decoupled: decoupled Python "
-                "models are not served by the appliance yet"
-            )
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.config = config
         self._declare(config)
         instance = self._call("TritonPythonModel()", cls)
@@ -108,7 +117,10 @@ class PythonBackendModel(RuntimeModel):
         try:
             responses = self._instance.execute(wrapped)
         except Exception as ex:
-            raise ModelFailed(f"model {self.model_name}: execute raised {_last_line(ex)}") from ex
+            hint = READ_ONLY_HINT if "read-only" in str(ex) else ""
+            raise ModelFailed(
+                f"model {self.model_name}: execute raised {_last_line(ex)}{hint}"
+            ) from ex
         if not isinstance(responses, list | tuple) or len(responses) != len(wrapped):
             count = len(responses) if isinstance(responses, list | tuple) else type(responses)
             raise ModelFailed(
@@ -116,6 +128,43 @@ class PythonBackendModel(RuntimeModel):
                 f"{len(wrapped)} requests (one InferenceResponse per request, in order)"
             )
         return [self._result(response) for response in responses]
+
+    def supported(self) -> dict[str, bool]:
+        # A decoupled model answers through its response sender: over a stream only.
+        # (predict_requests, not predict, answers the other kind.)
+        return {**self.supports(), "predict": not self.decoupled, "predict_stream": self.decoupled}
+
+    def predict_stream(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Iterator[Outputs]:
+        """A decoupled model's answers to one request, as its response sender sends them.
+
+        ``execute`` gets the request with a sender and returns None; each
+        response sent (from any thread) is one part, until the final flag. A
+        response with an error ends the stream with that error.
+        """
+        parts: queue.SimpleQueue[tuple[pb_utils.InferenceResponse | None, int]]
+        parts = queue.SimpleQueue()
+        sender = pb_utils.InferenceResponseSender(lambda r, flags: parts.put((r, flags)))
+        request = self._request(Request(inputs, parameters, None), sender)
+        try:
+            returned = self._instance.execute([request])
+        except Exception as ex:
+            raise ModelFailed(f"model {self.model_name}: execute raised {_last_line(ex)}") from ex
+        if returned is not None:
+            raise ModelFailed(
+                f"model {self.model_name}: a decoupled model's execute must return None "
+                f"(it answers through request.get_response_sender()), not "
+                f"{type(returned).__name__}"
+            )
+        final = False
+        while not final:
+            response, flags = parts.get()
+            final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if response is None:
+                continue
+            result = self._result(response)
+            if isinstance(result, ApplianceError):
+                raise result
+            yield result
 
     def unload(self) -> None:
         finalize = getattr(self._instance, "finalize", None)
@@ -202,7 +251,9 @@ class PythonBackendModel(RuntimeModel):
 
     # -- requests and responses ------------------------------------------------
 
-    def _request(self, request: Request) -> pb_utils.InferenceRequest:
+    def _request(
+        self, request: Request, sender: pb_utils.InferenceResponseSender | None = None
+    ) -> pb_utils.InferenceRequest:
         inputs = [pb_utils.Tensor(name, array) for name, array in request.inputs.items()]
         wanted = (
             request.outputs if request.outputs is not None else [s.name for s in self.outputs or ()]
@@ -215,6 +266,7 @@ class PythonBackendModel(RuntimeModel):
             parameters=dict(request.parameters),
             flags=request.flags,
             model_name=self.model_name,
+            response_sender=sender,
         )
 
     def _result(self, response: Any) -> Outputs | ApplianceError:

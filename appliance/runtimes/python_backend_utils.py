@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -223,6 +224,50 @@ class InferenceResponse:
         return self._parameters
 
 
+class InferenceResponseSender:
+    """A decoupled model's way to answer a request: zero or more responses, then the final flag.
+
+    ``send`` may be called from any thread, during ``execute`` or after it
+    returned; the request's input tensors stay valid until the final flag.
+    """
+
+    def __init__(
+        self,
+        deliver: Callable[[InferenceResponse | None, int], None],
+        cancelled: Callable[[], bool] | None = None,
+    ) -> None:
+        self._deliver = deliver
+        self._cancelled = cancelled
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        """Send ``response`` (None: no data, with the final flag alone).
+
+        Raises:
+            TritonModelException: the final flag was sent already, or neither a
+                response nor the final flag was given.
+        """
+        with self._lock:
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if response is None and not flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                raise TritonModelException(
+                    "send: give a response, or flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL"
+                )
+            if response is not None and not isinstance(response, InferenceResponse):
+                raise TritonModelException(
+                    f"send: expected an InferenceResponse, got {type(response).__name__}"
+                )
+            self._closed = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self._deliver(response, flags)
+
+    def is_cancelled(self) -> bool:
+        return bool(self._cancelled and self._cancelled())
+
+
 class InferenceRequest:
     """A request ``execute`` gets; made by the runtime from what arrived.
 
@@ -250,8 +295,10 @@ class InferenceRequest:
         model_version: int = -1,
         timeout: int = 0,
         cancelled: Callable[[], bool] | None = None,
+        response_sender: InferenceResponseSender | None = None,
         **_unused: Any,
     ) -> None:
+        self._sender = response_sender
         self._inputs = list(inputs)
         self._request_id = request_id
         self._correlation_id = correlation_id
@@ -293,11 +340,13 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return bool(self._cancelled and self._cancelled())
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "get_response_sender: decoupled models (model_transaction_policy { decoupled: true }) "
-            "are not served by the appliance yet"
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender: only a decoupled model's requests have a response sender "
+                "(model_transaction_policy { decoupled: true } in its config)"
+            )
+        return self._sender
 
     def exec(self, decoupled: bool = False) -> Any:
         raise TritonModelException(

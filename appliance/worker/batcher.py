@@ -69,6 +69,13 @@ def check_request(
     rows = 0
     if metadata.max_batch_size > 0 and metadata.inputs is not None:
         rows = _batch_rows(metadata, arrays)
+        if rows > metadata.max_batch_size and per_request:
+            # Its execute sees requests whole, so a request is not cut into
+            # pieces: refused, as Triton refuses it.
+            raise BadRequest(
+                f"inference request batch-size must be <= {metadata.max_batch_size} for "
+                f"'{metadata.name}' (this request has {rows} rows)"
+            )
         if rows > metadata.max_batch_size and method != PREDICT:
             raise BadRequest(
                 f"model {metadata.name}: a {method} request of {rows} rows exceeds its "

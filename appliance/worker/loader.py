@@ -86,7 +86,7 @@ def load_model(
         inputs=inputs,
         outputs=outputs,
         max_batch_size=max_batch,
-        supports=cls.supports(),
+        supports=model.supported(),
         description=model.description or (cls.__doc__ or "").strip().split("\n")[0],
     )
     return Loaded(model, metadata)

@@ -1,8 +1,18 @@
-"""The overloaded errors an instance answers with when its queue is full."""
+"""What an instance refuses a request with before it runs: a full queue, or
+an inference a streaming-only model cannot answer."""
 
 from __future__ import annotations
 
-from appliance.errors import Overloaded
+from appliance.errors import Overloaded, Unsupported
+
+
+def streams_only(model: str) -> Unsupported:
+    # Triton refuses it with 501 / UNIMPLEMENTED too; the words say where it does answer.
+    return Unsupported(
+        f"model {model} is decoupled (model_transaction_policy {{ decoupled: true }}): it "
+        "answers over a stream only (KServe gRPC ModelStreamInfer, GRPS streaming), not a "
+        "single inference"
+    )
 
 
 def queue_full(model: str, pid: int, queued: int, limit: int) -> Overloaded:

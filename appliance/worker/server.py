@@ -51,7 +51,14 @@ from appliance.errors import (
 from appliance.metrics import flush_batches, record_batch
 from appliance.process import pid_alive
 from appliance.worker import methods, per_request, refusals, traces
-from appliance.worker.batcher import DERIVATIVES, STREAM, batch_inputs, check_request, split_outputs
+from appliance.worker.batcher import (
+    DERIVATIVES,
+    PREDICT,
+    STREAM,
+    batch_inputs,
+    check_request,
+    split_outputs,
+)
 from appliance.worker.client_gpu import ClientGpu
 from appliance.worker.cuda_regions import CudaRegions
 from appliance.worker.loader import Loaded
@@ -293,8 +300,9 @@ class WorkerServer:
         except ApplianceError as ex:
             self._fail(message, ex)
             return
-        if pending.method == STREAM and not self.metadata.supports.get("predict_stream"):
-            self._fail_pending(pending, Unsupported(f"model {self.metadata.name} does not stream"))
+        unanswerable = self._unanswerable(pending.method)
+        if unanswerable is not None:
+            self._fail_pending(pending, unanswerable)
             return
         max_rows = self.batcher.max_batch_size
         if pending.key is None or pending.rows <= max_rows:
@@ -315,6 +323,15 @@ class WorkerServer:
             return
         for piece in pieces:
             self.batcher.add(piece)
+
+    def _unanswerable(self, method: str) -> ApplianceError | None:
+        """Why this model cannot answer ``method`` (None: it can)."""
+        supports = self.metadata.supports
+        if method == STREAM and not supports.get("predict_stream"):
+            return Unsupported(f"model {self.metadata.name} does not stream")
+        if method == PREDICT and not supports.get("predict", True):
+            return refusals.streams_only(self.metadata.name)
+        return None
 
     def _open_region(self, message: Message) -> None:
         """Open a client's CUDA region (a registration's check); reply with its size."""

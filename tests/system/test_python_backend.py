@@ -127,6 +127,7 @@ def test_auto_complete_config_declares_the_tensors_a_config_leaves_out(
         ("count", "", "execute returned 0 responses for 1 requests"),
         ("object", "", "execute returned dict where an InferenceResponse was due"),
         ("error", "400", "X must be positive"),
+        ("write", "", "read-only views of the request's shared memory: copy one"),
     ],
 )
 def test_a_misbehaving_execute_fails_its_requests_not_the_instance(

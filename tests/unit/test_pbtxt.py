@@ -313,10 +313,6 @@ def test_what_an_ensemble_does_not_use_is_noted(tmp_path: Path) -> None:
             'backend: "python" sequence_batching { }',
             "sequence_batching: Python-backend sequence models are not served yet",
         ),
-        (
-            'backend: "python" model_transaction_policy { decoupled: true }',
-            "decoupled Python-backend models are not served yet",
-        ),
         ('platform: "tensorrt_plan"', "platform: 'tensorrt_plan' has no runtime here"),
         ('name: "other"', "name: 'other' is not its directory's name 'm'"),
         (

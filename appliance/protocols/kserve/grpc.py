@@ -170,10 +170,11 @@ class InferenceServicer:
     ) -> AsyncGenerator[bytes, None]:
         """A decoupled model's responses.
 
-        SPEC: Triton's decoupled models flag each response with
-        triton_final_response when the client asked for an empty final one.
+        SPEC: Triton flags each response of a decoupled model with
+        triton_final_response (false until the empty final one, which comes
+        when the client asked for it), whether or not it asked.
         """
-        flag = {FINAL_FLAG: False} if wants_final else None
+        flag = {FINAL_FLAG: False}
         stream = service.stream_async(self.client, self.regions, decoded, limit)
         async with contextlib.aclosing(stream) as parts:
             async for outputs in parts:

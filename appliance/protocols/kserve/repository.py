@@ -39,18 +39,16 @@ UNLOADED = "unloaded"
 def index(client: ModelClient, ready_only: bool) -> list[dict[str, Any]]:
     """Return the index entries: served models in config order, then the rest by name."""
     served = client.models()
-    entries = []
-    for model in served:
-        ready = client.model_ready(model)
-        entries.append(
-            {
-                "name": model,
-                "version": version_of(client, model),
-                "state": "READY" if ready else "UNAVAILABLE",
-                "reason": "" if ready else client.why_not_ready(model),
-            }
-        )
     known = known_models(client)
+    entries: list[dict[str, Any]] = []
+    for model in served:
+        # A model that failed to load has no metadata; its files still say its version.
+        entry = {"name": model, "version": version_of(client, model) or known.get(model, "")}
+        if client.model_ready(model):
+            entry["state"] = "READY"  # no reason, as Triton lists a ready model
+        else:
+            entry.update(state="UNAVAILABLE", reason=client.why_not_ready(model))
+        entries.append(entry)
     for model in sorted(set(known) - set(served)):
         entries.append(
             {"name": model, "version": known[model], "state": "UNAVAILABLE", "reason": UNLOADED}
@@ -68,7 +66,7 @@ def known_models(client: ModelClient) -> dict[str, str]:
     is not a repository file. A model once loaded from shipped files is not
     (its files are gone once it no longer serves).
     """
-    runtimes = (repository.ONNX_CLASS, repository.TORCHSCRIPT_CLASS)
+    runtimes = (repository.ONNX_CLASS, repository.TORCHSCRIPT_CLASS, repository.PYTHON_CLASS)
     shipped = os.path.join(os.path.realpath(client.tree.inline_dir), "")
     known = {
         model.name: str(model.options.get("version", "")) if model.cls in runtimes else ""

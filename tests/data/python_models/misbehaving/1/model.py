@@ -15,6 +15,9 @@ class TritonPythonModel:
             return [pb_utils.InferenceResponse(error=error) for _ in requests]
         if do == "object":
             return [{"Y": 1} for _ in requests]
+        if do == "write":
+            for r in requests:
+                pb_utils.get_input_tensor_by_name(r, "X").as_numpy()[0] = 0
         return [
             pb_utils.InferenceResponse(
                 [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]

@@ -1,0 +1,85 @@
+"""Real Triton (tritonserver 2.51 from the ``nvidia-pytriton`` wheel) as a peer.
+
+The wheel ships a whole ``tritonserver`` with its Python backend, CPU only.
+It goes into ``bench/.peers/triton/`` like every peer (never a dependency of
+the appliance) and serves a Triton model repository of Python-backend
+models. Three things make it run here (shared/PEERS.md §8):
+
+- the Python stub is not where the backend looks for it: the one for the
+  environment's Python is copied from ``python_backend_stubs/3.X/`` into
+  ``backends/python/``;
+- the stub imports its packages from the Python first on PATH, not from
+  PYTHONPATH, so that environment's ``bin/`` leads PATH; and it needs
+  numpy < 2 there, which the wheel pins;
+- no GPU: ``--allow-gpu-metrics=false``.
+
+The benchmarks and the oracle tests (tests/peers/) both start it from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from bench.servers import PeerServer, PeerUnavailable, ensure_venv, free_port, http_ok, started
+
+TRITON = ["nvidia-pytriton==0.7.0"]
+VERSION = "2.51.0"
+STUB = "triton_python_backend_stub"
+
+
+def tritonserver_home() -> tuple[Path, Path]:
+    """Install the peer if needed; return (tritonserver's folder, the venv's bin/).
+
+    Raises:
+        PeerUnavailable: the wheel did not install, or it lacks the server or a
+            Python stub for the environment's Python.
+    """
+    bin_dir = ensure_venv("triton", TRITON)
+    homes = sorted(bin_dir.parent.glob("lib/python3*/site-packages/pytriton/tritonserver"))
+    if not homes:
+        raise PeerUnavailable(f"triton: no pytriton/tritonserver under {bin_dir.parent}")
+    home = homes[-1]
+    python = home.parts[-4]  # lib/python3.X/site-packages/pytriton/tritonserver
+    stub = home / "backends" / "python" / STUB
+    if not stub.exists():
+        shipped = home / "python_backend_stubs" / python.removeprefix("python") / STUB
+        if not shipped.exists():
+            raise PeerUnavailable(f"triton: the wheel has no Python stub for {python}")
+        shutil.copy2(shipped, stub)
+    return home, bin_dir
+
+
+@contextlib.contextmanager
+def tritonserver(repository: Path, options: Sequence[str] = ()) -> Iterator[PeerServer]:
+    """tritonserver on loopback, serving ``repository``; stopped when the block ends.
+
+    ``urls`` has ``http``, ``grpc`` and ``metrics`` as host:port. ``options``
+    are more tritonserver flags (``--model-control-mode=explicit``, ...).
+
+    Raises:
+        PeerUnavailable: it could not be installed, or did not become live.
+    """
+    home, bin_dir = tritonserver_home()
+    ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    argv = [
+        str(home / "bin" / "tritonserver"),
+        f"--model-repository={repository}",
+        f"--backend-directory={home / 'backends'}",
+        "--allow-gpu-metrics=false",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        f"--http-port={ports['http']}",
+        f"--grpc-port={ports['grpc']}",
+        f"--metrics-port={ports['metrics']}",
+        *options,
+    ]
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    urls = {kind: f"127.0.0.1:{port}" for kind, port in ports.items()}
+    live = http_ok(f"http://{urls['http']}/v2/health/live")
+    with started("triton", argv, urls, live, repository, env) as server:
+        server.details = {"version": VERSION, "options": list(options)}
+        yield server

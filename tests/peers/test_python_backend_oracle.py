@@ -1,0 +1,340 @@
+"""Triton's Python-backend models served by real Triton and by the appliance, call by call.
+
+One repository (a copy of tests/data/python_models: models that answer,
+batch, auto-complete their config, misbehave in execute, fail to import or
+to initialize) is served by tritonserver 2.51 and by the appliance. The same
+tritonclient calls go to both over REST and over gRPC, and their answers
+must agree: outputs, metadata, the config's tensors, the repository index,
+and for errors the status and what the message names.
+
+Where the appliance answers otherwise on purpose, the test says so by name
+(``ON_PURPOSE``) and checks the appliance's own answer; the docs list the
+same (docs/models/python-backend.md).
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from bench.servers import PeerServer
+from tests.peers.conftest import triton_serving
+from tests.peers.oracle import Call, answers, differences, outputs, tensor, transports
+from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, serving
+
+pytestmark = pytest.mark.peers
+
+MODELS = ROOT / "tests" / "data" / "python_models"
+F4 = np.arange(8, dtype=np.float32).reshape(2, 4)
+NINE_ROWS = np.zeros((9, 4), dtype=np.float32)
+
+
+def add_sub(module: ModuleType, a: np.ndarray, b: np.ndarray, dtype: str = "FP32") -> list[Any]:
+    return [tensor(module, "INPUT0", a, dtype), tensor(module, "INPUT1", b, "FP32")]
+
+
+def misbehave(do: str, *words: str) -> Call:
+    """misbehaving's execute doing ``do``; its error names ``words``."""
+    x = np.ones(2, dtype=np.float32)
+
+    def infer(m: ModuleType, c: Any) -> dict[str, Any]:
+        return outputs(
+            c.infer("misbehaving", [tensor(m, "X", x, "FP32")], parameters={"do": do}), "Y"
+        )
+
+    return Call(f"misbehaving {do}", infer, words)
+
+
+def metadata(model: str) -> Call:
+    return Call(
+        f"metadata {model}",
+        lambda m, c: (
+            c.get_model_metadata(model, as_json=True)
+            if m is grpcclient
+            else c.get_model_metadata(model)
+        ),
+        (model,),
+    )
+
+
+def config_tensors(model: str) -> Call:
+    """What a client reads from a model's config: the batch size and the tensors."""
+
+    def read(m: ModuleType, c: Any) -> dict[str, Any]:
+        config = c.get_model_config(model, as_json=True) if m is grpcclient else None
+        config = config["config"] if config else c.get_model_config(model)
+
+        def tensors(kind: str) -> list[tuple[str, str, list[int]]]:
+            return [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in config[kind]]
+
+        return {
+            "name": config["name"],
+            "backend": config["backend"],
+            "max_batch_size": int(config.get("max_batch_size", 0)),
+            "input": tensors("input"),
+            "output": tensors("output"),
+            "dynamic_batching": "dynamic_batching" in config,
+            "decoupled": config.get("model_transaction_policy", {}).get("decoupled", False),
+        }
+
+    return Call(f"config {model}", read)
+
+
+def index(m: ModuleType, c: Any) -> list[tuple[str, str, str, bool]]:
+    if m is grpcclient:
+        entries = c.get_model_repository_index(as_json=True).get("models", [])
+    else:
+        entries = c.get_model_repository_index()
+    return [(e["name"], e.get("version", ""), e["state"], "reason" in e) for e in entries]
+
+
+CALLS = [
+    Call(
+        "infer add_sub",
+        lambda m, c: outputs(c.infer("add_sub", add_sub(m, F4, F4 + 1)), "OUTPUT0", "OUTPUT1"),
+    ),
+    Call(
+        "infer auto_declared",
+        lambda m, c: outputs(
+            c.infer("auto_declared", [tensor(m, "IN", np.ones((3, 2)), "FP64")]), "DOUBLED"
+        ),
+    ),
+    Call("unknown model", lambda m, c: c.infer("nope", add_sub(m, F4, F4)), ("nope",)),
+    Call(
+        "unknown input",
+        lambda m, c: c.infer(
+            "add_sub", [tensor(m, "INPUTX", F4, "FP32"), tensor(m, "INPUT1", F4, "FP32")]
+        ),
+        ("INPUTX", "add_sub"),
+    ),
+    Call(
+        "missing input",
+        lambda m, c: c.infer("add_sub", [tensor(m, "INPUT0", F4, "FP32")]),
+        ("INPUT1", "add_sub"),
+    ),
+    Call(
+        "wrong datatype",
+        lambda m, c: c.infer("add_sub", add_sub(m, F4.astype(np.int32), F4, "INT32")),
+        ("INPUT0", "INT32", "FP32", "add_sub"),
+    ),
+    Call(
+        "wrong shape",
+        lambda m, c: c.infer("add_sub", add_sub(m, F4.reshape(4, 2), F4.reshape(4, 2))),
+        ("add_sub", "[4,2]"),
+    ),
+    Call(
+        "batch over max_batch_size",
+        lambda m, c: c.infer("add_sub", add_sub(m, NINE_ROWS, NINE_ROWS)),
+        ("add_sub", "<= 8"),
+    ),
+    Call(
+        "unknown output",
+        lambda m, c: c.infer(
+            "add_sub", add_sub(m, F4, F4), outputs=[m.InferRequestedOutput("NOPE")]
+        ),
+        ("NOPE", "add_sub"),
+    ),
+    misbehave("echo"),
+    misbehave("raise", "misbehaving", "ValueError: asked to raise"),
+    misbehave("count", "misbehaving", "InferenceResponse"),
+    misbehave("error", "X must be positive"),
+    misbehave("object", "misbehaving", "InferenceResponse", "dict"),
+    metadata("add_sub"),
+    metadata("auto_declared"),
+    metadata("batch_probe"),
+    metadata("nope"),
+    config_tensors("add_sub"),
+    config_tensors("auto_declared"),
+    config_tensors("batch_probe"),
+    config_tensors("square_stream"),
+    metadata("square_stream"),
+    Call(
+        "one inference of a decoupled model",
+        lambda m, c: c.infer("square_stream", [tensor(m, "IN", np.array([2], np.int32), "INT32")]),
+        ("decoupled",),
+    ),
+    Call("server ready", lambda m, c: c.is_server_ready()),
+    Call("failed model's readiness", lambda m, c: c.is_model_ready("import_fails")),
+    Call("repository index", index),
+    Call(
+        "load a model whose initialize raises",
+        lambda m, c: c.load_model("initialize_fails"),
+        ("initialize_fails", "weights.bin is missing"),
+    ),
+]
+# Answered otherwise on purpose: call -> (REST status, gRPC status, why).
+ON_PURPOSE = {
+    "infer a failed model": (
+        "503",
+        "StatusCode.UNAVAILABLE",
+        "the appliance keeps retrying a failed load (with backoff) and says why; Triton "
+        "answers 404 'has no available versions'",
+    ),
+}
+ON_PURPOSE_CALLS = [
+    Call(
+        "infer a failed model",
+        lambda m, c: c.infer("import_fails", [tensor(m, "X", np.ones(1, np.float32), "FP32")]),
+        ("import_fails",),
+    )
+]
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("oracle")
+    shutil.copytree(MODELS, root, dirs_exist_ok=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def triton(repository: Path) -> Iterator[PeerServer]:
+    # Explicit control (as the appliance is always) with every model loaded at
+    # the start; a model that fails to load leaves the server up.
+    options = ["--model-control-mode=explicit", "--load-model=*", "--exit-on-error=false"]
+    with triton_serving(repository, options) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def appliance(repository: Path) -> Iterator[Appliance]:
+    config = make_config(new_run_dir(), [])
+    config["repositories"] = [{"path": str(repository)}]
+    with serving(config) as started:
+        yield started
+
+
+def urls_of(app: Appliance) -> dict[str, str]:
+    return {kind: f"127.0.0.1:{app.ports[kind]}" for kind in ("http", "grpc")}
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_every_call_answers_as_triton_answers(
+    triton: PeerServer, appliance: Appliance, transport: str
+) -> None:
+    index = 0 if transport == "http" else 1
+    module, triton_url = transports(triton.urls)[index]
+    _, appliance_url = transports(urls_of(appliance))[index]
+    theirs = answers(module, triton_url, CALLS)
+    ours = answers(module, appliance_url, CALLS)
+    parted = differences(theirs, ours, CALLS)
+    assert not parted, "\n".join(parted)
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_where_the_appliance_answers_otherwise_it_is_on_purpose(
+    triton: PeerServer, appliance: Appliance, transport: str
+) -> None:
+    index = 0 if transport == "http" else 1
+    module, triton_url = transports(triton.urls)[index]
+    _, appliance_url = transports(urls_of(appliance))[index]
+    theirs = answers(module, triton_url, ON_PURPOSE_CALLS)
+    ours = answers(module, appliance_url, ON_PURPOSE_CALLS)
+    for call in ON_PURPOSE_CALLS:
+        rest, grpc, why = ON_PURPOSE[call.name]
+        assert theirs[call.name][0] == "error", f"{call.name}: Triton now answers {theirs}"
+        assert ours[call.name][:2] == ("error", rest if index == 0 else grpc), why
+        assert all(word in ours[call.name][2] for word in call.words), ours
+
+
+def batch_answers(url: str) -> list[tuple[int, bool, str]]:
+    """32 requests at once to batch_probe, each slow: what each one's execute saw."""
+    client = httpclient.InferenceServerClient(url, concurrency=16)
+    try:
+        sent = []
+        for number in range(32):
+            x = tensor(httpclient, "X", np.array([[number]], dtype=np.int32), "INT32")
+            parameters = {"delay_ms": 30, "tag": f"t{number}"}
+            sent.append(client.async_infer("batch_probe", [x], parameters=parameters))
+        results = [request.get_result() for request in sent]
+    finally:
+        client.close()
+    return [
+        (
+            int(r.as_numpy("REQUESTS")[0, 0]),
+            bool(r.as_numpy("WRITABLE")[0, 0]),
+            r.as_numpy("PARAMETER")[0, 0].decode(),
+        )
+        for r in results
+    ]
+
+
+def test_concurrent_requests_reach_execute_as_triton_batches_them(
+    triton: PeerServer, appliance: Appliance
+) -> None:
+    found: dict[str, list[tuple[int, bool, str]]] = {}
+    urls = {"triton": triton.urls["http"], "appliance": urls_of(appliance)["http"]}
+    threads = [
+        threading.Thread(target=lambda k=k, u=u: found.__setitem__(k, batch_answers(u)))
+        for k, u in urls.items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for server in urls:
+        answered = found[server]
+        # Requests that queued behind a slow execute came in one list...
+        assert max(count for count, _w, _t in answered) > 1, (server, answered)
+        # ...each with its own parameters, answered in order.
+        assert [tag for _c, _w, tag in answered] == [f"t{n}" for n in range(32)], server
+    # On purpose: Triton copies each input into its stub and hands execute a
+    # writable array; the appliance hands a read-only view of the shared memory
+    # the request arrived in (no copy), and a model.py that writes into one is
+    # told to copy it first (test_python_backend.py).
+    assert {w for _c, w, _t in found["triton"]} == {True}
+    assert {w for _c, w, _t in found["appliance"]} == {False}
+
+
+def streamed(url: str, requests: list[int], empty_final: bool) -> dict[str, list[Any]]:
+    """square_stream's answers on one gRPC stream, by request id, in the order each came."""
+    client = grpcclient.InferenceServerClient(url)
+    parts: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: parts.put((result, error)))
+    try:
+        for n in requests:
+            x = tensor(grpcclient, "IN", np.array([n], np.int32), "INT32")
+            client.async_stream_infer(
+                "square_stream", [x], request_id=f"n{n}", enable_empty_final_response=empty_final
+            )
+        # Each request ends with its final response, or its error when it has one.
+        ends = 0
+        got: dict[str, list[Any]] = {}
+        while ends < len(requests):
+            result, error = parts.get(timeout=30)
+            if error is not None:
+                got.setdefault("errors", []).append(error.message())
+                ends += 1
+                continue
+            response = result.get_response()
+            final = response.parameters["triton_final_response"].bool_param
+            data = (result.as_numpy("OUT"), result.as_numpy("IDX"))
+            plain = [None if array is None else array.tolist() for array in data]
+            got.setdefault(response.id, []).append((*plain, final))
+            ends += final or (not empty_final and plain[1] == [int(response.id[1:]) - 1])
+    finally:
+        client.stop_stream()
+        client.close()
+    return got
+
+
+@pytest.mark.parametrize("empty_final", [False, True])
+def test_a_decoupled_model_streams_what_triton_streams(
+    triton: PeerServer, appliance: Appliance, empty_final: bool
+) -> None:
+    # Without the empty final response, a request of n = 0 sends nothing.
+    requests = [3, 1, -1] if not empty_final else [2, 0, -1]
+    theirs = streamed(triton.urls["grpc"], requests, empty_final)
+    ours = streamed(urls_of(appliance)["grpc"], requests, empty_final)
+    assert ours == theirs
+    assert theirs["errors"] == ["IN must be >= 0"]
