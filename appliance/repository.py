@@ -411,6 +411,9 @@ def _entry(
     }
     stamp = ";".join([_stamp(stat), *_state_file_stamps(version_dir.parent, settings)])
     options.update(path=str(path), version=str(version), stamp=stamp)
+    if cls == PYTHON_CLASS and "max_batch_size" in settings:
+        # A Triton Python model's initialize reads it in args["model_config"].
+        options["max_batch_size"] = settings["max_batch_size"]
     entry: dict[str, Any] = {"name": name, "class": cls, "options": options}
     entry.update({key: settings[key] for key in ENTRY_KEYS if key in settings})
     return entry

@@ -184,10 +184,11 @@ class PythonBackendModel(RuntimeModel):
 
             config = pbtxt.as_json(self.path.parent.parent / pbtxt.FILE)
         else:
+            batch = int(self.options.get("max_batch_size", 0))
             config = {
-                "max_batch_size": int(self.options.get("max_batch_size", 0)),
-                "input": _tables(self.options.get("inputs")),
-                "output": _tables(self.options.get("outputs")),
+                "max_batch_size": batch,
+                "input": _tables(self.options.get("inputs"), batch > 0),
+                "output": _tables(self.options.get("outputs"), batch > 0),
             }
         config["name"] = self.model_name
         config.setdefault("backend", "python")
@@ -282,11 +283,14 @@ class PythonBackendModel(RuntimeModel):
         return {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
 
 
-def _tables(tables: Any) -> list[dict[str, Any]]:
-    """config.toml's inputs or outputs as Triton's JSON tensors (their dims, no rows)."""
+def _tables(tables: Any, batched: bool) -> list[dict[str, Any]]:
+    """config.toml's inputs or outputs as Triton's JSON tensors: ``dims`` leave
+    out the batch dimension (the leading -1 of a batched model's shapes)."""
     converted = []
     for table in tables or ():
         shape = [int(d) for d in table.get("shape", ())]
+        if batched and shape[:1] == [-1]:
+            shape = shape[1:]
         converted.append(
             {
                 "name": str(table["name"]),

@@ -188,3 +188,51 @@ def test_finalize_runs_when_the_model_is_unloaded_with_triton_s_args(
         assert rest.is_model_ready("add_sub")
     finally:
         rest.close()
+
+
+TOML_CONFIG = """
+platform = "python"
+max_batch_size = 8
+inputs = [
+  { name = "INPUT0", dtype = "FP32", shape = [-1, 4] },
+  { name = "INPUT1", dtype = "FP32", shape = [-1, 4] },
+]
+outputs = [
+  { name = "OUTPUT0", dtype = "FP32", shape = [-1, 4] },
+  { name = "OUTPUT1", dtype = "INT32", shape = [-1, 4] },
+]
+"""
+
+
+def test_a_model_described_by_config_toml_gets_triton_s_model_config(tmp_path: Path) -> None:
+    (tmp_path / "add_sub" / "1").mkdir(parents=True)
+    shutil.copy(MODELS / "add_sub" / "1" / "model.py", tmp_path / "add_sub" / "1")
+    (tmp_path / "add_sub" / "config.toml").write_text(TOML_CONFIG)
+    config = make_config(new_run_dir(), [])
+    config["repositories"] = [{"path": str(tmp_path)}]
+    with serving(config) as started:
+        rest = httpclient.InferenceServerClient(f"127.0.0.1:{started.ports['http']}")
+        try:
+            a = np.ones((2, 4), dtype=np.float32)
+            inputs = [
+                tensor(httpclient, "INPUT0", a, "FP32"),
+                tensor(httpclient, "INPUT1", a, "FP32"),
+            ]
+            result = rest.infer("add_sub", inputs)
+            # initialize read the output types from args["model_config"].
+            assert result.as_numpy("OUTPUT1").dtype == np.int32
+            rest.unload_model("add_sub")
+        finally:
+            rest.close()
+        deadline = time.monotonic() + 30
+        while not list((tmp_path / "add_sub").glob("finalized-*")):
+            assert time.monotonic() < deadline, "finalize did not run"
+            time.sleep(0.1)
+    [marker] = (tmp_path / "add_sub").glob("finalized-*")
+    model_config = json.loads(json.loads(marker.read_text())["model_config"])
+    assert model_config["max_batch_size"] == 8
+    assert [(t["name"], t["dims"]) for t in model_config["input"]] == [
+        ("INPUT0", [4]),
+        ("INPUT1", [4]),
+    ]
+    assert model_config["output"][1]["data_type"] == "TYPE_INT32"

@@ -3,8 +3,8 @@
 The examples come from Triton's python_backend repository, a mirror this
 machine may or may not hold (the tests skip without it, saying so). Each
 model directory is laid out as the example's README says; each client.py
-runs as shipped but for its server address (``localhost:8000``, replaced by
-the appliance's port, which tests choose at random).
+runs as shipped but for its server address (``localhost:8000`` and ``:8001``,
+replaced by the appliance's ports, which tests choose at random).
 """
 
 from __future__ import annotations
@@ -29,8 +29,16 @@ MODELS = {
     "pytorch": ("pytorch/model.py", "pytorch/config.pbtxt"),
     "nobatch_auto_complete": ("auto_complete/nobatch_model.py", None),
     "batch_auto_complete": ("auto_complete/batch_model.py", None),
+    "repeat_int32": ("decoupled/repeat_model.py", "decoupled/repeat_config.pbtxt"),
+    "square_int32": ("decoupled/square_model.py", "decoupled/square_config.pbtxt"),
 }
-CLIENTS = ["add_sub/client.py", "pytorch/client.py", "auto_complete/client.py"]
+CLIENTS = [
+    "add_sub/client.py",
+    "pytorch/client.py",
+    "auto_complete/client.py",
+    "decoupled/repeat_client.py",
+    "decoupled/square_client.py",
+]
 
 
 def shipped(path: str) -> bytes:
@@ -58,9 +66,11 @@ def examples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
 def test_the_example_client_passes_against_the_appliance(
     examples: Appliance, client: str, tmp_path: Path
 ) -> None:
-    source = shipped(client).replace(
-        b"localhost:8000", f"127.0.0.1:{examples.ports['http']}".encode()
-    )
+    source = shipped(client)
+    for port, kind in ((8000, "http"), (8001, "grpc")):
+        source = source.replace(
+            f"localhost:{port}".encode(), f"127.0.0.1:{examples.ports[kind]}".encode()
+        )
     script = tmp_path / "client.py"
     script.write_bytes(source)
     done = subprocess.run(

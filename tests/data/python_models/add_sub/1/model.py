@@ -33,4 +33,4 @@ class TritonPythonModel:
         # Tests read this to know finalize ran, and with which args.
         marker = os.path.join(self.args["model_repository"], f"finalized-{os.getpid()}")
         with open(marker, "w") as stream:
-            json.dump({k: v for k, v in self.args.items() if k != "model_config"}, stream)
+            json.dump(self.args, stream)
