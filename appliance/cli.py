@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
 import orjson
 
-from appliance import logs
+from appliance import logs, triton_flags
 from appliance.config import DEFAULT_CONFIG, ConfigError
 from appliance.config_reader import from_dict, load
 from appliance.core.tree import Tree
@@ -23,8 +25,13 @@ log = logging.getLogger("appliance")
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["serve"] and any(
+        arg.split("=")[0] in triton_flags.REPOSITORY_FLAGS for arg in given[1:]
+    ):
+        return _serve_repositories(given[1:])
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(given)
     if args.command is None:
         parser.print_help()
         return 2
@@ -37,8 +44,21 @@ def _parser() -> argparse.ArgumentParser:
         prog="appliance", description="A multiprocess, shared-memory model server."
     )
     commands = parser.add_subparsers(dest="command")
-    serve = commands.add_parser("serve", help="serve the configured models in the foreground")
+    serve = commands.add_parser(
+        "serve",
+        help="serve the configured models in the foreground",
+        description="Serve a config's models, or Triton model repositories as tritonserver "
+        "would: appliance serve --model-repository DIR [tritonserver flags].",
+        epilog=triton_flags.help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     serve.add_argument("--config", type=Path, help="TOML config (default: the demo config)")
+    serve.add_argument(
+        "--model-repository",
+        metavar="DIR",
+        help="serve this Triton model repository with no config (repeatable; with the "
+        "tritonserver flags below)",
+    )
 
     shm_size = commands.add_parser(
         "shm-size",
@@ -83,17 +103,43 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    return _run(args.config)
+
+
+def _serve_repositories(flags: list[str]) -> int:
+    """Serve Triton repositories from tritonserver's flags (triton_flags.py).
+
+    The config they mean goes into a file of this process's own, which a
+    reload or a load reads again (so a model added to a repository is found),
+    and which is removed when the appliance stops.
+    """
+    try:
+        text = triton_flags.toml_text(triton_flags.config(flags))
+    except triton_flags.FlagError as ex:
+        print(f"appliance serve: {ex}", file=sys.stderr)
+        return 2
+    handle, name = tempfile.mkstemp(prefix="appliance-serve-", suffix=".toml")
+    path = Path(name)
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        return _run(path)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _run(config_path: Path | None) -> int:
     from appliance.master.supervisor import StartError, Supervisor
 
     logs.setup("master")
     try:
-        config = load(args.config)
+        config = load(config_path)
     except ConfigError as ex:
         log.error("%s", ex)
         return 2
     logs.setup("master", config.server.log_level)
     try:
-        return Supervisor(config, args.config).run()
+        return Supervisor(config, config_path).run()
     except StartError as ex:
         log.error("cannot start: %s", ex)
         return 1

@@ -65,6 +65,10 @@ class ServerConfig:
     # imported numpy, pyzmq and the worker's code, so idle models share those
     # pages) or "exec" (a fresh interpreter each, as every other child).
     model_start: str = "zygote"
+    # The models served from the start ("*": all). The others are known (the
+    # repository index lists them) and served once a load names them, as
+    # tritonserver's --model-control-mode=explicit with --load-model.
+    load_models: tuple[str, ...] = ("*",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +126,7 @@ class MipConfig:
 
     # MIP processes; each serves every listener.
     workers: int = 1
+    # An empty array: no MIP (no port, no process).
     listeners: tuple[MipListener, ...] = (MipListener(8002),)
     max_frame_bytes: int = 64 * MiB
     read_timeout_s: float = 30.0

@@ -355,8 +355,10 @@ class Reader:
             if not value > 0:
                 self.fail(f"mip.{name}", f"expected a value > 0, got {value!r}")
         raw = data.get("listeners", [{"port": 8002}])
-        if not isinstance(raw, list) or not raw:
-            self.fail("mip.listeners", "expected a non-empty array of {port, model} tables")
+        if not isinstance(raw, list):
+            self.fail("mip.listeners", "expected an array of {port, model} tables")
+        if not raw:
+            return MipConfig(0, (), **values)  # no MIP: no port, no process
         listeners = []
         for index, item in enumerate(raw):
             where = f"mip.listeners[{index}]"

@@ -52,7 +52,9 @@ class Ports:
         except PortError:
             self.close()
             raise
-        self.by_name = {"http": http, "grpc": grpc, "mip": self.mip_listeners[0][0]}
+        self.by_name = {"http": http, "grpc": grpc}
+        if self.mip_listeners:  # none: no MIP
+            self.by_name["mip"] = self.mip_listeners[0][0]
 
     def _keep(self, listener: tuple[socket.socket, int]) -> tuple[int, int]:
         """Hold the socket for the tree's lifetime; return its descriptor and port."""

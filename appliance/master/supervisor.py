@@ -87,6 +87,16 @@ class Supervisor:
         self.failed_loads: dict[str, tuple[int, str]] = {}
         # The config file's models as loads and unloads have changed them.
         self.served = served.ServedModels(config.models, self.tree.inline_dir, config.ensembles)
+        if "*" not in config.server.load_models:
+            # Known, not served until a load names it (Triton's explicit control).
+            wanted = set(config.server.load_models)
+            names = [m.name for m in config.models] + [e.name for e in config.ensembles]
+            self.served.unloaded.update(name for name in names if name not in wanted)
+            for name in sorted(wanted - set(names)):
+                log.warning("server.load_models: no model %r in the config or repositories", name)
+            self.config = dataclasses.replace(
+                config, models=self.served.models(), ensembles=self.served.ensembles()
+            )
         self.rate = RequestRate()
         self.reloads = 0
         self.watchdog = watchdog.Watchdog()

@@ -257,17 +257,21 @@ def start(
     affinity: set[int] | None = None,
     ready_timeout_s: float = START_TIMEOUT_S,
     wrap: tuple[str, ...] = (),
+    serve_args: tuple[str, ...] = (),
 ) -> Appliance:
     """Start an appliance; ``affinity``: the CPUs its tree may use (as ``taskset``);
-    ``wrap``: a command that execs ``appliance serve`` (its arguments follow it)."""
+    ``wrap``: a command that execs ``appliance serve`` (its arguments follow it);
+    ``serve_args``: ``appliance serve``'s arguments in place of ``--config``
+    (``config`` then only says where its run directory will be)."""
     run_dir = Path(config["server"]["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.toml"
     config_path.write_text(tomli_w.dumps(config))
     log_path = run_dir / "appliance.log"
+    arguments = serve_args or ("--config", str(config_path))
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [*wrap, sys.executable, "-m", "appliance", "serve", "--config", str(config_path)],
+            [*wrap, sys.executable, "-m", "appliance", "serve", *arguments],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

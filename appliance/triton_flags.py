@@ -1,0 +1,210 @@
+"""``appliance serve --model-repository DIR``: tritonserver's command line, read as a config.
+
+A Triton user starts a server with ``tritonserver --model-repository=models``
+and a handful of flags. ``appliance serve`` takes the same line and turns it
+into the config those flags mean (:func:`config_text`), so a Triton
+repository serves with no TOML written: HTTP on 8000, gRPC on 8001, every
+model of the repositories, Triton's readiness and exit timeout. Flags with
+no meaning here (the backend directory, GPU metrics) are taken and
+ignored; any other tritonserver flag is refused by name, with what to use
+instead where there is something.
+
+Both ``--flag=value`` and ``--flag value`` are read, as tritonserver reads
+them; booleans are true/false (also 1/0, on/off, yes/no).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPOSITORY_FLAGS = ("--model-repository", "--model-store")
+# Flag -> what it sets, for the --help text.
+TAKEN = {
+    "--model-repository, --model-store": "a model repository (repeat for several)",
+    "--http-port": "HTTP (KServe REST, /metrics, ...): default 8000",
+    "--grpc-port": "gRPC (KServe gRPC): default 8001",
+    "--http-address, --grpc-address": "the address both listen on (one for both)",
+    "--model-control-mode": "none (serve every model) or explicit (those --load-model names)",
+    "--load-model": "explicit mode: a model served from the start (repeat; * for all)",
+    "--strict-readiness": "true: ready once every model is (the appliance's readiness)",
+    "--exit-timeout-secs": "how long a stop waits for requests in flight (default 30)",
+    "--log-verbose": "above 0: debug logs",
+    "--allow-http, --allow-grpc, --allow-metrics": "true only: every protocol is served",
+    "--exit-on-error": "taken; a model that fails to load never stops the appliance",
+    "--backend-directory, --backend-config, --allow-gpu-metrics": "ignored",
+}
+IGNORED = {"--backend-directory", "--allow-gpu-metrics", "--exit-on-error", "--backend-config"}
+# Refused with what to do instead.
+RELOAD = "reload with `appliance ctl reload` (or SIGHUP) after a change"
+NOT_STRICT = "the appliance is ready once every served model is"
+INSTEAD = {
+    "--metrics-port": "/metrics is served on the HTTP port (--http-port)",
+    "--repository-poll-secs": RELOAD,
+    "--disable-auto-complete-config": "the appliance always completes a partial config",
+}
+_TRUE = {"true", "1", "on", "yes"}
+_FALSE = {"false", "0", "off", "no"}
+
+
+class FlagError(ValueError):
+    """A tritonserver flag the appliance does not take, or a bad value."""
+
+
+def help_text() -> str:
+    rows = [f"  {flag:<44} {what}" for flag, what in TAKEN.items()]
+    return "tritonserver flags taken with --model-repository:\n" + "\n".join(rows)
+
+
+def parse(argv: Sequence[str]) -> dict[str, list[str]]:
+    """tritonserver's flags as flag -> its values, in order.
+
+    Raises:
+        FlagError: an argument that is not a ``--flag``, or a flag without a value.
+    """
+    flags: dict[str, list[str]] = {}
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("--"):
+            raise FlagError(f"{arg!r}: expected a tritonserver --flag")
+        flag, has_value, value = arg.partition("=")
+        if not has_value:
+            if args and not args[0].startswith("--"):
+                value = args.pop(0)
+            elif flag not in INSTEAD:  # those are refused below, with or without a value
+                raise FlagError(f"{flag}: needs a value ({flag}=VALUE)")
+        flags.setdefault(flag, []).append(value)
+    return flags
+
+
+def config(argv: Sequence[str]) -> dict[str, Any]:
+    """The config (as the TOML reader's tables) that tritonserver's flags mean.
+
+    Raises:
+        FlagError: a flag the appliance does not take, or a value it cannot.
+    """
+    flags = parse(argv)
+    for flag in flags:
+        if flag in INSTEAD:
+            raise FlagError(f"{flag} is not taken: {INSTEAD[flag]}")
+        if flag not in _KNOWN:
+            raise FlagError(
+                f"{flag}: not a tritonserver flag appliance serve takes (see --help for "
+                "those it does; for the rest, write a config: --config)"
+            )
+    repositories = [str(Path(p).resolve()) for f in REPOSITORY_FLAGS for p in flags.get(f, [])]
+    if not repositories:
+        raise FlagError("--model-repository: at least one is needed")
+    server = {"default_model": "", **_listening(flags), **_control(flags)}
+    if "--exit-timeout-secs" in flags:
+        server["drain_timeout_s"] = float(_number(flags, "--exit-timeout-secs"))
+    if "--log-verbose" in flags:
+        server["log_level"] = "debug" if _number(flags, "--log-verbose") > 0 else "info"
+    return {
+        "server": server,
+        "http": {"port": _port(flags, "--http-port", 8000), "graphpipe_model": ""},
+        "grpc": {"port": _port(flags, "--grpc-port", 8001)},
+        # Triton has no MIP; its metrics port (8002) stays free for what a user runs there.
+        "mip": {"listeners": []},
+        "repositories": [{"path": path} for path in repositories],
+    }
+
+
+def _listening(flags: dict[str, list[str]]) -> dict[str, Any]:
+    """The server keys of the address and allow-protocol flags."""
+    for flag in ("--allow-http", "--allow-grpc", "--allow-metrics"):
+        if not all(_bool(flag, value) for value in flags.get(flag, [])):
+            raise FlagError(f"{flag}=false is not taken: the appliance serves every protocol")
+    addresses = {a for f in ("--http-address", "--grpc-address") for a in flags.get(f, [])}
+    if len(addresses) > 1:
+        raise FlagError(
+            f"--http-address and --grpc-address differ ({', '.join(sorted(addresses))}): "
+            "the appliance listens on one address for every protocol"
+        )
+    return {"host": addresses.pop()} if addresses else {}
+
+
+def _control(flags: dict[str, list[str]]) -> dict[str, Any]:
+    """The server keys of model control and readiness."""
+    for value in flags.get("--strict-readiness", []):
+        if not _bool("--strict-readiness", value):
+            raise FlagError(f"--strict-readiness=false is not taken: {NOT_STRICT}")
+    mode = (flags.get("--model-control-mode") or ["none"])[-1]
+    if mode == "poll":
+        raise FlagError(f"--model-control-mode=poll is not taken: {RELOAD}")
+    if mode not in ("none", "explicit"):
+        raise FlagError(f"--model-control-mode={mode}: expected none, explicit (or poll)")
+    loads = flags.get("--load-model", [])
+    if loads and mode != "explicit":
+        raise FlagError("--load-model needs --model-control-mode=explicit, as in tritonserver")
+    return {"load_models": loads} if mode == "explicit" else {}
+
+
+def toml_text(tables: dict[str, Any]) -> str:
+    """``tables`` (of :func:`config`: strings, numbers, lists of them) as TOML."""
+    lines = []
+    for name, table in tables.items():
+        rows = table if isinstance(table, list) else [table]
+        for row in rows:
+            lines.append(f"[[{name}]]" if isinstance(table, list) else f"[{name}]")
+            lines += [f"{key} = {_toml_value(value)}" for key, value in row.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # a JSON string is a TOML basic string
+
+
+_KNOWN = {
+    *REPOSITORY_FLAGS,
+    *IGNORED,
+    "--http-port",
+    "--grpc-port",
+    "--http-address",
+    "--grpc-address",
+    "--model-control-mode",
+    "--load-model",
+    "--strict-readiness",
+    "--exit-timeout-secs",
+    "--log-verbose",
+    "--allow-http",
+    "--allow-grpc",
+    "--allow-metrics",
+}
+
+
+def _bool(flag: str, value: str) -> bool:
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise FlagError(f"{flag}={value}: expected true or false")
+
+
+def _number(flags: dict[str, list[str]], flag: str) -> int:
+    value = flags[flag][-1]
+    try:
+        number = int(value)
+    except ValueError:
+        raise FlagError(f"{flag}={value}: expected a whole number") from None
+    if number < 0:
+        raise FlagError(f"{flag}={value}: expected a whole number >= 0")
+    return number
+
+
+def _port(flags: dict[str, list[str]], flag: str, default: int) -> int:
+    if flag not in flags:
+        return default
+    port = _number(flags, flag)
+    if port > 65535:
+        raise FlagError(f"{flag}={port}: expected a port, 0 to 65535")
+    return port
