@@ -95,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
         "--listen-fd", type=int, help="HTTP and gRPC: the inherited listening socket"
     )
     child.add_argument("--listen-fds", default="", help="MIP: the listeners' sockets, fd,...")
+    child.add_argument("--metrics-port", type=int, help="HTTP: the port of /metrics alone")
+    child.add_argument("--metrics-fd", type=int, help="HTTP: that port's inherited socket")
     child.add_argument("--worker-slots", default="0:0")
     child.add_argument("--index", type=int, default=0)
     child.add_argument("--listeners", default="", help="MIP: port=model,...")
@@ -220,7 +222,8 @@ def _child(args: argparse.Namespace) -> int:
     if args.role == "http":
         from appliance.frontends import http
 
-        return http.run(*common, args.port, args.listen_fd, args.worker_slots)
+        metrics = (args.metrics_port, args.metrics_fd) if args.metrics_fd is not None else None
+        return http.run(*common, args.port, args.listen_fd, args.worker_slots, metrics)
     if args.role == "grpc":
         from appliance.frontends import grpc
 

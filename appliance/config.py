@@ -75,6 +75,9 @@ class ServerConfig:
 class HttpConfig:
     # KServe REST, GRPS REST, GraphPipe, UM-Bridge, /metrics and the dashboard (0: any free port).
     port: int = 8000
+    # A port of its own that answers /metrics alone, as Triton's metrics port
+    # (8002) does (0: any free port); none: /metrics is on the HTTP port only.
+    metrics_port: int | None = None
     workers: int = 2
     # Per worker, for the routes that block (see protocols/web.py); requests
     # waiting on a model hold none.

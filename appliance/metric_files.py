@@ -34,7 +34,10 @@ from prometheus_client.utils import floatToGoString
 _INT = struct.Struct("<i")
 _DOUBLE = struct.Struct("<d")
 # What this module merges itself; any other type goes to prometheus_client.
-_OWN_TYPES = ("counter", "histogram")
+# The "triton" ones are Triton Python models' own (runtimes/custom_metrics.py):
+# shown as Triton shows them, a counter without "_total", a gauge summed.
+_TRITON = "triton"
+_OWN_TYPES = ("counter", "histogram", *(_TRITON + k for k in ("counter", "gauge", "histogram")))
 Labels = tuple[tuple[str, str], ...]
 # metric, sample, labels (sorted), help
 Key = tuple[str, str, Labels, str]
@@ -140,6 +143,7 @@ class MetricFiles:
         family = families.get(metric)
         if family is None:
             family = families[metric] = _Family(kind, text)
+        kind = kind.removeprefix(_TRITON)
         if kind == "histogram" and sample.endswith("_bucket"):
             without, bound = self._bound(labels)
             counts = family.buckets.setdefault(without, {})
@@ -162,7 +166,8 @@ class MetricFiles:
         for metric, family in families.items():
             name = f"{metric}_total" if family.kind == "counter" else metric
             escaped = family.help.replace("\\", r"\\").replace("\n", r"\n")
-            lines.append(f"# HELP {name} {escaped}\n# TYPE {name} {family.kind}\n")
+            kind = family.kind.removeprefix(_TRITON)
+            lines.append(f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n")
             for (sample, labels), value in family.values.items():
                 lines.append(f"{self._prefix(sample, labels)} {_number(value)}\n")
             for labels, counts in family.buckets.items():

@@ -2,9 +2,9 @@
 
 A Triton user starts a server with ``tritonserver --model-repository=models``
 and a handful of flags. ``appliance serve`` takes the same line and turns it
-into the config those flags mean (:func:`config_text`), so a Triton
-repository serves with no TOML written: HTTP on 8000, gRPC on 8001, every
-model of the repositories, Triton's readiness and exit timeout. Flags with
+into the config those flags mean (:func:`config`), so a Triton repository
+serves with no TOML written: HTTP on 8000, gRPC on 8001, /metrics alone on
+8002, every model of the repositories, Triton's readiness and exit timeout. Flags with
 no meaning here (the backend directory, GPU metrics) are taken and
 ignored; any other tritonserver flag is refused by name, with what to use
 instead where there is something.
@@ -26,13 +26,15 @@ TAKEN = {
     "--model-repository, --model-store": "a model repository (repeat for several)",
     "--http-port": "HTTP (KServe REST, /metrics, ...): default 8000",
     "--grpc-port": "gRPC (KServe gRPC): default 8001",
+    "--metrics-port": "/metrics alone: default 8002",
     "--http-address, --grpc-address": "the address both listen on (one for both)",
     "--model-control-mode": "none (serve every model) or explicit (those --load-model names)",
     "--load-model": "explicit mode: a model served from the start (repeat; * for all)",
     "--strict-readiness": "true: ready once every model is (the appliance's readiness)",
     "--exit-timeout-secs": "how long a stop waits for requests in flight (default 30)",
     "--log-verbose": "above 0: debug logs",
-    "--allow-http, --allow-grpc, --allow-metrics": "true only: every protocol is served",
+    "--allow-http, --allow-grpc": "true only: every protocol is served",
+    "--allow-metrics": "false: no metrics port (/metrics stays on the HTTP port)",
     "--exit-on-error": "taken; a model that fails to load never stops the appliance",
     "--backend-directory, --backend-config, --allow-gpu-metrics": "ignored",
 }
@@ -41,7 +43,6 @@ IGNORED = {"--backend-directory", "--allow-gpu-metrics", "--exit-on-error", "--b
 RELOAD = "reload with `appliance ctl reload` (or SIGHUP) after a change"
 NOT_STRICT = "the appliance is ready once every served model is"
 INSTEAD = {
-    "--metrics-port": "/metrics is served on the HTTP port (--http-port)",
     "--repository-poll-secs": RELOAD,
     "--disable-auto-complete-config": "the appliance always completes a partial config",
 }
@@ -105,9 +106,13 @@ def config(argv: Sequence[str]) -> dict[str, Any]:
         server["log_level"] = "debug" if _number(flags, "--log-verbose") > 0 else "info"
     return {
         "server": server,
-        "http": {"port": _port(flags, "--http-port", 8000), "graphpipe_model": ""},
+        "http": {
+            "port": _port(flags, "--http-port", 8000),
+            "graphpipe_model": "",
+            **_metrics(flags),
+        },
         "grpc": {"port": _port(flags, "--grpc-port", 8001)},
-        # Triton has no MIP; its metrics port (8002) stays free for what a user runs there.
+        # Triton has no MIP (and its metrics port is 8002, MIP's default).
         "mip": {"listeners": []},
         "repositories": [{"path": path} for path in repositories],
     }
@@ -115,7 +120,7 @@ def config(argv: Sequence[str]) -> dict[str, Any]:
 
 def _listening(flags: dict[str, list[str]]) -> dict[str, Any]:
     """The server keys of the address and allow-protocol flags."""
-    for flag in ("--allow-http", "--allow-grpc", "--allow-metrics"):
+    for flag in ("--allow-http", "--allow-grpc"):
         if not all(_bool(flag, value) for value in flags.get(flag, [])):
             raise FlagError(f"{flag}=false is not taken: the appliance serves every protocol")
     addresses = {a for f in ("--http-address", "--grpc-address") for a in flags.get(f, [])}
@@ -125,6 +130,13 @@ def _listening(flags: dict[str, list[str]]) -> dict[str, Any]:
             "the appliance listens on one address for every protocol"
         )
     return {"host": addresses.pop()} if addresses else {}
+
+
+def _metrics(flags: dict[str, list[str]]) -> dict[str, Any]:
+    """The http keys of the metrics flags: a metrics port of its own, as Triton's."""
+    if not all(_bool("--allow-metrics", value) for value in flags.get("--allow-metrics", [])):
+        return {}
+    return {"metrics_port": _port(flags, "--metrics-port", 8002)}
 
 
 def _control(flags: dict[str, list[str]]) -> dict[str, Any]:
@@ -179,6 +191,7 @@ _KNOWN = {
     "--allow-http",
     "--allow-grpc",
     "--allow-metrics",
+    "--metrics-port",
 }
 
 

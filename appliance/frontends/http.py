@@ -69,6 +69,27 @@ Asgi = Callable[
 ]
 
 
+def metrics_alone_on(port: int, app: Asgi) -> Asgi:
+    """Let the metrics port answer /metrics alone (404 for any other path), as
+    Triton's does; the HTTP port goes on serving everything."""
+
+    async def asgi(
+        scope: dict[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        server = scope.get("server") or ("", 0)
+        if scope["type"] != "http" or server[1] != port or scope["path"] == "/metrics":
+            await app(scope, receive, send)
+            return
+        body = b"this port serves /metrics alone\n"
+        headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 404, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return asgi
+
+
 def refusing_early(app: Asgi, limit: int) -> Asgi:
     """Let ``app`` answer a request whose declared body is over ``limit`` unread.
 
@@ -117,11 +138,14 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
         port: int,
         listen_fd: int | None,
         worker_slots: str,
+        metrics: tuple[int, int] | None = None,
     ) -> None:
         self.context = context
         self.slot = slot
         self.port = port
         self.listen_fd = listen_fd
+        # (port, inherited socket) of the port that answers /metrics alone.
+        self.metrics = metrics
         first, count = (int(part) for part in worker_slots.split(":"))
         self.worker_slots = (first, count)
         self.client: ModelClient | None = None
@@ -135,8 +159,11 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
             bind = f"fd://{self.listen_fd}"
         else:
             bind = f"{config.server.host}:{self.port}"
+        binds = [bind]
+        if self.metrics is not None:
+            binds.append(f"fd://{self.metrics[1]}")
         settings: dict[str, Any] = {
-            "bind": [bind],
+            "bind": binds,
             "workers": config.http.workers,
             "worker_class": "appliance.frontends.httpworker.HttpWorker",
             "reuse_port": self.listen_fd is None,
@@ -168,12 +195,19 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
         )
         self.client = self.context.client(publish_slot=slot)
         http = self.context.config.http
-        app = create_app(self.client, Threads(http.threads, "http"))
-        return refusing_early(app, http.max_body_bytes)
+        app = refusing_early(
+            create_app(self.client, Threads(http.threads, "http")), http.max_body_bytes
+        )
+        if self.metrics is not None:
+            app = metrics_alone_on(self.metrics[0], app)
+        return app
 
     def _when_ready(self, _server: Any) -> None:
         self.context.status.set_state(self.slot, SlotState.READY, os.getpid())
-        log.info("listening on %s:%d", self.context.config.server.host, self.port)
+        host = self.context.config.server.host
+        log.info("listening on %s:%d", host, self.port)
+        if self.metrics is not None:
+            log.info("listening on %s:%d for /metrics", host, self.metrics[0])
 
     def _worker_exit(self, _server: Any, _worker: Any) -> None:
         # A worker whose arbiter died may exit with requests still running;
@@ -190,10 +224,11 @@ def run(
     port: int,
     listen_fd: int | None,
     worker_slots: str,
+    metrics: tuple[int, int] | None = None,
 ) -> int:
     """Run the gunicorn arbiter until it is told to stop."""
     context = FrontendContext.open(tree_dir)
     logs.setup("http", context.config.server.log_level)
     become_child("http", master_pid)
-    HttpApplication(context, slot, port, listen_fd, worker_slots).run()
+    HttpApplication(context, slot, port, listen_fd, worker_slots, metrics).run()
     return 0

@@ -71,6 +71,13 @@ def make_plan(config: ApplianceConfig, ports: Ports, snapshot: Path) -> Plan:
     http_slot = slot
     worker_count = 2 * config.http.workers
     plan.http_worker_slots = (http_slot + 1, worker_count)
+    # The metrics port, where there is one, is the HTTP process's second socket.
+    metrics: tuple[str, ...] = ()
+    http_fds: tuple[int, ...] = (ports.http_fd,)
+    if ports.metrics_fd is not None:
+        metrics = ("--metrics-port", str(ports.by_name["metrics"]))
+        metrics += ("--metrics-fd", str(ports.metrics_fd))
+        http_fds += (ports.metrics_fd,)
     plan.specs.append(
         ChildSpec(
             role="http",
@@ -84,8 +91,9 @@ def make_plan(config: ApplianceConfig, ports: Ports, snapshot: Path) -> Plan:
                 str(ports.http_fd),
                 "--worker-slots",
                 f"{http_slot + 1}:{worker_count}",
+                *metrics,
             ),
-            pass_fds=(ports.http_fd,),
+            pass_fds=http_fds,
         )
     )
     slot = http_slot + 1 + worker_count

@@ -41,8 +41,13 @@ class Ports:
         self._held: list[socket.socket] = []
         self.mip_listeners: list[tuple[int, str]] = []
         self.mip_fds: list[int] = []
+        self.metrics_fd: int | None = None
+        metrics = None
         try:
             self.http_fd, http = self._keep(listen(host, config.http.port, "http.port"))
+            if config.http.metrics_port is not None:
+                where = listen(host, config.http.metrics_port, "http.metrics_port")
+                self.metrics_fd, metrics = self._keep(where)
             self.grpc_fd, grpc = self._keep(listen(host, config.grpc.port, "grpc.port"))
             for index, listener in enumerate(config.mip.listeners):
                 key = f"mip.listeners[{index}].port"
@@ -53,6 +58,8 @@ class Ports:
             self.close()
             raise
         self.by_name = {"http": http, "grpc": grpc}
+        if metrics is not None:
+            self.by_name["metrics"] = metrics
         if self.mip_listeners:  # none: no MIP
             self.by_name["mip"] = self.mip_listeners[0][0]
 

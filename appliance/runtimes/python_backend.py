@@ -23,12 +23,16 @@ way Triton's Python stub does:
   sends (from any thread) streams back until the final flag; such a model is
   served over streams only (KServe gRPC ModelStreamInfer), as in Triton.
 
-Calls to other models (BLS) are refused by name.
+Calls to other models (BLS: ``InferenceRequest(...).exec()``, ``async_exec``
+in an ``async def execute``, which runs in the instance's own event loop) go
+through the model worker's own client (bls.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 import json
 import logging
 import queue
@@ -48,6 +52,7 @@ from appliance.errors import (
     Unsupported,
 )
 from appliance.model import Arrays, Outputs, Request
+from appliance.runtimes import custom_metrics
 from appliance.runtimes import python_backend_utils as pb_utils
 from appliance.runtimes.interface import ModelFileError, RuntimeModel, parse_dtype
 
@@ -79,6 +84,7 @@ class PythonBackendModel(RuntimeModel):
         self.model_name = self.path.parent.parent.name
         self._instance: Any = None
         self.decoupled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def load(self) -> None:
         """Import model.py, complete and read the config, then ``initialize``.
@@ -115,7 +121,7 @@ class PythonBackendModel(RuntimeModel):
         """Run ``execute`` on the batch's requests; one result per request, in order."""
         wrapped = [self._request(request) for request in requests]
         try:
-            responses = self._instance.execute(wrapped)
+            responses = self._awaited(self._instance.execute(wrapped))
         except Exception as ex:
             hint = READ_ONLY_HINT if "read-only" in str(ex) else ""
             raise ModelFailed(
@@ -146,7 +152,7 @@ class PythonBackendModel(RuntimeModel):
         sender = pb_utils.InferenceResponseSender(lambda r, flags: parts.put((r, flags)))
         request = self._request(Request(inputs, parameters, None), sender)
         try:
-            returned = self._instance.execute([request])
+            returned = self._awaited(self._instance.execute([request]))
         except Exception as ex:
             raise ModelFailed(f"model {self.model_name}: execute raised {_last_line(ex)}") from ex
         if returned is not None:
@@ -168,12 +174,24 @@ class PythonBackendModel(RuntimeModel):
 
     def unload(self) -> None:
         finalize = getattr(self._instance, "finalize", None)
-        if finalize is None:
-            return
         try:
-            finalize()
+            if finalize is not None:
+                finalize()
         except Exception as ex:
             log.error("model %s: finalize raised %s", self.model_name, _last_line(ex))
+        finally:
+            if self._loop is not None:
+                self._loop.close()
+            custom_metrics.close()
+
+    def _awaited(self, returned: Any) -> Any:
+        """What ``execute`` returned, once done: an ``async def execute`` (one that
+        awaits ``async_exec`` calls) runs to its end in this instance's event loop."""
+        if not inspect.iscoroutine(returned):
+            return returned
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(returned)
 
     # -- load ------------------------------------------------------------------
 

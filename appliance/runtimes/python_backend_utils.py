@@ -10,8 +10,8 @@ read-only views of the shared memory the request arrived in),
 :class:`InferenceRequest` and :class:`InferenceResponse`, :class:`TritonError`
 with its codes, :class:`TritonModelException`, :class:`Logger`, the helpers
 that look tensors and tensor configs up by name and convert Triton's type
-names, the request and response flags, and :class:`ModelConfig` for
-``auto_complete_config``.
+names, the request and response flags, :class:`ModelConfig` for
+``auto_complete_config``, and :class:`MetricFamily` for the model's own metrics.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from appliance.runtimes import custom_metrics
 
 log = logging.getLogger("appliance.model")
 
@@ -291,7 +293,7 @@ class InferenceRequest:
         requested_output_names: Iterable[str] = (),
         parameters: Mapping[str, Any] | str | None = None,
         flags: int = 0,
-        model_name: str = "",
+        model_name: str | bytes = "",
         model_version: int = -1,
         timeout: int = 0,
         cancelled: Callable[[], bool] | None = None,
@@ -307,7 +309,8 @@ class InferenceRequest:
             parameters if isinstance(parameters, str) else json.dumps(parameters or {})
         )
         self._flags = flags
-        self._model_name = model_name
+        # Triton takes the name as bytes too (a BYTES input's element, often).
+        self._model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self._model_version = model_version
         self._timeout = timeout
         self._cancelled = cancelled
@@ -349,13 +352,20 @@ class InferenceRequest:
         return self._sender
 
     def exec(self, decoupled: bool = False) -> Any:
-        raise TritonModelException(
-            "InferenceRequest.exec: calling other models from a Python model (BLS) is not "
-            "served by the appliance yet"
-        )
+        """Run this request on ``model_name`` (BLS): its InferenceResponse, or (a
+        decoupled model) an iterator of them ending with an empty final one."""
+        from appliance.runtimes import bls
+
+        return bls.stream(self) if decoupled else bls.infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
-        return self.exec(decoupled)
+        """:meth:`exec` in ``async def execute``: other calls run while this one waits
+        (a decoupled model's responses come as a list, once its stream ended)."""
+        from appliance.runtimes import bls
+
+        if decoupled:
+            return [response async for response in bls.stream_async(self)]
+        return await bls.infer_async(self)
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
@@ -376,6 +386,69 @@ def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> Any
 
 def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
     return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+class MetricFamily:
+    """A family of the model's own metrics, shown on /metrics as Triton shows them.
+
+    ``MetricFamily(name, description, kind)``, then ``family.Metric(labels={...})``
+    (a histogram's with ``buckets=[...]``): ``increment`` (counter, gauge),
+    ``set`` (gauge), ``observe`` (histogram), ``value``.
+    """
+
+    COUNTER = custom_metrics.COUNTER
+    GAUGE = custom_metrics.GAUGE
+    HISTOGRAM = custom_metrics.HISTOGRAM
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        try:
+            custom_metrics.family(name, description, kind)
+        except custom_metrics.MetricError as ex:
+            raise TritonModelException(str(ex)) from None
+        self._name, self._description, self._kind = name, description, kind
+
+    def Metric(
+        self, labels: Mapping[str, str] | None = None, buckets: Sequence[float] | None = None
+    ) -> Metric:
+        return Metric(self, labels, buckets)
+
+
+class Metric:
+    """One labelled series of a :class:`MetricFamily`; its misuse raises TritonModelException."""
+
+    def __init__(
+        self,
+        family: MetricFamily,
+        labels: Mapping[str, str] | None = None,
+        buckets: Sequence[float] | None = None,
+    ) -> None:
+        self._metric = _metric_call(
+            custom_metrics.Metric,
+            family._name,
+            family._kind,
+            family._description,
+            labels,
+            buckets,
+        )
+
+    def increment(self, value: float) -> None:
+        _metric_call(self._metric.increment, value)
+
+    def set(self, value: float) -> None:
+        _metric_call(self._metric.set, value)
+
+    def observe(self, value: float) -> None:
+        _metric_call(self._metric.observe, value)
+
+    def value(self) -> float:
+        return float(self._metric.value())
+
+
+def _metric_call(function: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return function(*args)
+    except custom_metrics.MetricError as ex:
+        raise TritonModelException(str(ex)) from None
 
 
 class Logger:

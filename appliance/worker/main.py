@@ -71,6 +71,11 @@ def run(
     device = devices.resolve(model_config.device, instance)
     # Published before the load, so a model that fails on its GPU shows which.
     status.set_device(slot, device)
+    # A Triton Python model's calls to other models (BLS) go to this tree.
+    # Imported here, not above: the zygote imports this module and no runtime.
+    from appliance.runtimes import bls
+
+    bls.attach(tree, config, status)
     try:
         loaded = load_model(model_config, config.server.python_path, device)
         sequences = settings_for(model_config, loaded.model, loaded.max_batch_size)
@@ -142,6 +147,7 @@ def run(
         context.term()
         ring.close()
         unload(loaded)
+        bls.close()
     log.info("stopped")
     return ExitCode.OK
 

@@ -14,6 +14,7 @@ same (docs/models/python-backend.md).
 
 from __future__ import annotations
 
+import json
 import queue
 import shutil
 import threading
@@ -24,10 +25,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.servers import PeerServer
+from tests.batch_probe import REQUESTS, batch_answers
 from tests.peers.conftest import triton_serving
 from tests.peers.oracle import Call, answers, differences, outputs, tensor, transports
 from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, serving
@@ -88,6 +92,32 @@ def config_tensors(model: str) -> Call:
         }
 
     return Call(f"config {model}", read)
+
+
+BLS_CALLS = ("add_sub", "nope", "misbehaving_error", "square")
+BLS_CALLS += tuple(f"async_{name}" for name in BLS_CALLS)
+
+
+def errors_named(seen: Any) -> Any:
+    """A BLS call's answers with each error's message reduced to what it names
+    (the model called, or the called model's own message)."""
+    if isinstance(seen, list):
+        return [errors_named(each) for each in seen]
+    if "error" in seen:
+        message = seen["error"]
+        return {"error": [word for word in ("'nope'", "X must be positive") if word in message]}
+    return seen
+
+
+def bls(name: str) -> Call:
+    """bls_caller calling another model as ``name`` says; what its call returned."""
+
+    def infer(m: ModuleType, c: Any) -> Any:
+        x = tensor(m, "X", np.arange(4, dtype=np.float32), "FP32")
+        result = c.infer("bls_caller", [x], parameters={"call": name})
+        return errors_named(json.loads(result.as_numpy("SEEN")[0]))
+
+    return Call(f"BLS {name}", infer)
 
 
 def index(m: ModuleType, c: Any) -> list[tuple[str, str, str, bool]]:
@@ -163,6 +193,7 @@ CALLS = [
         lambda m, c: c.infer("square_stream", [tensor(m, "IN", np.array([2], np.int32), "INT32")]),
         ("decoupled",),
     ),
+    *(bls(name) for name in BLS_CALLS),
     Call("server ready", lambda m, c: c.is_server_ready()),
     Call("failed model's readiness", lambda m, c: c.is_model_ready("import_fails")),
     Call("repository index", index),
@@ -218,15 +249,21 @@ def urls_of(app: Appliance) -> dict[str, str]:
     return {kind: f"127.0.0.1:{app.ports[kind]}" for kind in ("http", "grpc")}
 
 
+def both(
+    triton: PeerServer, appliance: Appliance, transport: str, calls: list[Call]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Triton's answers and the appliance's to ``calls`` over ``transport``."""
+    index = 0 if transport == "http" else 1
+    module, triton_url = transports(triton.urls)[index]
+    _, appliance_url = transports(urls_of(appliance))[index]
+    return answers(module, triton_url, calls), answers(module, appliance_url, calls)
+
+
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 def test_every_call_answers_as_triton_answers(
     triton: PeerServer, appliance: Appliance, transport: str
 ) -> None:
-    index = 0 if transport == "http" else 1
-    module, triton_url = transports(triton.urls)[index]
-    _, appliance_url = transports(urls_of(appliance))[index]
-    theirs = answers(module, triton_url, CALLS)
-    ours = answers(module, appliance_url, CALLS)
+    theirs, ours = both(triton, appliance, transport, CALLS)
     parted = differences(theirs, ours, CALLS)
     assert not parted, "\n".join(parted)
 
@@ -235,38 +272,12 @@ def test_every_call_answers_as_triton_answers(
 def test_where_the_appliance_answers_otherwise_it_is_on_purpose(
     triton: PeerServer, appliance: Appliance, transport: str
 ) -> None:
-    index = 0 if transport == "http" else 1
-    module, triton_url = transports(triton.urls)[index]
-    _, appliance_url = transports(urls_of(appliance))[index]
-    theirs = answers(module, triton_url, ON_PURPOSE_CALLS)
-    ours = answers(module, appliance_url, ON_PURPOSE_CALLS)
+    theirs, ours = both(triton, appliance, transport, ON_PURPOSE_CALLS)
     for call in ON_PURPOSE_CALLS:
         rest, grpc, why = ON_PURPOSE[call.name]
         assert theirs[call.name][0] == "error", f"{call.name}: Triton now answers {theirs}"
-        assert ours[call.name][:2] == ("error", rest if index == 0 else grpc), why
+        assert ours[call.name][:2] == ("error", rest if transport == "http" else grpc), why
         assert all(word in ours[call.name][2] for word in call.words), ours
-
-
-def batch_answers(url: str) -> list[tuple[int, bool, str]]:
-    """32 requests at once to batch_probe, each slow: what each one's execute saw."""
-    client = httpclient.InferenceServerClient(url, concurrency=16)
-    try:
-        sent = []
-        for number in range(32):
-            x = tensor(httpclient, "X", np.array([[number]], dtype=np.int32), "INT32")
-            parameters = {"delay_ms": 30, "tag": f"t{number}"}
-            sent.append(client.async_infer("batch_probe", [x], parameters=parameters))
-        results = [request.get_result() for request in sent]
-    finally:
-        client.close()
-    return [
-        (
-            int(r.as_numpy("REQUESTS")[0, 0]),
-            bool(r.as_numpy("WRITABLE")[0, 0]),
-            r.as_numpy("PARAMETER")[0, 0].decode(),
-        )
-        for r in results
-    ]
 
 
 def test_concurrent_requests_reach_execute_as_triton_batches_them(
@@ -287,7 +298,7 @@ def test_concurrent_requests_reach_execute_as_triton_batches_them(
         # Requests that queued behind a slow execute came in one list...
         assert max(count for count, _w, _t in answered) > 1, (server, answered)
         # ...each with its own parameters, answered in order.
-        assert [tag for _c, _w, tag in answered] == [f"t{n}" for n in range(32)], server
+        assert [tag for _c, _w, tag in answered] == [f"t{n}" for n in range(REQUESTS)], server
     # On purpose: Triton copies each input into its stub and hands execute a
     # writable array; the appliance hands a read-only view of the shared memory
     # the request arrived in (no copy), and a model.py that writes into one is
@@ -338,3 +349,42 @@ def test_a_decoupled_model_streams_what_triton_streams(
     ours = streamed(urls_of(appliance)["grpc"], requests, empty_final)
     assert ours == theirs
     assert theirs["errors"] == ["IN must be >= 0"]
+
+
+def probe_metrics(http_url: str, metrics_url: str) -> tuple[list[float], list[Any]]:
+    """metrics_probe's answers to inputs 2, 5 and 20, then its families on /metrics:
+    name, type, help and samples, parsed (the two servers format numbers apart)."""
+    client = httpclient.InferenceServerClient(http_url)
+    try:
+        answers = []
+        for x in (2.0, 5.0, 20.0):
+            inputs = [tensor(httpclient, "X", np.array([x], np.float32), "FP32")]
+            result = client.infer("metrics_probe", inputs)
+            answers.append(float(result.as_numpy("VALUE")[0]))
+    finally:
+        client.close()
+    text = requests.get(f"http://{metrics_url}/metrics", timeout=10).text
+    families = []
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("probe_"):
+            samples = sorted(
+                (
+                    sample.name,
+                    sorted(
+                        (k, str(float(v)) if k == "le" else v) for k, v in sample.labels.items()
+                    ),
+                    sample.value,
+                )
+                for sample in family.samples
+            )
+            families.append((family.name, family.type, family.documentation, samples))
+    return answers, sorted(families)
+
+
+def test_a_model_s_own_metrics_show_as_triton_shows_them(
+    triton: PeerServer, appliance: Appliance
+) -> None:
+    theirs = probe_metrics(triton.urls["http"], triton.urls["metrics"])
+    ours = probe_metrics(urls_of(appliance)["http"], urls_of(appliance)["http"])
+    assert ours == theirs
+    assert theirs[0] == [2.0, 7.0, 27.0]

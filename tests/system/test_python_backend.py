@@ -13,6 +13,7 @@ import json
 import shutil
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.batch_probe import REQUESTS, batch_answers
 from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, serving
 
 MODELS = ROOT / "tests" / "data" / "python_models"
@@ -78,30 +80,13 @@ def test_add_sub_answers_over_rest_and_grpc(appliance: Appliance) -> None:
 def test_execute_gets_a_batch_as_a_list_of_requests_with_inputs_in_shared_memory(
     appliance: Appliance,
 ) -> None:
-    rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}", concurrency=16)
-    try:
-        sent = []
-        for index in range(32):
-            x = tensor(httpclient, "X", np.array([[index]], dtype=np.int32), "INT32")
-            parameters = {"delay_ms": 30, "tag": f"t{index}"}
-            sent.append(rest.async_infer("batch_probe", [x], parameters=parameters))
-        results = [request.get_result() for request in sent]
-    finally:
-        rest.close()
-    answers = [
-        (
-            int(result.as_numpy("REQUESTS")[0, 0]),
-            bool(result.as_numpy("WRITABLE")[0, 0]),
-            result.as_numpy("PARAMETER")[0, 0],
-        )
-        for result in results
-    ]
+    answers = batch_answers(f"127.0.0.1:{appliance.ports['http']}")
     # Requests that queued behind a running execute came in one list.
     assert max(count for count, _writable, _tag in answers) > 1, answers
     # Inputs are read-only views of shared memory, never a model's to change.
     assert not any(writable for _count, writable, _tag in answers)
     # Each request kept its own parameters.
-    assert [tag for _c, _w, tag in answers] == [f"t{i}".encode() for i in range(32)]
+    assert [tag for _c, _w, tag in answers] == [f"t{i}" for i in range(REQUESTS)]
 
 
 def test_auto_complete_config_declares_the_tensors_a_config_leaves_out(
@@ -236,3 +221,78 @@ def test_a_model_described_by_config_toml_gets_triton_s_model_config(tmp_path: P
         ("INPUT1", [4]),
     ]
     assert model_config["output"][1]["data_type"] == "TYPE_INT32"
+
+
+@pytest.mark.parametrize(
+    ("call", "seen"),
+    [
+        ("add_sub", {"OUTPUT0": [[0.0, 2.0, 4.0, 6.0]]}),
+        ("nope", {"error": "Request for unknown model: 'nope' is not found"}),
+        ("misbehaving_error", {"error": "X must be positive"}),
+        ("square", [{"IDX": [i], "OUT": [3]} for i in range(3)] + [{}]),
+    ],
+)
+def test_execute_calls_other_models_and_gets_their_answers_or_errors(
+    appliance: Appliance, call: str, seen: Any
+) -> None:
+    for module, client in clients(appliance):
+        try:
+            x = tensor(module, "X", np.arange(4, dtype=np.float32), "FP32")
+            for name, expected in ((call, seen), (f"async_{call}", [seen, seen])):
+                result = client.infer("bls_caller", [x], parameters={"call": name})
+                assert json.loads(result.as_numpy("SEEN")[0]) == expected, name
+        finally:
+            client.close()
+
+
+def test_a_model_s_own_metrics_are_on_metrics_by_their_own_names(appliance: Appliance) -> None:
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
+    try:
+        for x in (2.0, 5.0, 20.0):
+            inputs = [tensor(httpclient, "X", np.array([x], dtype=np.float32), "FP32")]
+            result = rest.infer("metrics_probe", inputs)
+        assert result.as_numpy("VALUE")[0] == 27.0  # the counter's value, as the model reads it
+    finally:
+        rest.close()
+    url = f"http://127.0.0.1:{appliance.ports['http']}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    labels = '{kind="probe",model="metrics_probe"}'
+    for line in (
+        "# HELP probe_input_total_sum Sum of every input",
+        "# TYPE probe_input_total_sum counter",
+        f"probe_input_total_sum{labels} 27.0",
+        "# TYPE probe_last_input gauge",
+        f"probe_last_input{labels} 20.0",
+        "# TYPE probe_inputs histogram",
+        f"probe_inputs_count{labels} 3.0",
+        f"probe_inputs_sum{labels} 27.0",
+    ):
+        assert line in text, line
+
+
+def test_an_execute_past_the_request_s_deadline_fails_that_request_alone(
+    appliance: Appliance,
+) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    try:
+        x = np.array([1.0, 2.0], dtype=np.float32)
+        slow = {"do": "sleep", "seconds": 3}
+        with pytest.raises(InferenceServerException) as late:
+            client.infer(
+                "misbehaving",
+                [tensor(grpcclient, "X", x, "FP32")],
+                parameters=slow,
+                client_timeout=0.5,
+            )
+        assert late.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        # Other models answer while it is busy.
+        a = np.ones((1, 4), dtype=np.float32)
+        inputs = [tensor(grpcclient, "INPUT0", a, "FP32"), tensor(grpcclient, "INPUT1", a, "FP32")]
+        assert np.array_equal(client.infer("add_sub", inputs).as_numpy("OUTPUT0"), a + a)
+        # And the slow one answers again once its execute returned.
+        result = client.infer(
+            "misbehaving", [tensor(grpcclient, "X", x, "FP32")], client_timeout=30
+        )
+        assert np.array_equal(result.as_numpy("Y"), x)
+    finally:
+        client.close()

@@ -3,8 +3,8 @@
 The examples come from Triton's python_backend repository, a mirror this
 machine may or may not hold (the tests skip without it, saying so). Each
 model directory is laid out as the example's README says; each client.py
-runs as shipped but for its server address (``localhost:8000`` and ``:8001``,
-replaced by the appliance's ports, which tests choose at random).
+runs as shipped but for its server address (``localhost:8000``, ``:8001`` and
+``:8002``, replaced by the appliance's ports, which tests choose at random).
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ MODELS = {
     "batch_auto_complete": ("auto_complete/batch_model.py", None),
     "repeat_int32": ("decoupled/repeat_model.py", "decoupled/repeat_config.pbtxt"),
     "square_int32": ("decoupled/square_model.py", "decoupled/square_config.pbtxt"),
+    "bls_sync": ("bls/sync_model.py", "bls/sync_config.pbtxt"),
+    "bls_async": ("bls/async_model.py", "bls/async_config.pbtxt"),
+    "bls_decoupled_sync": ("bls_decoupled/sync_model.py", "bls_decoupled/sync_config.pbtxt"),
+    "bls_decoupled_async": ("bls_decoupled/async_model.py", "bls_decoupled/async_config.pbtxt"),
+    "custom_metrics": ("custom_metrics/model.py", "custom_metrics/config.pbtxt"),
 }
 CLIENTS = [
     "add_sub/client.py",
@@ -38,6 +43,11 @@ CLIENTS = [
     "auto_complete/client.py",
     "decoupled/repeat_client.py",
     "decoupled/square_client.py",
+    "bls/sync_client.py",
+    "bls/async_client.py",
+    "bls_decoupled/sync_client.py",
+    "bls_decoupled/async_client.py",
+    "custom_metrics/client.py",
 ]
 
 
@@ -67,7 +77,8 @@ def test_the_example_client_passes_against_the_appliance(
     examples: Appliance, client: str, tmp_path: Path
 ) -> None:
     source = shipped(client)
-    for port, kind in ((8000, "http"), (8001, "grpc")):
+    # /metrics, on Triton's metrics port (8002), is on the appliance's HTTP port.
+    for port, kind in ((8000, "http"), (8001, "grpc"), (8002, "http")):
         source = source.replace(
             f"localhost:{port}".encode(), f"127.0.0.1:{examples.ports[kind]}".encode()
         )

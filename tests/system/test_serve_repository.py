@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,12 +30,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Appliance
     repository = tmp_path_factory.mktemp("repository")
     shutil.copytree(MODELS, repository, dirs_exist_ok=True)
     runtime, temp = new_run_dir(), tmp_path_factory.mktemp("tmp")
-    http, grpc = free_ports(2)
+    http, grpc, metrics = free_ports(3)
     flags = (
         f"--model-repository={repository}",
         "--http-port",
         str(http),
         f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
         "--http-address=127.0.0.1",
         "--model-control-mode=explicit",
         "--load-model=add_sub",
@@ -84,6 +87,21 @@ def test_the_flags_name_the_ports_and_the_models_served_from_the_start(
         rest.close()
 
 
+def test_the_metrics_port_answers_metrics_alone(served: tuple[Appliance, Path]) -> None:
+    appliance, _ = served
+    base = f"http://127.0.0.1:{appliance.ports['metrics']}"
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as reply:
+        assert b"# TYPE appliance_model_requests_total counter" in reply.read()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}/v2/health/ready", timeout=10)
+    refused.value.close()
+    assert refused.value.code == 404
+    # The HTTP port serves /metrics too.
+    url = f"http://127.0.0.1:{appliance.ports['http']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        assert reply.status == 200
+
+
 def test_its_config_file_is_its_own_and_goes_when_it_stops(
     served: tuple[Appliance, Path],
 ) -> None:
@@ -95,7 +113,7 @@ def test_its_config_file_is_its_own_and_goes_when_it_stops(
 @pytest.mark.parametrize(
     ("flags", "words"),
     [
-        (["--metrics-port", "8002"], "--metrics-port is not taken: /metrics is served on the HTTP"),
+        (["--metrics-port", "x"], "--metrics-port=x: expected a whole number"),
         (["--model-control-mode=poll"], "--model-control-mode=poll is not taken: reload with"),
         (["--load-model=x"], "--load-model needs --model-control-mode=explicit"),
         (

@@ -72,13 +72,20 @@ def test_a_snapshot_reads_back_the_same_config(tmp_path: Path) -> None:
         ),
         ({"server": {"default_model": "zz"}}, "server.default_model: names model 'zz'"),
         ({"server": {"log_level": "loud"}}, "server.log_level"),
-        ({"mip": {"listeners": []}}, "mip.listeners: expected a non-empty array"),
+        ({"mip": {"listeners": "8002"}}, "mip.listeners: expected an array of {port, model}"),
         ({"mip": {"listeners": [{"port": 1, "model": "zz"}]}}, "mip.listeners[0].model"),
     ],
 )
 def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         from_dict(data, "my.toml")
+
+
+def test_no_mip_listeners_means_no_mip_process_and_a_metrics_port_may_be_set() -> None:
+    config = from_dict({"mip": {"listeners": []}, "http": {"metrics_port": 0}}, "my.toml")
+    assert (config.mip.workers, config.mip.listeners) == (0, ())
+    assert config.http.metrics_port == 0
+    assert from_dict({}, "my.toml").http.metrics_port is None
 
 
 def test_missing_and_broken_files(tmp_path: Path) -> None:

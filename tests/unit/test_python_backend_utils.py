@@ -40,12 +40,43 @@ def test_tensors_are_found_by_name_and_travel_by_dlpack() -> None:
         pb_utils.Tensor("z", [1, 2, 3])
 
 
-def test_calls_not_served_yet_say_so_by_name() -> None:
-    request = pb_utils.InferenceRequest(model_name="other")
-    with pytest.raises(pb_utils.TritonModelException, match="BLS"):
-        request.exec()
+def test_a_call_outside_a_model_worker_answers_with_an_error_not_an_exception() -> None:
+    request = pb_utils.InferenceRequest(model_name=b"other")
+    assert request.model_name() == "other"
+    response = request.exec()
+    assert response.has_error()
+    assert "serves no model" in response.error().message()
     with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
         request.get_response_sender()
+
+
+def test_a_response_sender_takes_responses_until_the_final_flag() -> None:
+    sent: list[tuple[object, int]] = []
+    sender = pb_utils.InferenceResponseSender(lambda r, flags: sent.append((r, flags)))
+    response = pb_utils.InferenceResponse([pb_utils.Tensor("y", np.zeros(1))])
+    sender.send(response)
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert sent == [(response, 0), (None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
+    with pytest.raises(pb_utils.TritonModelException, match="closed"):
+        sender.send(response)
+
+
+def test_metrics_refuse_what_their_kind_does_not_do() -> None:
+    counter = pb_utils.MetricFamily("unit_counter", "c", pb_utils.MetricFamily.COUNTER).Metric()
+    counter.increment(2)
+    assert counter.value() == 2
+    with pytest.raises(pb_utils.TritonModelException, match="only a gauge is set"):
+        counter.set(1)
+    with pytest.raises(pb_utils.TritonModelException, match="cannot increment by -1"):
+        counter.increment(-1)
+    with pytest.raises(pb_utils.TritonModelException, match="is a counter already"):
+        pb_utils.MetricFamily("unit_counter", "c", pb_utils.MetricFamily.GAUGE)
+    histogram = pb_utils.MetricFamily("unit_histogram", "h", pb_utils.MetricFamily.HISTOGRAM)
+    with pytest.raises(pb_utils.TritonModelException, match="needs its buckets"):
+        histogram.Metric()
+    observed = histogram.Metric(labels={"a": "b"}, buckets=[1.0])
+    observed.observe(3.0)
+    assert observed.value() == 3.0
 
 
 def test_auto_complete_adds_tensors_and_refuses_contradictions() -> None:

@@ -1,4 +1,5 @@
 import json
+import time
 
 import triton_python_backend_utils as pb_utils
 
@@ -15,6 +16,8 @@ class TritonPythonModel:
             return [pb_utils.InferenceResponse(error=error) for _ in requests]
         if do == "object":
             return [{"Y": 1} for _ in requests]
+        if do == "sleep":
+            time.sleep(float(json.loads(requests[0].parameters()).get("seconds", 1)))
         if do == "write":
             for r in requests:
                 pb_utils.get_input_tensor_by_name(r, "X").as_numpy()[0] = 0

@@ -1,0 +1,161 @@
+"""Calls from a Triton Python-backend model to the other models the appliance serves (BLS).
+
+``pb_utils.InferenceRequest(model_name=..., inputs=[...]).exec()`` (and
+``await ...async_exec()``, and ``exec(decoupled=True)`` for a streaming
+model) go through the model worker's own :class:`ModelClient`, the client
+every protocol uses: the request's tensors are written once into the
+worker's request ring, the called model (any model: Python, ONNX,
+TorchScript, another Python-backend model, an ensemble) reads them in
+place, and its outputs are copied out of its response ring into the
+response, as Triton's stub copies them, so the called model's ring is free
+again as soon as the call returns.
+
+The client, and its ring, are made at the first call: a model that calls no
+other model costs nothing. The model worker names its tree with
+:func:`attach` before it loads the model, and :func:`close` unlinks the ring
+when it stops. Errors come back as the response's error
+(``response.has_error()``, ``error().message()``, Triton's error codes),
+never as an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from appliance.errors import ApplianceError, ErrorCode
+from appliance.runtimes import python_backend_utils as pb_utils
+
+if TYPE_CHECKING:
+    from appliance.client.api import ModelClient
+    from appliance.config import ApplianceConfig
+    from appliance.core.status import StatusTable
+    from appliance.core.tree import Tree
+
+# The request ring of a model worker's calls: calls carry a model's own
+# tensors, seldom large (larger ones go to one-off segments).
+RING_BYTES = 8 << 20
+
+_where: tuple[Tree, ApplianceConfig, StatusTable] | None = None
+_client: ModelClient | None = None
+_lock = threading.Lock()
+
+
+def attach(tree: Tree, config: ApplianceConfig, status: StatusTable) -> None:
+    """Say which tree this process's calls go to (the model worker's, before its load)."""
+    global _where
+    _where = (tree, config, status)
+
+
+def close() -> None:
+    """Close the client, if a call made one (its ring is unlinked)."""
+    global _client
+    with _lock:
+        client, _client = _client, None
+    if client is not None:
+        client.close()
+
+
+def infer(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+    """Run ``request`` on its model; its outputs, or its error, as a response."""
+    try:
+        with _the_client().infer(**_call(request)) as result:
+            return _response(result.outputs)
+    except ApplianceError as ex:
+        return _failed(ex)
+
+
+async def infer_async(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+    """:func:`infer`, awaited in the running event loop (``async def execute``)."""
+    try:
+        result = await _the_client().infer_async(**_call(request))
+    except ApplianceError as ex:
+        return _failed(ex)
+    with result:
+        return _response(result.outputs)
+
+
+def stream(request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
+    """A decoupled model's responses to ``request``, then the empty final one.
+
+    An error ends the responses with a response carrying it.
+    """
+    try:
+        parts = _the_client().stream(**_call(request))
+        try:
+            for part in parts:
+                with part:
+                    yield _response(part.outputs)
+        finally:
+            parts.close()  # type: ignore[attr-defined]  # a generator: cancels the stream
+    except ApplianceError as ex:
+        yield _failed(ex)
+        return
+    yield _response({})
+
+
+async def stream_async(
+    request: pb_utils.InferenceRequest,
+) -> AsyncIterator[pb_utils.InferenceResponse]:
+    """:func:`stream`, awaited in the running event loop."""
+    try:
+        async with contextlib.aclosing(_the_client().stream_async(**_call(request))) as parts:
+            async for part in parts:
+                with part:
+                    yield _response(part.outputs)
+    except ApplianceError as ex:
+        yield _failed(ex)
+        return
+    yield _response({})
+
+
+def _the_client() -> ModelClient:
+    global _client
+    with _lock:
+        if _client is None:
+            if _where is None:
+                raise ApplianceError(
+                    "InferenceRequest.exec: this process serves no model, so it has no "
+                    "appliance to call"
+                )
+            from appliance.client.api import ModelClient
+
+            tree, config, status = _where
+            _client = ModelClient(tree, config, status, ring_bytes=RING_BYTES)
+        return _client
+
+
+def _call(request: pb_utils.InferenceRequest) -> dict[str, Any]:
+    """The client's arguments for ``request``."""
+    timeout_us = request.timeout()
+    return {
+        "model": request.model_name(),
+        "inputs": {tensor.name(): tensor.as_numpy() for tensor in request.inputs()},
+        "outputs": request.requested_output_names() or None,
+        "parameters": json.loads(request.parameters()),
+        "timeout_s": timeout_us / 1e6 if timeout_us > 0 else None,
+    }
+
+
+def _response(outputs: dict[str, Any]) -> pb_utils.InferenceResponse:
+    # Copied: the views are of the called model's ring, which it reuses.
+    tensors = [pb_utils.Tensor(name, np.array(t.array())) for name, t in outputs.items()]
+    return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _failed(ex: ApplianceError) -> pb_utils.InferenceResponse:
+    code = _CODES.get(ex.code, pb_utils.TritonError.INTERNAL)
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(ex.message, code))
+
+
+_CODES = {
+    ErrorCode.BAD_REQUEST: pb_utils.TritonError.INVALID_ARG,
+    ErrorCode.MODEL_NOT_FOUND: pb_utils.TritonError.NOT_FOUND,
+    ErrorCode.MODEL_NOT_READY: pb_utils.TritonError.UNAVAILABLE,
+    ErrorCode.UNSUPPORTED: pb_utils.TritonError.UNSUPPORTED,
+}

@@ -1,0 +1,68 @@
+import asyncio
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def summary(response):
+    """What a BLS response holds, as plain data."""
+    if response.has_error():
+        # Triton's BLS errors all say INTERNAL; the appliance's say what failed.
+        return {"error": response.error().message()}
+    return {t.name(): t.as_numpy().tolist() for t in response.output_tensors()}
+
+
+def call_of(name, x):
+    """The BLS request for call ``name`` (without its async_ prefix)."""
+    if name == "add_sub":
+        rows = x.reshape(1, 4)  # add_sub batches: a request of one row
+        inputs = [pb_utils.Tensor("INPUT0", rows), pb_utils.Tensor("INPUT1", rows)]
+        return pb_utils.InferenceRequest(
+            model_name="add_sub", inputs=inputs, requested_output_names=["OUTPUT0"]
+        ), False
+    if name == "nope":
+        return pb_utils.InferenceRequest(
+            model_name="nope", inputs=[pb_utils.Tensor("X", x)], requested_output_names=["Y"]
+        ), False
+    if name == "misbehaving_error":
+        return pb_utils.InferenceRequest(
+            model_name="misbehaving",
+            inputs=[pb_utils.Tensor("X", x[:2])],
+            requested_output_names=["Y"],
+            parameters={"do": "error"},
+        ), False
+    if name == "square":
+        n = pb_utils.Tensor("IN", np.array([3], np.int32))
+        return pb_utils.InferenceRequest(
+            model_name="square_stream", inputs=[n], requested_output_names=["OUT", "IDX"]
+        ), True
+    raise pb_utils.TritonModelException(f"unknown call {name}")
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            name = json.loads(request.parameters()).get("call", "add_sub")
+            if name.startswith("async_"):
+                # Two requests, as Triton's examples make (one request run twice at
+                # once crashed tritonserver 2.51 now and then).
+                first, decoupled = call_of(name[len("async_") :], x)
+                second, _ = call_of(name[len("async_") :], x)
+                first, second = await asyncio.gather(
+                    first.async_exec(decoupled), second.async_exec(decoupled)
+                )
+                seen = [self.seen(first, decoupled), self.seen(second, decoupled)]
+            else:
+                call, decoupled = call_of(name, x)
+                seen = self.seen(call.exec(decoupled), decoupled)
+            text = np.array([json.dumps(seen, sort_keys=True).encode()], dtype=object)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", text)]))
+        return responses
+
+    def seen(self, answer, decoupled):
+        if not decoupled:
+            return summary(answer)
+        return [summary(response) for response in answer]
