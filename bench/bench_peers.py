@@ -1,4 +1,4 @@
-"""End to end against peers: every protocol, MLServer, UM-Bridge and a falcon floor.
+"""End to end against peers: every protocol, Triton, MLServer, UM-Bridge and a falcon floor.
 
 One run, one machine, one load generator (bench/loadgen.py: client
 processes, each a closed loop with one request in flight, for a fixed time):
@@ -8,7 +8,10 @@ processes, each a closed loop with one request in flight, for a fixed time):
    shared memory (tritonclient), GRPS REST and gRPC, GraphPipe, UM-Bridge and
    MIP, at 1, 4, 16 and 64 clients (trimmed: bench/plan.py says where).
 2. Peers in the same run, each in its own virtual environment under
-   bench/.peers/ (made on first use): MLServer 1.7.1 with parallel_workers 1
+   bench/.peers/ (made on first use): real Triton (tritonserver 2.51 from
+   the nvidia-pytriton wheel, CPU; ``identity`` and ``digits`` as Python-backend
+   model.py files, bench/peers/python_backend/) over KServe gRPC, REST
+   (binary and JSON) and system shared memory; MLServer 1.7.1 with parallel_workers 1
    and 0 over V2 REST and gRPC (same tritonclient load), UM-Bridge's own
    server, and a bare falcon+gunicorn app that answers in place under each
    HTTP stack gunicorn can drive (uvicorn's worker class, the appliance's;
@@ -66,7 +69,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import callers, doc_tables, report, servers  # noqa: E402
+from bench import callers, doc_tables, report, servers, triton_peer  # noqa: E402
 from bench.loadgen import ClientPool, ProcessTree, machine, write_results  # noqa: E402
 from bench.plan import (  # noqa: E402
     APPLIANCE,
@@ -192,6 +195,7 @@ def peer_factories(run_dir: str) -> dict[str, Callable[[], Any]]:
         "mlserver-pw1": lambda: servers.mlserver(1),
         "mlserver-pw0": lambda: servers.mlserver(0),
         "umbridge": lambda: servers.umbridge_server(sizes),
+        "triton": triton_peer.bench_models,
     }
     for kind in servers.FLOOR_KINDS:
         threads = http["threads"] if kind == "gthread" else 1

@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import statistics
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,12 +39,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench import callers  # noqa: E402
 from bench.loadgen import ClientPool, ProcessTree, median_row, write_results  # noqa: E402
-from bench.servers import DIGITS_WEIGHTS, PeerUnavailable  # noqa: E402
-from bench.triton_peer import VERSION, tritonserver  # noqa: E402
+from bench.servers import PeerUnavailable  # noqa: E402
+from bench.triton_peer import VERSION, bench_repository, tritonserver  # noqa: E402
 from tests.system.harness import make_config, new_run_dir, serving  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "python_backend.json"
-REPOSITORY = ROOT / "bench" / "peers" / "python_backend"
 # server -> model -> the name it is served as
 SERVED = {
     "native": {"identity": "identity", "digits": "digits"},
@@ -57,16 +54,6 @@ PAYLOADS = {"identity 16B": {"model": "identity", "nbytes": 16}, "digits": {"mod
 PROTOCOLS = {"grpc": "kserve_grpc", "rest": "kserve_rest"}
 CLIENTS = (1, 8)
 TARGET = 1.1
-
-
-@contextlib.contextmanager
-def repository() -> Iterator[Path]:
-    """bench/peers/python_backend with the digits weights beside digits_py's model.py."""
-    with tempfile.TemporaryDirectory(prefix="bench-pybackend-") as where:
-        root = Path(where)
-        shutil.copytree(REPOSITORY, root, dirs_exist_ok=True)
-        shutil.copy(DIGITS_WEIGHTS, root / "digits_py" / "1" / "digits_weights.npz")
-        yield root
 
 
 @contextlib.contextmanager
@@ -92,7 +79,7 @@ def main() -> int:
     if args.quick:
         args.seconds, args.rounds = 0.5, 1
     with contextlib.ExitStack() as stack:
-        models = stack.enter_context(repository())
+        models = stack.enter_context(bench_repository())
         ours = stack.enter_context(appliance(models))
         servers = {"native": ours, "python": ours}
         try:

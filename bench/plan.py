@@ -36,6 +36,9 @@ FULL_SWEEP: dict[str, tuple[int, ...]] = {
 QUICK_SWEEP: dict[str, tuple[int, ...]] = {"16B": (1, 16), "1MiB": (16,), "digits": (1, 16)}
 # --quick measures 1 MiB only where a target needs it, and over shared memory.
 QUICK_1MIB = {
+    "triton grpc",
+    "triton rest-json",
+    "triton shm",
     "kserve-grpc",
     "kserve-rest-json",
     "kserve-shm",
@@ -100,6 +103,19 @@ FLOOR_CAPS = {"digits": 0}
 # The falcon floor under every HTTP stack of bench/servers.py FLOOR_KINDS.
 FLOORS = ("floor-uvicorn", "floor-asgi", "floor-asgi-uvloop", "floor-gthread", "floor-sync")
 PEERS = (
+    # Real Triton (tritonserver 2.51, CPU), its models Python-backend model.py files.
+    System("triton grpc", "triton", "kserve-grpc", "grpc", versus="kserve-grpc"),
+    System("triton rest", "triton", "kserve-rest", "http", versus="kserve-rest"),
+    System(
+        "triton rest-json",
+        "triton",
+        "kserve-rest",
+        "http",
+        REST_JSON,
+        JSON_TARGET_CAPS,
+        versus="kserve-rest-json",
+    ),
+    System("triton shm", "triton", "kserve-shm", "grpc", versus="kserve-shm"),
     System("mlserver-pw1 grpc", "mlserver-pw1", "kserve-grpc", "grpc", versus="kserve-grpc"),
     System(
         "mlserver-pw1 rest-json",

@@ -19,12 +19,25 @@ The benchmarks and the oracle tests (tests/peers/) both start it from here.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from bench.servers import PeerServer, PeerUnavailable, ensure_venv, free_port, http_ok, started
+from bench.servers import (
+    DIGITS_WEIGHTS,
+    PEER_CODE,
+    PeerServer,
+    PeerUnavailable,
+    ensure_venv,
+    free_port,
+    http_ok,
+    started,
+)
 
+# The benchmarks' models as Triton Python models (the appliance serves the same files).
+BENCH_MODELS = PEER_CODE / "python_backend"
 TRITON = ["nvidia-pytriton==0.7.0"]
 VERSION = "2.51.0"
 STUB = "triton_python_backend_stub"
@@ -82,4 +95,32 @@ def tritonserver(repository: Path, options: Sequence[str] = ()) -> Iterator[Peer
     live = http_ok(f"http://{urls['http']}/v2/health/live")
     with started("triton", argv, urls, live, repository, env) as server:
         server.details = {"version": VERSION, "options": list(options)}
+        yield server
+
+
+@contextlib.contextmanager
+def bench_repository(names: dict[str, str] | None = None) -> Iterator[Path]:
+    """bench/peers/python_backend in a temporary directory, the digits weights beside
+    digits_py's model.py; ``names`` renames models (``{"identity_py": "identity"}``)."""
+    names = names or {}
+    with tempfile.TemporaryDirectory(prefix="bench-pybackend-") as where:
+        root = Path(where)
+        for model in BENCH_MODELS.iterdir():
+            served = names.get(model.name, model.name)
+            shutil.copytree(model, root / served)
+            config = root / served / "config.pbtxt"
+            text = re.sub(r'^name: ".*"$', f'name: "{served}"', config.read_text(), flags=re.M)
+            config.write_text(text)
+        weights = root / names.get("digits_py", "digits_py") / "1" / "digits_weights.npz"
+        shutil.copy(DIGITS_WEIGHTS, weights)
+        yield root
+
+
+@contextlib.contextmanager
+def bench_models() -> Iterator[PeerServer]:
+    """tritonserver serving the benchmarks' ``identity`` and ``digits`` as Python models."""
+    with (
+        bench_repository({"identity_py": "identity", "digits_py": "digits"}) as models,
+        tritonserver(models) as server,
+    ):
         yield server

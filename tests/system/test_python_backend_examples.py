@@ -5,10 +5,13 @@ machine may or may not hold (the tests skip without it, saying so). Each
 model directory is laid out as the example's README says; each client.py
 runs as shipped but for its server address (``localhost:8000``, ``:8001`` and
 ``:8002``, replaced by the appliance's ports, which tests choose at random).
+The appliance serves them from tritonserver's command line
+(``appliance serve --model-repository``), as their READMEs start tritonserver.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.harness import Appliance, make_config, new_run_dir, serving
+from tests.system.harness import Appliance, free_ports, new_run_dir, start
 
 REPO = Path("/work/.mirror/triton-inference-server+python_backend/repo")
 pytestmark = pytest.mark.skipif(
@@ -66,10 +69,23 @@ def examples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
         (root / name / "1" / "model.py").write_bytes(shipped(model))
         if config is not None:
             (root / name / "config.pbtxt").write_bytes(shipped(config))
-    config = make_config(new_run_dir(), [])
-    config["repositories"] = [{"path": str(root)}]
-    with serving(config) as started:
+    # Served as a Triton user starts tritonserver: its command line, no config.
+    runtime = new_run_dir()
+    http, grpc, metrics = free_ports(3)
+    flags = (
+        f"--model-repository={root}",
+        f"--http-port={http}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
+    )
+    where = {"server": {"run_dir": str(runtime / "appliance")}}
+    started = start(where, env={"XDG_RUNTIME_DIR": str(runtime)}, serve_args=flags)
+    try:
         yield started
+    finally:
+        started.stop()
+        started.assert_clean()
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -77,8 +93,7 @@ def test_the_example_client_passes_against_the_appliance(
     examples: Appliance, client: str, tmp_path: Path
 ) -> None:
     source = shipped(client)
-    # /metrics, on Triton's metrics port (8002), is on the appliance's HTTP port.
-    for port, kind in ((8000, "http"), (8001, "grpc"), (8002, "http")):
+    for port, kind in ((8000, "http"), (8001, "grpc"), (8002, "metrics")):
         source = source.replace(
             f"localhost:{port}".encode(), f"127.0.0.1:{examples.ports[kind]}".encode()
         )
