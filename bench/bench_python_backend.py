@@ -51,7 +51,7 @@ SERVED = {
     "triton": {"identity": "identity_py", "digits": "digits_py"},
 }
 PAYLOADS = {"identity 16B": {"model": "identity", "nbytes": 16}, "digits": {"model": "digits"}}
-PROTOCOLS = {"grpc": "kserve_grpc", "rest": "kserve_rest"}
+PROTOCOLS = {"grpc": "kserve-grpc", "rest": "kserve-rest"}
 CLIENTS = (1, 8)
 TARGET = 1.1
 

@@ -209,9 +209,8 @@ class InferenceResponse:
     ) -> None:
         self._outputs = list(output_tensors or ())
         self._error = error
-        self._parameters = (
-            parameters if isinstance(parameters, str) else json.dumps(parameters or {})
-        )
+        # As given (a dict or JSON text): made JSON only when asked for.
+        self._parameters: Mapping[str, Any] | str = parameters or {}
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -223,7 +222,11 @@ class InferenceResponse:
         return self._error
 
     def parameters(self) -> str:
-        return self._parameters
+        return _json_text(self._parameters)
+
+
+def _json_text(parameters: Mapping[str, Any] | str) -> str:
+    return parameters if isinstance(parameters, str) else json.dumps(parameters)
 
 
 class InferenceResponseSender:
@@ -305,9 +308,8 @@ class InferenceRequest:
         self._request_id = request_id
         self._correlation_id = correlation_id
         self._outputs = list(requested_output_names)
-        self._parameters = (
-            parameters if isinstance(parameters, str) else json.dumps(parameters or {})
-        )
+        # As given (a dict or JSON text): made JSON only when asked for.
+        self._parameters: Mapping[str, Any] | str = parameters or {}
         self._flags = flags
         # Triton takes the name as bytes too (a BYTES input's element, often).
         self._model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
@@ -332,7 +334,7 @@ class InferenceRequest:
 
     def parameters(self) -> str:
         """The request's parameters as a JSON object's text."""
-        return self._parameters
+        return _json_text(self._parameters)
 
     def timeout(self) -> int:
         return self._timeout
