@@ -47,6 +47,9 @@ class ApplianceError(Exception):
     """Base of every error the appliance reports to a client."""
 
     code: ErrorCode = ErrorCode.INTERNAL
+    # True when a stream the model had started ended with this error (the
+    # model's own answer to the request), not a refusal before it ran.
+    ends_stream: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

@@ -237,7 +237,10 @@ class InFlight:
             call.previous = None
         if reply.kind is Kind.END:
             call.finished = True
-            _raise_for(reply)
+            if reply.code:
+                error = error_from_code(reply.code, reply.error_message)
+                error.ends_stream = True
+                raise error
             return None
         # Parts may borrow request blocks; those stay until the stream ends.
         call.previous = self._result(call.target, reply, call.blocks)[0]

@@ -34,7 +34,7 @@ from bench.servers import PeerServer
 from tests.batch_probe import REQUESTS, batch_answers
 from tests.peers.conftest import triton_serving
 from tests.peers.oracle import Call, answers, differences, outputs, tensor, transports
-from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, serving
+from tests.system.harness import ROOT, Appliance, serving_repository
 
 pytestmark = pytest.mark.peers
 
@@ -239,9 +239,7 @@ def triton(repository: Path) -> Iterator[PeerServer]:
 
 @pytest.fixture(scope="module")
 def appliance(repository: Path) -> Iterator[Appliance]:
-    config = make_config(new_run_dir(), [])
-    config["repositories"] = [{"path": str(repository)}]
-    with serving(config) as started:
+    with serving_repository(repository) as started:
         yield started
 
 
@@ -318,14 +316,15 @@ def streamed(url: str, requests: list[int], empty_final: bool) -> dict[str, list
             client.async_stream_infer(
                 "square_stream", [x], request_id=f"n{n}", enable_empty_final_response=empty_final
             )
-        # Each request ends with its final response, or its error when it has one.
+        # Each request ends with its final response when it asked for one (an
+        # error comes before it), else with its last part or its error.
         ends = 0
         got: dict[str, list[Any]] = {}
         while ends < len(requests):
             result, error = parts.get(timeout=30)
             if error is not None:
                 got.setdefault("errors", []).append(error.message())
-                ends += 1
+                ends += not empty_final
                 continue
             response = result.get_response()
             final = response.parameters["triton_final_response"].bool_param

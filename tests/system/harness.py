@@ -347,3 +347,12 @@ def serving(
             with contextlib.suppress(OSError):
                 appliance.final_log = appliance.log()
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def serving_repository(path: Path) -> Iterator[Appliance]:
+    """:func:`serving` an appliance whose models are the repository at ``path`` alone."""
+    config = make_config(new_run_dir(), [])
+    config["repositories"] = [{"path": str(path)}]
+    with serving(config) as started:
+        yield started

@@ -10,6 +10,7 @@ drives it over REST and gRPC.
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 import tempfile
 import time
@@ -25,7 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.batch_probe import REQUESTS, batch_answers
-from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, serving
+from tests.system.harness import ROOT, Appliance, serving_repository
 
 MODELS = ROOT / "tests" / "data" / "python_models"
 
@@ -42,9 +43,7 @@ def repository() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def appliance(repository: Path) -> Iterator[Appliance]:
-    config = make_config(new_run_dir(), [])
-    config["repositories"] = [{"path": str(repository)}]
-    with serving(config) as started:
+    with serving_repository(repository) as started:
         yield started
 
 
@@ -193,9 +192,7 @@ def test_a_model_described_by_config_toml_gets_triton_s_model_config(tmp_path: P
     (tmp_path / "add_sub" / "1").mkdir(parents=True)
     shutil.copy(MODELS / "add_sub" / "1" / "model.py", tmp_path / "add_sub" / "1")
     (tmp_path / "add_sub" / "config.toml").write_text(TOML_CONFIG)
-    config = make_config(new_run_dir(), [])
-    config["repositories"] = [{"path": str(tmp_path)}]
-    with serving(config) as started:
+    with serving_repository(tmp_path) as started:
         rest = httpclient.InferenceServerClient(f"127.0.0.1:{started.ports['http']}")
         try:
             a = np.ones((2, 4), dtype=np.float32)
@@ -296,3 +293,27 @@ def test_an_execute_past_the_request_s_deadline_fails_that_request_alone(
         assert np.array_equal(result.as_numpy("Y"), x)
     finally:
         client.close()
+
+
+def test_a_decoupled_model_s_error_is_followed_by_the_final_response_asked_for(
+    appliance: Appliance,
+) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for n in (-1, 1):
+            x = tensor(grpcclient, "IN", np.array([n], dtype=np.int32), "INT32")
+            client.async_stream_infer(
+                "square_stream", [x], request_id=f"n{n}", enable_empty_final_response=True
+            )
+        got = [answers.get(timeout=30) for _ in range(4)]
+    finally:
+        client.stop_stream()
+        client.close()
+    (_, error), (final, none), (part, _), (last, _) = got
+    assert "IN must be >= 0" in error.message()
+    assert none is None and final.get_response().id == "n-1"
+    assert final.get_response().parameters["triton_final_response"].bool_param
+    assert part.as_numpy("OUT").tolist() == [1]
+    assert last.get_response().parameters["triton_final_response"].bool_param

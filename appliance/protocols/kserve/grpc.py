@@ -172,13 +172,21 @@ class InferenceServicer:
 
         SPEC: Triton flags each response of a decoupled model with
         triton_final_response (false until the empty final one, which comes
-        when the client asked for it), whether or not it asked.
+        when the client asked for it, after the model's error response too),
+        whether or not it asked.
         """
         flag = {FINAL_FLAG: False}
         stream = service.stream_async(self.client, self.regions, decoded, limit)
-        async with contextlib.aclosing(stream) as parts:
-            async for outputs in parts:
-                yield pbcodec.encode_stream_response(self._response(decoded, outputs, flag))
+        try:
+            async with contextlib.aclosing(stream) as parts:
+                async for outputs in parts:
+                    yield pbcodec.encode_stream_response(self._response(decoded, outputs, flag))
+        except ApplianceError as ex:
+            # The model's own error response: Triton sends it, then (when
+            # asked) the empty final response that says the request is done.
+            if not (wants_final and ex.ends_stream):
+                raise
+            yield pbcodec.encode_stream_error(decoded.model, decoded.id, ex.message)
         if wants_final:
             final = pbcodec.encode_infer_response(
                 decoded.model, "", decoded.id, [], {FINAL_FLAG: True}
