@@ -313,7 +313,8 @@ def test_a_decoupled_model_s_error_is_followed_by_the_final_response_asked_for(
         client.close()
     (_, error), (final, none), (part, _), (last, _) = got
     assert "IN must be >= 0" in error.message()
-    assert none is None and final.get_response().id == "n-1"
+    assert none is None
+    assert final.get_response().id == "n-1"
     assert final.get_response().parameters["triton_final_response"].bool_param
     assert part.as_numpy("OUT").tolist() == [1]
     assert last.get_response().parameters["triton_final_response"].bool_param
