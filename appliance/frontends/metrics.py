@@ -4,7 +4,8 @@ Counters and histograms come from every process's multiprocess files (see
 ``appliance/metrics.py``), merged by ``appliance/metric_files.py``. Gauges are read at
 scrape time: readiness, queue depths and ring occupancy from the status
 table, and restarts, RSS and CPU of every process from the master (one
-control-socket call per scrape).
+control-socket call per scrape). Triton's families (``nv_inference_*``,
+``nv_cpu_*``) come beside them from the same counters (triton_metrics.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from appliance.client.api import ModelClient
 from appliance.core.segment import Space, held_by
 from appliance.core.status import Role, SlotState
 from appliance.core.tree import PREFIX
+from appliance.frontends import triton_metrics
 from appliance.metric_files import MetricFiles
 from appliance.protocols.web import blocking
 
@@ -148,4 +150,4 @@ class MetricsResource:
                 registry.register(others)
         registry.register(TreeCollector(self.client))
         resp.content_type = CONTENT_TYPE_LATEST
-        resp.data = counted + generate_latest(registry)
+        resp.data = counted + triton_metrics.text(self.client) + generate_latest(registry)

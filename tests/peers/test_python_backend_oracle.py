@@ -387,3 +387,61 @@ def test_a_model_s_own_metrics_show_as_triton_shows_them(
     ours = probe_metrics(urls_of(appliance)["http"], urls_of(appliance)["http"])
     assert ours == theirs
     assert theirs[0] == [2.0, 7.0, 27.0]
+
+
+def triton_families(metrics_url: str) -> dict[str, tuple[str, set[str], dict[str, float]]]:
+    """Triton's metric families on /metrics: type, label names, add_sub's value (by
+    failure reason); and the samples' names as written."""
+    text = requests.get(f"http://{metrics_url}/metrics", timeout=10).text
+    found = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(("nv_inference_", "nv_cpu_")) or not family.samples:
+            continue
+        labels = {name for sample in family.samples for name in sample.labels}
+        add_sub = {
+            sample.labels.get("reason", ""): sample.value
+            for sample in family.samples
+            if sample.labels.get("model") == "add_sub"
+        }
+        found[family.name] = (family.type, labels, add_sub)
+    # The samples' names as written (the parser adds "_total" to a counter's).
+    found["wire names"] = ("", wire_names(text), {})
+    return found
+
+
+def wire_names(text: str) -> set[str]:
+    return {
+        line.split("{")[0].split(" ")[0]
+        for line in text.splitlines()
+        if line.startswith(("nv_inference_", "nv_cpu_"))
+    }
+
+
+def add_sub_three_times(http_url: str) -> None:
+    client = httpclient.InferenceServerClient(http_url)
+    try:
+        for _ in range(3):
+            client.infer("add_sub", add_sub(httpclient, F4[:1], F4[:1]))
+    finally:
+        client.close()
+
+
+def test_triton_s_metric_families_read_the_same_on_both(
+    triton: PeerServer, appliance: Appliance
+) -> None:
+    ours_url = urls_of(appliance)["http"]
+    before = {"triton": triton_families(triton.urls["metrics"]), "ours": triton_families(ours_url)}
+    add_sub_three_times(triton.urls["http"])
+    add_sub_three_times(ours_url)
+    after = {"triton": triton_families(triton.urls["metrics"]), "ours": triton_families(ours_url)}
+    theirs, ours = after["triton"], after["ours"]
+    # The same families, of the same types, with the same label names.
+    assert {n: (t, labels) for n, (t, labels, _) in ours.items()} == {
+        n: (t, labels) for n, (t, labels, _) in theirs.items()
+    }
+    # The same traffic counted alike: requests, inferences, executions, no failure.
+    for name in ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count"):
+        for server in ("triton", "ours"):
+            grown = after[server][name][2][""] - before[server][name][2][""]
+            assert grown == 3, (server, name, grown)
+    assert ours["nv_inference_request_failure"][2] == theirs["nv_inference_request_failure"][2]

@@ -10,16 +10,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.system.harness import Appliance, demo_models, eventually, running
 
 
-def scrape(appliance: Appliance) -> dict[str, list[tuple[dict[str, str], float]]]:
+def scrape_text(appliance: Appliance) -> str:
     conn = http.client.HTTPConnection("127.0.0.1", appliance.ports["http"], timeout=10)
     try:
         conn.request("GET", "/metrics")
         response = conn.getresponse()
         assert response.status == 200
         assert response.getheader("Content-Type", "").startswith("text/plain")
-        text = response.read().decode()
+        return response.read().decode()
     finally:
         conn.close()
+
+
+def scrape(appliance: Appliance) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = scrape_text(appliance)
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -61,6 +65,17 @@ def test_metrics_cover_state_batches_processes_and_rings() -> None:
         assert (
             value(samples, "appliance_frontend_requests_total", protocol="http", status="200") >= 7
         )
+        # Triton's families read the same counters, by Triton's names and labels
+        # (the parser adds the "_total" that Triton's wire, and the appliance's, leave out).
+        simple = {"model": "simple", "version": "1"}
+        assert value(samples, "nv_inference_request_success_total", **simple) == 10
+        assert value(samples, "nv_inference_count_total", **simple) == 20
+        assert value(samples, "nv_inference_exec_count_total", **simple) == 10
+        assert value(samples, "nv_inference_request_failure_total", reason="BACKEND", **simple) == 0
+        assert value(samples, "nv_inference_compute_infer_duration_us_total", **simple) > 0
+        assert value(samples, "nv_cpu_memory_total_bytes") > 0
+        wire = scrape_text(appliance)
+        assert '\nnv_inference_request_success{model="simple",version="1"} 10' in wire
         appliance.ctl("offline")
         assert value(scrape(appliance), "appliance_online") == 0
         appliance.ctl("online")
