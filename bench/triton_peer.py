@@ -19,6 +19,7 @@ The benchmarks and the oracle tests (tests/peers/) both start it from here.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import tempfile
@@ -41,6 +42,9 @@ BENCH_MODELS = PEER_CODE / "python_backend"
 TRITON = ["nvidia-pytriton==0.7.0"]
 VERSION = "2.51.0"
 STUB = "triton_python_backend_stub"
+SHM = Path("/dev/shm")
+# Triton's Python backend names its stubs' shared memory with this prefix.
+SHM_PREFIX = "triton_python_backend_shm_region"
 
 
 def tritonserver_home() -> tuple[Path, Path]:
@@ -88,14 +92,35 @@ def tritonserver(repository: Path, options: Sequence[str] = ()) -> Iterator[Peer
         f"--http-port={ports['http']}",
         f"--grpc-port={ports['grpc']}",
         f"--metrics-port={ports['metrics']}",
+        # Its default (30 s) outlasts the stop's wait: stubs would be killed mid-cleanup.
+        "--exit-timeout-secs=5",
         *options,
     ]
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
     urls = {kind: f"127.0.0.1:{port}" for kind, port in ports.items()}
     live = http_ok(f"http://{urls['http']}/v2/health/live")
-    with started("triton", argv, urls, live, repository, env) as server:
-        server.details = {"version": VERSION, "options": list(options)}
-        yield server
+    before = set(os.listdir(SHM))
+    try:
+        with started("triton", argv, urls, live, repository, env) as server:
+            server.details = {"version": VERSION, "options": list(options)}
+            yield server
+    finally:
+        # A stub killed before it cleaned up leaves its region behind; one that
+        # a process still maps (another tritonserver's, made meanwhile) stays.
+        left = {n for n in set(os.listdir(SHM)) - before if n.startswith(SHM_PREFIX)}
+        for name in left - _mapped(left):
+            with contextlib.suppress(FileNotFoundError):
+                (SHM / name).unlink()
+
+
+def _mapped(names: set[str]) -> set[str]:
+    """Those of ``names`` (in /dev/shm) that some process maps now."""
+    found: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            text = maps.read_text()
+            found |= {name for name in names if name in text}
+    return found
 
 
 @contextlib.contextmanager

@@ -9,7 +9,6 @@ the reason, only where it cannot be installed or started here.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -18,27 +17,16 @@ import pytest
 from bench.servers import PeerServer, PeerUnavailable
 from bench.triton_peer import tritonserver
 
-SHM = Path("/dev/shm")
-# Triton's Python backend names its stubs' shared memory with this prefix.
-TRITON_SHM_PREFIX = "triton_python_backend_shm_region"
-
 
 @contextlib.contextmanager
 def triton_serving(repository: Path, options: Sequence[str] = ()) -> Iterator[PeerServer]:
     """tritonserver for a ``with`` block; skips the test where it cannot run here.
 
     Afterwards its process tree is gone (bench.servers stops it by PID) and so
-    is any shared memory its Python stubs left behind.
+    is any shared memory its Python stubs left behind (bench/triton_peer.py).
     """
-    before = set(os.listdir(SHM))
-    quick_exit = ["--exit-timeout-secs=2", *options]
     try:
-        with tritonserver(repository, quick_exit) as server:
+        with tritonserver(repository, options) as server:
             yield server
     except PeerUnavailable as ex:
         pytest.skip(f"real Triton is not available here: {ex}")
-    finally:
-        for name in set(os.listdir(SHM)) - before:
-            if name.startswith(TRITON_SHM_PREFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    (SHM / name).unlink()

@@ -26,7 +26,15 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.batch_probe import REQUESTS, batch_answers
-from tests.system.harness import ROOT, Appliance, serving_repository
+from tests.system.harness import (
+    ROOT,
+    Appliance,
+    demo_models,
+    make_config,
+    new_run_dir,
+    serving,
+    serving_repository,
+)
 
 MODELS = ROOT / "tests" / "data" / "python_models"
 
@@ -318,3 +326,77 @@ def test_a_decoupled_model_s_error_is_followed_by_the_final_response_asked_for(
     assert final.get_response().parameters["triton_final_response"].bool_param
     assert part.as_numpy("OUT").tolist() == [1]
     assert last.get_response().parameters["triton_final_response"].bool_param
+
+
+BLS_RUNTIMES = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def call(model, tensor, output):
+    request = pb_utils.InferenceRequest(
+        model_name=model, inputs=[tensor], requested_output_names=[output]
+    )
+    response = request.exec()
+    if response.has_error():
+        raise pb_utils.TritonModelException(response.error().message())
+    return pb_utils.get_output_tensor_by_name(response, output).as_numpy()
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            pixels = pb_utils.get_input_tensor_by_name(request, "PIXELS").as_numpy()
+            seen = {
+                model: int(call(model, pb_utils.Tensor("pixels", pixels), "probabilities").argmax())
+                for model in ("digits", "digits_onnx", "digits_torch")
+            }
+            image = pb_utils.Tensor("IMAGE", pixels.reshape(1, 8, 8).astype(np.uint8))
+            label = call("digits_ensemble", image, "LABEL")[0][0]
+            seen["digits_ensemble"] = label.decode() if isinstance(label, bytes) else str(label)
+            text = np.array([json.dumps(seen).encode()], dtype=object)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", text)]))
+        return responses
+"""
+BLS_RUNTIMES_CONFIG = """
+backend: "python"
+input [{ name: "PIXELS", data_type: TYPE_FP32, dims: [ 1, 64 ] }]
+output [{ name: "SEEN", data_type: TYPE_STRING, dims: [ 1 ] }]
+"""
+
+
+def test_execute_calls_models_of_every_runtime_and_an_ensemble(tmp_path: Path) -> None:
+    (tmp_path / "bls_runtimes" / "1").mkdir(parents=True)
+    (tmp_path / "bls_runtimes" / "1" / "model.py").write_text(BLS_RUNTIMES)
+    (tmp_path / "bls_runtimes" / "config.pbtxt").write_text(BLS_RUNTIMES_CONFIG)
+    demos = ROOT / "appliance" / "demos"
+    steps = "appliance.demos.digits_steps"
+    models = [
+        *demo_models("digits"),
+        {"name": "digits_preprocess", "class": f"{steps}:DigitsPreprocess"},
+        {"name": "digits_postprocess", "class": f"{steps}:DigitsPostprocess"},
+    ]
+    config = make_config(new_run_dir(), models)
+    config["repositories"] = [
+        {"path": str(tmp_path)},
+        {"path": str(demos / "repository")},
+        {"path": str(demos / "ensembles")},
+    ]
+    with np.load(ROOT / "tests" / "data" / "digits_holdout.npz") as data:
+        pixels, label = data["X"][:1].astype(np.float32), int(data["y"][0])
+    with serving(config) as started:
+        rest = httpclient.InferenceServerClient(f"127.0.0.1:{started.ports['http']}")
+        try:
+            result = rest.infer("bls_runtimes", [tensor(httpclient, "PIXELS", pixels, "FP32")])
+        finally:
+            rest.close()
+    seen = json.loads(result.as_numpy("SEEN")[0])
+    assert seen == {
+        "digits": label,
+        "digits_onnx": label,
+        "digits_torch": label,
+        "digits_ensemble": str(label),
+    }
