@@ -19,8 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, cast
 
 import zmq
@@ -73,6 +72,7 @@ from appliance.worker.sequences import (
     batcher_for,
     refuse_sequence,
 )
+from appliance.worker.streams import Stream, Streams
 
 log = logging.getLogger("appliance.worker")
 
@@ -86,12 +86,6 @@ MAX_RECEIVE_PER_TURN = 512
 # PERF: plain ints; pyzmq's flag enums cost microseconds per operation.
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
-
-
-@dataclass(slots=True)
-class Stream:
-    pending: Pending
-    parts: Iterator[Any]
 
 
 class WorkerServer:
@@ -133,7 +127,7 @@ class WorkerServer:
         self.max_queue = max_queue
         self.sequences = Sequences(sequences) if sequences else None
         self.batcher = batcher_for(loaded.max_batch_size, max_queue_delay_s, self.sequences)
-        self.streams: list[Stream] = []
+        self.streams = Streams(loaded.model, loaded.metadata, status, slot)
         self.mappings = Mappings()
         self.cuda = (
             None
@@ -352,7 +346,7 @@ class WorkerServer:
             self.sequences.admit(pending, time.monotonic())
 
     def _cancel(self, pid: int, request_id: int) -> None:
-        for stream in list(self.streams):
+        for stream in self.streams:
             if stream.pending.message.pid == pid and stream.pending.request_id == request_id:
                 self._end_stream(stream, None)
         self.batcher.drop(lambda p: p.message.pid == pid and p.request_id == request_id)
@@ -477,37 +471,19 @@ class WorkerServer:
 
     def _start_stream(self, pending: Pending) -> None:
         try:
-            parts = iter(self.model.predict_stream(pending.arrays, pending.parameters))
+            self.streams.start(pending)
         except Exception as ex:
             self._fail_pending(pending, self._as_error(ex))
-            return
-        self.streams.append(Stream(pending, parts))
 
     def _step_streams(self) -> None:
-        if not self.streams:
-            return
-        for stream in list(self.streams):
-            self.status.beat(self.slot, busy_since=time.monotonic())  # for the hang watchdog
-            try:
-                part = next(stream.parts)
-                outputs = methods.stream_part(self.metadata, part)
-            except StopIteration:
-                self._end_stream(stream, None)
-                continue
-            except Exception as ex:
-                self._end_stream(stream, self._as_error(ex))
-                continue
-            self._reply(stream.pending, Kind.PART, outputs, finished=False)
-        self.status.beat(self.slot)
+        for stream, step in self.streams.step():
+            if step is None or isinstance(step, Exception):
+                self._end_stream(stream, None if step is None else self._as_error(step))
+            else:
+                self._reply(stream.pending, Kind.PART, step, finished=False)
 
     def _end_stream(self, stream: Stream, error: ApplianceError | None) -> None:
-        self.streams.remove(stream)
-        close = getattr(stream.parts, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception:
-                log.exception("closing the stream of model %s failed", self.metadata.name)
+        self.streams.close(stream)
         pending = stream.pending
         if error is None:
             self._reply(pending, Kind.END, {})

@@ -1,0 +1,85 @@
+"""A streaming model's open streams (``predict_stream``; Triton's decoupled models).
+
+Each turn of the worker's loop takes one part of every open stream, so
+streams share the instance with one another and with the batches between
+them; the worker sends each part as it comes and the end (or the error)
+once a stream stops. A stream whose client cancelled it, or went away, is
+closed: its generator's ``close`` lets the model stop early.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from appliance.core.metadata import ModelMetadata
+from appliance.core.status import StatusTable
+from appliance.core.tensor import Tensor
+from appliance.model import Model
+from appliance.worker import methods
+from appliance.worker.pending import Pending
+
+log = logging.getLogger("appliance.worker")
+
+# What one step of a stream brought: its next part's outputs, None at its
+# end, or what the model raised.
+Step = dict[str, Tensor] | Exception | None
+
+
+@dataclass(slots=True)
+class Stream:
+    pending: Pending
+    parts: Iterator[Any]
+
+
+class Streams:
+    """The open streams of one model instance."""
+
+    def __init__(
+        self, model: Model, metadata: ModelMetadata, status: StatusTable, slot: int
+    ) -> None:
+        self.model = model
+        self.metadata = metadata
+        self.status = status
+        self.slot = slot
+        self._open: list[Stream] = []
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def __iter__(self) -> Iterator[Stream]:
+        return iter(list(self._open))
+
+    def start(self, pending: Pending) -> None:
+        """Open ``pending``'s stream; raises what the model's predict_stream raised."""
+        parts = iter(self.model.predict_stream(pending.arrays, pending.parameters))
+        self._open.append(Stream(pending, parts))
+
+    def step(self) -> Iterator[tuple[Stream, Step]]:
+        """One step of every open stream, in the order they opened."""
+        for stream in list(self._open):
+            self.status.beat(self.slot, busy_since=time.monotonic())  # for the hang watchdog
+            try:
+                part = next(stream.parts)
+                outputs = methods.stream_part(self.metadata, part)
+            except StopIteration:
+                yield stream, None
+                continue
+            except Exception as ex:
+                yield stream, ex
+                continue
+            yield stream, outputs
+        self.status.beat(self.slot)
+
+    def close(self, stream: Stream) -> None:
+        """Forget ``stream`` and let its generator finish (a model may clean up there)."""
+        self._open.remove(stream)
+        close = getattr(stream.parts, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                log.exception("closing the stream of model %s failed", self.metadata.name)
