@@ -20,7 +20,7 @@ from prometheus_client.utils import floatToGoString
 
 from appliance.client.api import ModelClient
 from appliance.core.status import Counter, Role, SlotState
-from appliance.errors import ApplianceError
+from appliance.protocols.kserve.service import version_of
 
 SUCCESS = "nv_inference_request_success"
 FAILURE = "nv_inference_request_failure"
@@ -79,7 +79,7 @@ def text(client: ModelClient) -> bytes:
     counter's samples ``..._total``: Triton's have no suffix, and a dashboard
     queries them by name.
     """
-    models = [(model, _version(client, model)) for model in client.models()]
+    models = [(model, version_of(client, model)) for model in client.models()]
     counts = {model: client.counters(model) for model, _ in models}
     lines: list[str] = []
     for name, (help_text, counters, scale) in COUNTERS.items():
@@ -140,11 +140,3 @@ def _pending(client: ModelClient, models: set[str]) -> dict[str, int]:
         if info.role is Role.MODEL and info.state is SlotState.READY and info.name in depth:
             depth[info.name] += info.depth
     return depth
-
-
-def _version(client: ModelClient, model: str) -> str:
-    try:
-        versions = client.metadata(model).versions
-    except ApplianceError:
-        return ""
-    return versions[-1] if versions else ""
