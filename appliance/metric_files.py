@@ -81,7 +81,7 @@ class MetricFiles:
                 total = 0.0
                 for bound, count in sorted(counts.items()):
                     total += count
-                    yield f"{metric}_bucket", {**dict(labels), "le": _number(bound)}, total
+                    yield f"{metric}_bucket", {**dict(labels), "le": go_number(bound)}, total
                 yield f"{metric}_count", dict(labels), total
 
     def _merge(self, only: Container[str] | None) -> tuple[dict[str, _Family], list[str]]:
@@ -169,16 +169,16 @@ class MetricFiles:
             kind = family.kind.removeprefix(_TRITON)
             lines.append(f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n")
             for (sample, labels), value in family.values.items():
-                lines.append(f"{self._prefix(sample, labels)} {_number(value)}\n")
+                lines.append(f"{self._prefix(sample, labels)} {go_number(value)}\n")
             for labels, counts in family.buckets.items():
                 total = 0.0
                 for bound, count in sorted(counts.items()):
                     total += count
-                    series = (*labels, ("le", _number(bound)))
+                    series = (*labels, ("le", go_number(bound)))
                     lines.append(f"{self._prefix(metric + '_bucket', series)} ")
-                    lines.append(f"{_number(total)}\n")
+                    lines.append(f"{go_number(total)}\n")
                 lines.append(f"{self._prefix(metric + '_count', labels)} ")
-                lines.append(f"{_number(total)}\n")
+                lines.append(f"{go_number(total)}\n")
         return "".join(lines)
 
     def _prefix(self, sample: str, labels: Labels) -> str:
@@ -187,19 +187,21 @@ class MetricFiles:
         prefix = self._series.get(key)
         if prefix is None:
             pairs = ",".join(
-                f'{escape_label_name(name)}="{_escape(value)}"' for name, value in sorted(labels)
+                f'{escape_label_name(name)}="{escape_value(value)}"'
+                for name, value in sorted(labels)
             )
             prefix = escape_metric_name(sample) + (f"{{{pairs}}}" if pairs else "")
             self._series[key] = prefix
         return prefix
 
 
-def _number(value: float) -> str:
+def go_number(value: float) -> str:
     """A value as Go (and so Prometheus) writes it."""
     return str(floatToGoString(value))  # type: ignore[no-untyped-call]
 
 
-def _escape(value: str) -> str:
+def escape_value(value: str) -> str:
+    """A label's value as the text format escapes it."""
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 

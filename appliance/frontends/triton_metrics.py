@@ -16,10 +16,10 @@ model (a bad request) counts in neither, as in Triton.
 from __future__ import annotations
 
 import psutil
-from prometheus_client.utils import floatToGoString
 
 from appliance.client.api import ModelClient
 from appliance.core.status import Counter, Role, SlotState
+from appliance.metric_files import escape_value, go_number
 from appliance.protocols.kserve.service import version_of
 
 SUCCESS = "nv_inference_request_success"
@@ -125,13 +125,9 @@ def _family(lines: list[str], name: str, help_text: str, kind: str) -> None:
 
 
 def _sample(name: str, labels: dict[str, str], value: float) -> str:
-    pairs = ",".join(f'{key}="{_escape(text)}"' for key, text in labels.items())
-    number = floatToGoString(float(value))  # type: ignore[no-untyped-call]
+    pairs = ",".join(f'{key}="{escape_value(text)}"' for key, text in labels.items())
+    number = go_number(float(value))
     return f"{name}{{{pairs}}} {number}\n" if pairs else f"{name} {number}\n"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def _pending(client: ModelClient, models: set[str]) -> dict[str, int]:

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import values
-from prometheus_client.utils import floatToGoString
+
+from appliance.metric_files import go_number
 
 COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
 KINDS = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
@@ -92,7 +93,7 @@ class Metric:
             if bounds[-1] != math.inf:
                 bounds.append(math.inf)
             self.bounds = bounds
-            self._buckets = [value(f"{name}_bucket", ("le", _go_number(b))) for b in bounds]
+            self._buckets = [value(f"{name}_bucket", ("le", go_number(b))) for b in bounds]
             self._sum = value(f"{name}_sum")
         else:
             if buckets:
@@ -127,11 +128,6 @@ class Metric:
         if self.kind == HISTOGRAM:
             return float(self._sum.get())
         return float(self._value.get())
-
-
-def _go_number(number: float) -> str:
-    """A bucket's bound as Prometheus writes it ("+Inf", "1.0")."""
-    return str(floatToGoString(number))  # type: ignore[no-untyped-call]
 
 
 def close() -> None:

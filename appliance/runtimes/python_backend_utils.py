@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from appliance.core import dtypes
 from appliance.runtimes import custom_metrics
 
 log = logging.getLogger("appliance.model")
@@ -80,11 +81,7 @@ def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> npt.NDArray[np.uint
     """BYTES elements as Triton lays them out: a 4-byte little-endian length, then the bytes."""
     if input_tensor.size == 0:
         return None
-    chunks = []
-    for item in input_tensor.ravel(order="C"):
-        data = item.encode() if isinstance(item, str) else bytes(item)
-        chunks += [len(data).to_bytes(4, "little"), data]
-    return np.frombuffer(b"".join(chunks), dtype=np.uint8)
+    return np.frombuffer(dtypes.pack_bytes(input_tensor), dtype=np.uint8)
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes | npt.NDArray[Any]) -> npt.NDArray[Any]:
