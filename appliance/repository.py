@@ -64,7 +64,11 @@ PLATFORMS: dict[str, tuple[str, str]] = {
 }
 MODEL_FILES = {"model.onnx": ONNX_CLASS, "model.pt": TORCHSCRIPT_CLASS, "model.py": PYTHON_CLASS}
 # Each runtime's Python package, and the extra that installs it.
-RUNTIME_PACKAGES = {ONNX_CLASS: ("onnxruntime", "onnx"), TORCHSCRIPT_CLASS: ("torch", "torch")}
+RUNTIME_PACKAGES = {
+    ONNX_CLASS: ("onnxruntime", "onnx"),
+    TORCHSCRIPT_CLASS: ("torch", "torch"),
+    "appliance.runtimes.mlserver:MLServerModel": ("mlserver", "mlserver"),
+}
 
 # What a model's config.toml may hold, and the check of each value.
 SETTINGS = (
@@ -139,12 +143,18 @@ def scan(root: Path, policy: VersionPolicy = "latest") -> list[dict[str, Any]]:
 
     Models come in name order. When the policy serves several versions of a
     model, the newest keeps the model's name and each older one is served as
-    ``<name>.v<version>``.
+    ``<name>.v<version>``. A folder of MLServer's (model-settings.json files)
+    is read by MLServer's rules instead (mlserver_settings.py).
 
     Raises:
         RepositoryError: ``root`` is not a readable directory, or a model
             directory's name is not a valid model name.
     """
+    from appliance import mlserver_settings  # JSON and directories, as this module
+
+    if root.is_dir() and mlserver_settings.is_mlserver_folder(root):
+        # MLServer serves every version it finds: no version policy applies.
+        return mlserver_settings.scan(root)
     entries: list[dict[str, Any]] = []
     for model_dir in model_dirs(root):
         entries += model_entries(model_dir, policy)

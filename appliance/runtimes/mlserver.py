@@ -1,0 +1,262 @@
+"""MLServer's runtimes (``MLModel`` subclasses), hosted unmodified in a model worker.
+
+A ``model-settings.json`` (mlserver_settings.py) names its runtime class in
+``implementation``: one of MLServer's (``mlserver_sklearn.SKLearnModel``,
+``mlserver_xgboost.XGBoostModel``, ``mlserver_lightgbm.LightGBMModel``) or
+the user's own (``models.MyModel`` from a models.py beside the settings).
+The worker drives it as MLServer does:
+
+- ``load``: the settings are read by MLServer's own loader (defaults, the
+  uri relative to the file, pydantic's checks), the class is imported the
+  way MLServer imports it (the settings' folder on sys.path while it
+  imports), instantiated with the settings, and ``await model.load()``
+  runs; False, as in MLServer, leaves the model not ready.
+- each request: its tensors become an MLServer ``InferenceRequest`` (data as
+  MLServer's gRPC path builds it: flat lists, BYTES as bytes; the request's
+  parameters, so ``content_type`` picks MLServer's request codec), the
+  model's ``predict`` answers with an ``InferenceResponse``, and each output
+  is read back into an array by its datatype and shape.
+- errors: an ``MLServerError`` keeps its message and its kind (400 ->
+  BadRequest, 404 -> ModelNotFound, others -> ModelFailed); any other
+  exception fails the request as MLServer's gRPC path does (INTERNAL, its
+  message). Either fails its request alone; the instance keeps serving.
+- ``unload``: ``await model.unload()``.
+
+mlserver is an optional extra (``pip install 'appliance[mlserver]'``):
+without it the model fails to load with that line, and the rest serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from appliance.core import dtypes
+from appliance.core.dtypes import DType
+from appliance.errors import ApplianceError, BadRequest, ModelFailed, ModelNotFound
+from appliance.model import Arrays, Outputs, Request
+from appliance.runtimes.interface import ModelFileError, RuntimeModel
+
+log = logging.getLogger("appliance.worker")
+
+EXTRA = "pip install 'appliance[mlserver]'"
+# MLServer's own runtimes, and the extra that brings each.
+RUNTIME_EXTRAS = {
+    "mlserver_sklearn": EXTRA,
+    "mlserver_lightgbm": EXTRA,
+    "mlserver_xgboost": "pip install 'appliance[mlserver-xgboost]'",
+}
+_BY_STATUS: dict[int, type[ApplianceError]] = {400: BadRequest, 404: ModelNotFound}
+
+
+class MLServerModel(RuntimeModel):
+    """An MLServer ``MLModel`` named by a model-settings.json."""
+
+    # One InferenceRequest per client request, as MLServer calls predict.
+    per_request = True
+    inputs = None
+    outputs = None
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        super().__init__(options)
+        self.model_name = str(options.get("model_name") or self.path.parent.name)
+        self.file_name = f"{self.path.parent.name}/{self.path.name}"
+        self._model: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._types: Any = None
+
+    def load(self) -> None:
+        """Read the settings with MLServer's loader, import the class, ``await load()``.
+
+        Raises:
+            ModelFileError: mlserver or the runtime's package is not installed,
+                the settings do not validate, the class cannot be imported, or
+                its ``load`` raised or returned False.
+        """
+        try:
+            loader = importlib.import_module("mlserver.repository.load")
+            self._types = importlib.import_module("mlserver.types")
+        except ImportError:
+            raise ModelFileError(
+                f"{self.file_name}: MLServer is not installed, and it runs this model ({EXTRA})"
+            ) from None
+        try:
+            settings = loader.load_model_settings(str(self.path))
+        except Exception as ex:
+            raise ModelFileError(f"{self.file_name}: {_first_line(ex)}") from None
+        self.platform = settings.platform or "mlserver"
+        cls = self._import(settings)
+        try:
+            model = cls(settings)
+        except Exception as ex:
+            raise ModelFileError(f"{self.file_name}: {cls.__name__}() raised {_last(ex)}") from None
+        self._loop = asyncio.new_event_loop()
+        try:
+            with self._context(settings):
+                ready = self._loop.run_until_complete(model.load())
+        except Exception as ex:
+            raise ModelFileError(
+                f"{self.file_name}: {cls.__name__}.load raised {self._short(_last(ex))}"
+            ) from None
+        if ready is False:
+            raise ModelFileError(f"{self.file_name}: {cls.__name__}.load returned False")
+        model.ready = True
+        self._model = model
+        self.description = f"MLServer {settings.implementation_} ({self.file_name})"
+
+    def _short(self, message: str) -> str:
+        """A message with the repository's path left out: a status note holds 256 bytes."""
+        return message.replace(f"{self.path.parent.parent}/", "")
+
+    def _import(self, settings: Any) -> Any:
+        """The implementation class, imported by MLServer's settings (its sys.path rule)."""
+        name = str(settings.implementation_)
+        try:
+            return settings.implementation
+        except ModuleNotFoundError as ex:
+            package = (ex.name or "").split(".")[0]
+            hint = RUNTIME_EXTRAS.get(package)
+            if hint is not None:
+                raise ModelFileError(
+                    f"{self.file_name}: implementation {name}: {package} is not installed ({hint})"
+                ) from None
+            raise ModelFileError(
+                f"{self.file_name}: implementation {name} cannot be imported: {_last(ex)}"
+            ) from None
+        except Exception as ex:
+            raise ModelFileError(
+                f"{self.file_name}: implementation {name} cannot be imported: {_last(ex)}"
+            ) from None
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        """One request alone (the worker calls predict_requests; this marks predict served)."""
+        result = self._predict(Request(inputs, parameters, None))
+        if isinstance(result, ApplianceError):
+            raise result
+        return result
+
+    def predict_requests(self, requests: Sequence[Request]) -> list[Outputs | ApplianceError]:
+        """Answer each request with the model's ``predict``; an error fails it alone."""
+        return [self._predict(request) for request in requests]
+
+    def _predict(self, request: Request) -> Outputs | ApplianceError:
+        assert self._loop is not None
+        payload = self._payload(request)
+        try:
+            with self._context(self._model.settings):
+                response = self._loop.run_until_complete(self._model.predict(payload))
+        except Exception as ex:
+            return self._error(ex)
+        try:
+            return {output.name: _array(output) for output in response.outputs}
+        except (ValueError, TypeError, KeyError) as ex:
+            return ModelFailed(f"model {self.model_name}: its response cannot be read: {ex}")
+
+    def unload(self) -> None:
+        try:
+            if self._model is not None and self._loop is not None:
+                self._loop.run_until_complete(self._model.unload())
+        except Exception as ex:
+            log.error("model %s: unload raised %s", self.model_name, _last(ex))
+        finally:
+            if self._loop is not None:
+                self._loop.close()
+
+    # -- requests and responses ------------------------------------------------
+
+    def _payload(self, request: Request) -> Any:
+        types = self._types
+        inputs = [
+            types.RequestInput(
+                name=name,
+                shape=list(array.shape),
+                datatype=_datatype(array),
+                data=_data(array),
+            )
+            for name, array in request.inputs.items()
+        ]
+        parameters = dict(request.parameters)
+        outputs = None
+        if request.outputs is not None:
+            outputs = [types.RequestOutput(name=name) for name in request.outputs]
+        return types.InferenceRequest(
+            id=request.request_id or None,
+            parameters=types.Parameters(**parameters) if parameters else None,
+            inputs=inputs,
+            outputs=outputs,
+        )
+
+    def _error(self, ex: Exception) -> ApplianceError:
+        status = getattr(ex, "status_code", None)
+        message = f"model {self.model_name}: {str(ex) or type(ex).__name__}"
+        if isinstance(status, int):
+            return _BY_STATUS.get(status, ModelFailed)(message)
+        return ModelFailed(message)
+
+    @contextlib.contextmanager
+    def _context(self, settings: Any) -> Iterator[None]:
+        """MLServer's model context (its custom metrics and logs read it)."""
+        try:
+            context = importlib.import_module("mlserver.context")
+        except ImportError:
+            yield
+            return
+        with context.model_context(settings):
+            yield
+
+
+def _datatype(array: np.ndarray[Any, Any]) -> str:
+    if array.dtype.kind in "OSU":
+        return DType.BYTES.value
+    return dtypes.from_numpy(array.dtype).value
+
+
+def _data(array: np.ndarray[Any, Any]) -> list[Any]:
+    """The elements as MLServer's gRPC converter gives them: a flat list, BYTES as bytes."""
+    flat = array.reshape(-1)
+    if array.dtype.kind == "O":
+        return [bytes(item) for item in flat]
+    return list(flat.tolist())
+
+
+def _array(output: Any) -> np.ndarray[Any, Any]:
+    """A response output as an array of its datatype and shape."""
+    data = getattr(output.data, "root", output.data)
+    shape = [int(d) for d in output.shape]
+    if output.datatype == DType.BYTES.value:
+        items = data if isinstance(data, list) else [data]
+        flat = _flatten(items)
+        encoded = [item.encode() if isinstance(item, str) else bytes(item) for item in flat]
+        array = np.empty(len(encoded), dtype=object)
+        array[:] = encoded
+        return array.reshape(shape)
+    dtype = dtypes.to_numpy(DType(output.datatype))
+    if isinstance(data, bytes):
+        return np.frombuffer(data, dtype=dtype).reshape(shape)
+    return np.asarray(data, dtype=dtype).reshape(shape)
+
+
+def _flatten(items: list[Any]) -> list[Any]:
+    flat: list[Any] = []
+    for item in items:
+        if isinstance(item, list | tuple):
+            flat += _flatten(list(item))
+        else:
+            flat.append(item)
+    return flat
+
+
+def _last(ex: BaseException) -> str:
+    """An exception as "ValueError: ...", its class named without its module."""
+    return f"{type(ex).__name__}: {_first_line(ex)}"
+
+
+def _first_line(ex: BaseException) -> str:
+    lines = str(ex).strip().splitlines()
+    return " ".join(line.strip() for line in lines[:3]) or type(ex).__name__

@@ -1,0 +1,190 @@
+"""MLServer model folders made at test time: small, deterministic, laid out as MLServer's examples.
+
+:func:`write_folder` trains tiny models (scikit-learn, XGBoost, LightGBM:
+whichever is installed in the Python that runs it) and writes each with a
+``model-settings.json`` the way MLServer's own examples do, plus a custom
+``MLModel`` in a ``models.py`` beside its settings. The same folder is
+served by ``mlserver start`` and by the appliance.
+
+Run as a script (``python -m tests.mlserver_models DIR``) it writes the
+folder from another Python: the peer's, so that MLServer loads artefacts
+pickled by the scikit-learn it runs with.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# A custom runtime as MLServer's docs write one: its own codecs, its own errors.
+CUSTOM = """
+import numpy as np
+
+from mlserver import MLModel
+from mlserver.codecs import NumpyCodec, StringCodec
+from mlserver.errors import InferenceError
+from mlserver.types import InferenceRequest, InferenceResponse
+
+
+class Echo(MLModel):
+    async def load(self) -> bool:
+        self.scale = float(self.settings.parameters.extra.get("scale", 1.0))
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        outputs = []
+        for request_input in payload.inputs:
+            if request_input.name == "text":
+                words = self.decode(request_input, default_codec=StringCodec)
+                if "boom" in words:
+                    raise InferenceError("the word boom is not served")
+                upper = [word.upper() for word in words]
+                outputs.append(StringCodec.encode_output("upper", upper))
+            elif request_input.name == "crash":
+                raise RuntimeError("custom model crashed on purpose")
+            else:
+                x = self.decode(request_input, default_codec=NumpyCodec)
+                outputs.append(NumpyCodec.encode_output("scaled", x * self.scale))
+        return InferenceResponse(model_name=self.name, model_version=self.version, outputs=outputs)
+
+
+class FailsToLoad(MLModel):
+    async def load(self) -> bool:
+        raise ValueError("weights are missing on purpose")
+"""
+
+
+def iris() -> tuple[np.ndarray, np.ndarray]:
+    """A small three-class problem (iris-like, made up: no data files)."""
+    rng = np.random.default_rng(7)
+    centres = np.array([[5.0, 3.4, 1.5, 0.2], [5.9, 2.8, 4.3, 1.3], [6.6, 3.0, 5.6, 2.0]])
+    x = np.concatenate([c + rng.normal(0, 0.3, (30, 4)) for c in centres])
+    y = np.repeat(np.arange(3), 30)
+    return x, y
+
+
+def _settings(folder: Path, body: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model-settings.json").write_text(json.dumps(body, indent=2))
+
+
+def write_folder(root: Path) -> list[str]:
+    """Write the folder; return the models written (a runtime not installed is left out)."""
+    x, y = iris()
+    written = []
+    if importlib.util.find_spec("sklearn") is not None:
+        import joblib
+        from sklearn.linear_model import LogisticRegression, Ridge
+        from sklearn.svm import SVC
+
+        # MLServer's model-repository example: an SVM with model.joblib and a version.
+        with warnings.catch_warnings():
+            # scikit-learn 1.9 deprecates probability=True; MLServer's example uses it.
+            warnings.simplefilter("ignore", FutureWarning)
+            svc = SVC(gamma=0.01, probability=True, random_state=0).fit(x, y)
+        folder = root / "mnist-svm"
+        _settings(
+            folder,
+            {
+                "name": "mnist-svm",
+                "implementation": "mlserver_sklearn.SKLearnModel",
+                "parameters": {"uri": "./model.joblib", "version": "1"},
+            },
+        )
+        joblib.dump(svc, folder / "model.joblib")
+        # Two versions of one model, each in its own folder.
+        for version, c in (("1", 0.1), ("2", 10.0)):
+            folder = root / "logreg" / version
+            _settings(
+                folder,
+                {
+                    "name": "logreg",
+                    "implementation": "mlserver_sklearn.SKLearnModel",
+                    "parameters": {"uri": "./model.joblib", "version": version},
+                },
+            )
+            joblib.dump(LogisticRegression(C=c, max_iter=500).fit(x, y), folder / "model.joblib")
+        # predict_proba by default (parameters.extra.predict_fn); a regressor.
+        folder = root / "svm-proba"
+        _settings(
+            folder,
+            {
+                "name": "svm-proba",
+                "implementation": "mlserver_sklearn.SKLearnModel",
+                "parameters": {
+                    "uri": "../mnist-svm/model.joblib",
+                    "extra": {"predict_fn": "predict_proba"},
+                },
+            },
+        )
+        folder = root / "ridge"
+        _settings(folder, {"implementation": "mlserver_sklearn.SKLearnModel"})
+        joblib.dump(Ridge().fit(x, y.astype(float)), folder / "model.joblib")
+        # A missing artefact.
+        _settings(
+            root / "no-artefact",
+            {
+                "name": "no-artefact",
+                "implementation": "mlserver_sklearn.SKLearnModel",
+                "parameters": {"uri": "./missing.joblib"},
+            },
+        )
+        written += ["mnist-svm", "logreg", "svm-proba", "ridge", "no-artefact"]
+    if importlib.util.find_spec("xgboost") is not None:
+        import xgboost as xgb
+
+        # The mushroom example's shape: a binary classifier saved as model.json.
+        binary = (y == 2).astype(int)
+        booster = xgb.XGBClassifier(n_estimators=4, max_depth=2, random_state=0).fit(x, binary)
+        folder = root / "mushroom-xgboost"
+        _settings(
+            folder,
+            {
+                "name": "mushroom-xgboost",
+                "implementation": "mlserver_xgboost.XGBoostModel",
+                "parameters": {"uri": "./model.json", "version": "1"},
+            },
+        )
+        booster.save_model(folder / "model.json")
+        written.append("mushroom-xgboost")
+    if importlib.util.find_spec("lightgbm") is not None:
+        import lightgbm as lgb
+
+        data = lgb.Dataset(x, label=y, params={"verbose": -1})
+        params = {"objective": "multiclass", "num_class": 3, "verbose": -1, "seed": 0}
+        model = lgb.train(params, data, num_boost_round=5)
+        folder = root / "iris-lgb"
+        _settings(
+            folder,
+            {
+                "name": "iris-lgb",
+                "implementation": "mlserver_lightgbm.LightGBMModel",
+                "parameters": {"uri": "./model.bst", "version": "1"},
+            },
+        )
+        model.save_model(str(folder / "model.bst"))
+        written.append("iris-lgb")
+    folder = root / "custom"
+    _settings(
+        folder,
+        {
+            "name": "custom",
+            "implementation": "models.Echo",
+            "parameters": {"extra": {"scale": 2.0}},
+        },
+    )
+    (folder / "models.py").write_text(CUSTOM)
+    _settings(root / "fails-to-load", {"implementation": "failing.FailsToLoad"})
+    (root / "fails-to-load" / "failing.py").write_text(CUSTOM)
+    written += ["custom", "fails-to-load"]
+    return written
+
+
+if __name__ == "__main__":
+    print(json.dumps(write_folder(Path(sys.argv[1]))))

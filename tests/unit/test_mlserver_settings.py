@@ -1,0 +1,87 @@
+"""MLServer model folders read by MLServer's discovery rules (appliance/mlserver_settings.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from appliance import mlserver_settings, repository
+from appliance.mlserver_settings import MLSERVER_CLASS
+from appliance.runtimes.interface import ModelFileError
+
+
+def settings(root: Path, relative: str, body: dict[str, Any]) -> Path:
+    path = root / relative / "model-settings.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(body))
+    return path
+
+
+def by_name(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {entry["name"]: entry for entry in entries}
+
+
+def test_a_folder_is_walked_for_model_settings_at_any_depth(tmp_path: Path) -> None:
+    settings(tmp_path, "a", {"name": "iris", "implementation": "mlserver_sklearn.SKLearnModel"})
+    settings(tmp_path, "deep/er/b", {"implementation": "models.Mine"})  # the folder names it
+    settings(tmp_path, ".hidden", {"implementation": "models.Mine"})
+    found = by_name(repository.scan(tmp_path))
+    assert sorted(found) == ["b", "iris"]
+    assert found["iris"]["class"] == MLSERVER_CLASS
+    assert found["iris"]["options"]["path"] == str(tmp_path / "a" / "model-settings.json")
+    assert found["iris"]["options"]["version"] == ""
+
+
+def test_versions_are_ordered_as_mlserver_orders_them(tmp_path: Path) -> None:
+    for version in ("2", "10", "9"):
+        body = {"name": "m", "implementation": "x.Y", "parameters": {"version": version}}
+        settings(tmp_path, f"m/{version}", body)
+    found = by_name(repository.scan(tmp_path))
+    # Whole numbers compare as numbers: 10 is the newest and keeps the name.
+    assert found["m"]["options"]["version"] == "10"
+    assert found["m.v9"]["options"]["version"] == "9"
+    assert found["m.v2"]["options"]["version"] == "2"
+
+
+def test_unreadable_settings_and_a_missing_implementation_serve_as_broken(tmp_path: Path) -> None:
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "model-settings.json").write_text("{not json")
+    settings(tmp_path, "none", {"name": "none"})
+    found = by_name(repository.scan(tmp_path))
+    assert found["bad"]["class"] == repository.BROKEN_CLASS
+    assert "bad/model-settings.json: cannot read it" in found["bad"]["options"]["reason"]
+    assert "no implementation" in found["none"]["options"]["reason"]
+
+
+def test_server_settings_give_instances_and_the_rest_is_noted(tmp_path: Path) -> None:
+    settings(tmp_path, "m", {"implementation": "x.Y"})
+    server = {"parallel_workers": 3, "http_port": 9000, "debug": True, "cors_settings": {}}
+    (tmp_path / "settings.json").write_text(json.dumps(server))
+    (entry,) = repository.scan(tmp_path)
+    assert entry["instances"] == 3
+    assert entry["options"]["config_notes"] == [
+        "settings.json: not used by the appliance: cors_settings, debug"
+    ]
+
+
+def test_a_triton_repository_is_not_an_mlserver_folder(tmp_path: Path) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"x")
+    assert not mlserver_settings.is_mlserver_folder(tmp_path)
+
+
+def test_without_mlserver_the_model_fails_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from appliance.runtimes.mlserver import MLServerModel
+
+    path = settings(tmp_path, "m", {"implementation": "mlserver_sklearn.SKLearnModel"})
+    # None in sys.modules makes the import fail as if mlserver were not installed.
+    monkeypatch.setitem(sys.modules, "mlserver.repository.load", None)
+    model = MLServerModel({"path": str(path), "version": ""})
+    with pytest.raises(ModelFileError, match=r"pip install 'appliance\[mlserver\]'"):
+        model.load()
