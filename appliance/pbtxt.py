@@ -27,10 +27,10 @@ appliance's settings (appliance/repository.py), field by field:
   model (instances, batching, parameters) do not apply to it and are noted.
 
 A field that would change what a client sees and that the appliance cannot
-honour (reshape, optional or shape-tensor inputs, decoupled models other
+honour (reshape, shape-tensor inputs, decoupled models other
 than Python-backend ones, batch inputs and outputs, iterative sequences,
 several GPUs of a group) makes the model unservable, with the field named. Every other field
-that is set but not used (optimization, warmup, rate limiters, response
+that is set but not used (optimization, rate limiters, response
 cache, other parameters, ...) is accepted and returned as a note, which the
 model's worker logs once at load.
 
@@ -74,6 +74,7 @@ _USED = {
     "sequence_batching",
     "parameters",
     "model_transaction_policy",
+    "model_warmup",
 }
 # Set, these change what a client sees in ways the appliance does not serve.
 _REFUSED = {
@@ -161,15 +162,52 @@ class _Reader:
         settings.update(self._scheduling(batched))
         settings.update(self._versions())
         settings.update(self._parameters())
+        settings.update(self._warmups())
         self._refuse_unserved(platform)
         for field in sorted(f.name for f, _ in config.ListFields() if f.name not in _USED):
             self.notes.append(f"{field} is not used by the appliance")
         return settings, self.notes
 
+    def _warmups(self) -> dict[str, Any]:
+        samples = self.config.model_warmup
+        return {"warmup": [self._warmup(i, s) for i, s in enumerate(samples)]} if samples else {}
+
+    def _warmup(self, index: int, sample: Any) -> dict[str, Any]:
+        """One model_warmup sample as a ``warmup`` table (appliance/warmup.py checks it)."""
+        where = f"model_warmup[{index}] ({sample.name or 'no name'})"
+        inputs = []
+        for name, item in sorted(sample.inputs.items()):
+            choice = item.WhichOneof("input_data_type")
+            if choice is None:
+                raise PbtxtError(
+                    f"{where}.inputs[{name}]: set zero_data, random_data or input_data_file"
+                )
+            if item.data_type in (mc.TYPE_INVALID, mc.TYPE_BF16):
+                kind = mc.DataType.Name(item.data_type)
+                raise PbtxtError(f"{where}.inputs[{name}].data_type: {kind} is not served")
+            dtype = mc.DataType.Name(item.data_type).removeprefix("TYPE_")
+            data = {"zero_data": "zero", "random_data": "random"}.get(choice)
+            inputs.append(
+                {
+                    "name": name,
+                    "dtype": "BYTES" if dtype == "STRING" else dtype,
+                    "dims": [int(d) for d in item.dims],
+                    "data": data or item.input_data_file,
+                }
+            )
+        return {
+            "name": sample.name,
+            "batch_size": int(sample.batch_size),
+            "count": int(sample.count),
+            "inputs": inputs,
+        }
+
     def _refuse_unserved(self, platform: str) -> None:
         """What a model of this platform asks for that it cannot be served with."""
         config = self.config
         python = platform == PYTHON
+        if config.model_warmup and config.HasField("sequence_batching"):
+            raise PbtxtError("model_warmup: warming up a sequence model is not served")
         if python and config.HasField("sequence_batching"):
             raise PbtxtError("sequence_batching: Python-backend sequence models are not served yet")
         if config.model_transaction_policy.decoupled and not python:
@@ -236,7 +274,7 @@ class _Reader:
         where = f"{kind}[{index}] ({tensor.name or 'no name'})"
         if not tensor.name:
             raise PbtxtError(f"{where}: name is missing")
-        for field in ("reshape", "is_shape_tensor", "optional", "allow_ragged_batch"):
+        for field in ("reshape", "is_shape_tensor", "allow_ragged_batch"):
             if _is_set(tensor, field):
                 raise PbtxtError(f"{where}.{field}: not served")
         for field in ("format", "label_filename", "is_non_linear_format_io"):
@@ -250,11 +288,14 @@ class _Reader:
         if any(d < -1 for d in dims):
             raise PbtxtError(f"{where}.dims: {dims} holds a size below -1")
         shape = [-1, *dims] if batched else dims
-        return {
+        table: dict[str, Any] = {
             "name": tensor.name,
             "dtype": "BYTES" if dtype == "STRING" else dtype,
             "shape": shape,
         }
+        if kind == "input" and tensor.optional:
+            table["optional"] = True
+        return table
 
     def _instances(self) -> dict[str, Any]:
         groups = list(self.config.instance_group)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import device as devices
+from appliance import warmup
 from appliance.core.sequences import read_controls, read_states
 
 ONNX_CLASS = "appliance.runtimes.onnx:OnnxModel"
@@ -91,6 +92,7 @@ SETTINGS = (
     "sequence_controls",
     "sequence_state",
     "steps",
+    "warmup",
 )
 ENSEMBLE = "ensemble"
 # What an ensemble's config.toml may hold (the rest configure a worker).
@@ -277,6 +279,13 @@ def read_settings(model_dir: Path) -> dict[str, Any]:
             f"{_short(path)}: sequence_batching: false, but sequence_controls or "
             "sequence_state declare inputs only a sequence's steps fill"
         )
+    if "warmup" in settings:
+        # The batch size is the model file's where the settings leave it out (-1):
+        # the worker checks the samples against it once the model has loaded.
+        batch = settings.get("max_batch_size", -1)
+        problem = warmup.check(settings["warmup"], model_dir, batch)
+        if problem:
+            raise RepositoryError(f"{_short(path)}: warmup{problem}")
     if notes:
         settings[NOTES] = [f"{_short(path)}: {note}" for note in notes]
     return settings
@@ -356,9 +365,14 @@ def _check_tensors(value: object) -> str:
     if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
         return "expected an array of tables ([[inputs]] / [[outputs]])"
     for index, item in enumerate(value):
-        extra = set(item) - {"name", "dtype", "shape"}
+        extra = set(item) - {"name", "dtype", "shape", "optional"}
         if extra:
-            return f"[{index}]: unknown key {sorted(extra)[0]!r}; expected name, dtype, shape"
+            return (
+                f"[{index}]: unknown key {sorted(extra)[0]!r}; expected name, dtype, shape "
+                "(and optional, for an input)"
+            )
+        if not isinstance(item.get("optional", False), bool):
+            return f"[{index}].optional: expected true or false, got {item['optional']!r}"
         if not isinstance(item.get("name"), str) or not item["name"]:
             return f"[{index}].name: expected a tensor name"
         if "dtype" in item and not isinstance(item["dtype"], str):

@@ -91,7 +91,12 @@ def _find(specs: tuple[TensorSpec, ...] | None, name: str) -> TensorSpec | None:
 
 
 def _specs_out(specs: tuple[TensorSpec, ...] | None) -> list[dict[str, object]] | None:
-    return None if specs is None else [spec.to_dict() for spec in specs]
+    # KServe's tensor metadata has no "optional": only this file carries it.
+    if specs is None:
+        return None
+    return [
+        {**spec.to_dict(), "optional": True} if spec.optional else spec.to_dict() for spec in specs
+    ]
 
 
 def _specs_in(data: Any) -> tuple[TensorSpec, ...] | None:

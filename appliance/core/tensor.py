@@ -22,11 +22,16 @@ Array = npt.NDArray[np.generic]
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """A declared input or output: name, dtype and shape (-1 = any size)."""
+    """A declared input or output: name, dtype and shape (-1 = any size).
+
+    ``optional``: an input a request may leave out (Triton's ``optional``);
+    the model then gets no array of that name.
+    """
 
     name: str
     dtype: DType
     shape: tuple[int, ...]
+    optional: bool = False
 
     def matches_shape(self, shape: Sequence[int]) -> bool:
         if len(shape) != len(self.shape):
@@ -50,12 +55,13 @@ class TensorSpec:
     def from_dict(cls, data: dict[str, object]) -> TensorSpec:
         shape = data["shape"]
         assert isinstance(shape, list)
-        return cls(str(data["name"]), DType(str(data["datatype"])), tuple(int(d) for d in shape))
+        dtype, optional = DType(str(data["datatype"])), bool(data.get("optional", False))
+        return cls(str(data["name"]), dtype, tuple(int(d) for d in shape), optional)
 
 
-def spec(name: str, dtype: str | DType, shape: Sequence[int]) -> TensorSpec:
+def spec(name: str, dtype: str | DType, shape: Sequence[int], optional: bool = False) -> TensorSpec:
     """Build a TensorSpec; a shorthand for model declarations."""
-    return TensorSpec(name, DType(dtype), tuple(int(d) for d in shape))
+    return TensorSpec(name, DType(dtype), tuple(int(d) for d in shape), optional)
 
 
 class Tensor:

@@ -294,7 +294,8 @@ def specs_from_config(tables: list[dict[str, Any]], what: str, where: str) -> li
                 raise ModelFileError(f"{where}: {what}[{index}].{key} is missing")
         name = str(table["name"])
         dtype = parse_dtype(str(table["dtype"]), f"{where}: {what} {name}")
-        specs.append(TensorSpec(name, dtype, tuple(int(d) for d in table["shape"])))
+        shape = tuple(int(d) for d in table["shape"])
+        specs.append(TensorSpec(name, dtype, shape, bool(table.get("optional", False))))
     _unique(specs, what, where)
     return specs
 
@@ -328,7 +329,10 @@ def merge_specs(
                     f"not {dtype.value}"
                 )
         if "shape" in table:
-            by_name[name] = TensorSpec(name, spec.dtype, _refine(spec, table["shape"], where))
+            spec = TensorSpec(name, spec.dtype, _refine(spec, table["shape"], where))
+        by_name[name] = dataclasses.replace(
+            spec, optional=bool(table.get("optional", spec.optional))
+        )
     return [by_name[spec.name] for spec in found]
 
 

@@ -250,6 +250,7 @@ class PythonBackendModel(RuntimeModel):
                     str(table["name"]),
                     parse_dtype(str(table["data_type"]), f"{self.config_name}: {table['name']}"),
                     (*rows, *(int(d) for d in table.get("dims", ()))),
+                    kind == "input" and bool(table.get("optional", False)),
                 )
                 for table in tables
             ]
@@ -314,6 +315,7 @@ def _tables(tables: Any, batched: bool) -> list[dict[str, Any]]:
                 "name": str(table["name"]),
                 "data_type": "TYPE_" + str(table["dtype"]).replace("BYTES", "STRING"),
                 "dims": shape,
+                "optional": bool(table.get("optional", False)),
             }
         )
     return converted

@@ -65,7 +65,7 @@ def check_request(
         outputs = [str(name) for name in outputs]
         _check_output_names(metadata, outputs)
     extras = {name: tensors.pop(name) for name in (SENS, VEC) if name in tensors}
-    arrays = _check_inputs(metadata, tensors)
+    arrays = check_inputs(metadata, tensors)
     rows = 0
     if metadata.max_batch_size > 0 and metadata.inputs is not None:
         rows = _batch_rows(metadata, arrays)
@@ -110,7 +110,7 @@ def _check_output_names(metadata: ModelMetadata, names: list[str]) -> None:
             )
 
 
-def _check_inputs(metadata: ModelMetadata, tensors: dict[str, Tensor]) -> dict[str, Array]:
+def check_inputs(metadata: ModelMetadata, tensors: dict[str, Tensor]) -> dict[str, Array]:
     if metadata.inputs is None:
         return {name: _array(name, tensor) for name, tensor in tensors.items()}
     declared = {spec.name: spec for spec in metadata.inputs}
@@ -124,12 +124,21 @@ def _check_inputs(metadata: ModelMetadata, tensors: dict[str, Tensor]) -> dict[s
     for name, spec in declared.items():
         tensor = tensors.get(name)
         if tensor is None:
+            if spec.optional:
+                continue
             raise BadRequest(
-                f"model {metadata.name}: missing input {name!r} (it expects {', '.join(declared)})"
+                f"model {metadata.name}: missing input {name!r} ({_expects(declared)})"
             )
         _check_spec(metadata.name, spec, tensor)
         arrays[name] = _array(name, tensor)
     return arrays
+
+
+def _expects(declared: dict[str, TensorSpec]) -> str:
+    required = [name for name, spec in declared.items() if not spec.optional]
+    optional = [name for name, spec in declared.items() if spec.optional]
+    said = f"it expects {', '.join(required)}"
+    return f"{said}; {', '.join(optional)} optional" if optional else said
 
 
 def _check_spec(model: str, spec: TensorSpec, tensor: Tensor) -> None:
@@ -258,7 +267,7 @@ def split_outputs(
             f"model {metadata.name} returned {type(produced).__name__}, expected a mapping "
             "of output names to arrays"
         )
-    arrays = _check_outputs(metadata, produced)
+    arrays = check_outputs(metadata, produced)
     if len(batch) == 1 and batch[0].key is None:
         return [_select(arrays, batch[0].outputs)]
     total = sum(item.rows for item in batch)
@@ -276,7 +285,7 @@ def split_outputs(
     return results
 
 
-def _check_outputs(metadata: ModelMetadata, produced: Mapping[str, Any]) -> dict[str, Array]:
+def check_outputs(metadata: ModelMetadata, produced: Mapping[str, Any]) -> dict[str, Array]:
     if metadata.outputs is None:
         return {str(name): np.asarray(value) for name, value in produced.items()}
     arrays = {}

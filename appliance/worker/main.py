@@ -11,7 +11,9 @@ import dataclasses
 import logging
 import signal
 import types
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -27,6 +29,7 @@ from appliance.core.tree import Tree
 from appliance.errors import ModelFailed, ShmExhausted
 from appliance.exitcodes import ExitCode
 from appliance.process import become_child
+from appliance.worker import warmup
 from appliance.worker.batcher import DERIVATIVES
 from appliance.worker.cuda_regions import CudaRegions
 from appliance.worker.loader import Loaded, LoadError, load_model
@@ -79,6 +82,7 @@ def run(
     try:
         loaded = load_model(model_config, config.server.python_path, device)
         sequences = settings_for(model_config, loaded.model, loaded.max_batch_size)
+        warmup.run(loaded, model_config.options, _model_dir(model_config.options))
     except (LoadError, ModelFailed) as ex:
         log.error("%s", ex)
         status.set_note(slot, str(ex))
@@ -150,6 +154,12 @@ def run(
         bls.close()
     log.info("stopped")
     return ExitCode.OK
+
+
+def _model_dir(options: Mapping[str, Any]) -> Path | None:
+    """A repository model's directory (its file is <model>/<version>/<file>)."""
+    path = options.get("path")
+    return Path(str(path)).parent.parent if path else None
 
 
 def unload(loaded: Loaded) -> None:

@@ -44,7 +44,10 @@ output [
 ]
 instance_group [ {{ count: 2, kind: KIND_CPU }} ]
 dynamic_batching {{ max_queue_delay_microseconds: 100 }}
-model_warmup [ {{ name: "zeros" batch_size: 1 }} ]
+model_warmup [ {{
+  name: "zeros" batch_size: 2
+  inputs {{ key: "pixels" value: {{ data_type: TYPE_FP32 dims: [ 64 ] zero_data: true }} }}
+}} ]
 """
 ENSEMBLE = """
 name: "pipeline"
@@ -119,7 +122,9 @@ def test_a_model_described_by_config_pbtxt_serves_as_triton_would(
     assert metadata["inputs"] == [{"name": "pixels", "datatype": "FP32", "shape": ["-1", "64"]}]
     instances = [p for p in appliance.processes() if p["role"].startswith(f"model[{model}#")]
     assert len(instances) == 2
-    assert f"{model}/config.pbtxt: model_warmup is not used by the appliance" in appliance.log()
+    # Each instance ran the warmup sample before it was ready.
+    assert appliance.log().count(f"model[{model}#") >= 2
+    assert "warmed up: 1 run(s) of 1 sample(s)" in appliance.log()
 
 
 def test_an_ensemble_serves_with_no_worker_of_its_own(

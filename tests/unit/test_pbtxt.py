@@ -97,7 +97,11 @@ output [
 instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]
 version_policy: { specific: { versions: [ 1, 3 ] } }
 optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" } ] } }
-model_warmup [ { name: "zeros" batch_size: 1 } ]
+model_warmup [ {
+  name: "zeros" batch_size: 1
+  inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 1, 16 ] zero_data: true } }
+  inputs { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 1, 16 ] random_data: true } }
+} ]
 """
 
 
@@ -113,7 +117,17 @@ def test_an_unbatched_torchscript_model_on_one_gpu(tmp_path: Path) -> None:
     assert entry["options"]["inputs"][0] == {"name": "INPUT0", "dtype": "INT32", "shape": [1, 16]}
     assert entry["options"]["outputs"][1]["dtype"] == "BYTES"
     notes = entry["options"]["config_notes"]
-    assert "simple/config.pbtxt: model_warmup is not used by the appliance" in notes
+    assert entry["options"]["warmup"] == [
+        {
+            "name": "zeros",
+            "batch_size": 1,
+            "count": 0,
+            "inputs": [
+                {"name": "INPUT0", "dtype": "INT32", "dims": [1, 16], "data": "zero"},
+                {"name": "INPUT1", "dtype": "INT32", "dims": [1, 16], "data": "random"},
+            ],
+        }
+    ]
     assert "simple/config.pbtxt: optimization is not used by the appliance" in notes
 
 

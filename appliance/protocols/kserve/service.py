@@ -170,13 +170,18 @@ def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any
         "backend": "python",
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": metadata.max_batch_size,
-        "input": [_tensor_config(spec, batched) for spec in metadata.inputs or ()],
+        "input": [
+            {**_tensor_config(spec, batched), "optional": spec.optional}
+            for spec in metadata.inputs or ()
+        ],
         "output": [_tensor_config(spec, batched) for spec in metadata.outputs or ()],
         "instance_group": [
             {"name": model, "kind": "KIND_CPU", "count": configured.instances if configured else 1}
         ],
         "model_transaction_policy": {"decoupled": metadata.supports.get("predict_stream", False)},
     }
+    if configured is not None and configured.options.get("warmup"):
+        config["model_warmup"] = [_warmup_config(t) for t in configured.options["warmup"]]
     if metadata.sequence is not None:
         # SPEC: Triton's scheduling_choice is one of dynamic or sequence batching.
         config["sequence_batching"] = metadata.sequence
@@ -184,6 +189,25 @@ def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any
         delay_ms = configured.max_queue_delay_ms if configured else 0.0
         config["dynamic_batching"] = {"max_queue_delay_microseconds": int(delay_ms * 1000)}
     return config
+
+
+def _warmup_config(table: dict[str, Any]) -> dict[str, Any]:
+    """A warmup table (appliance/warmup.py) as Triton's ModelWarmup JSON."""
+    inputs = {}
+    for item in table.get("inputs", ()):
+        data = item.get("data")
+        source: dict[str, Any] = {"zero": {"zero_data": True}, "random": {"random_data": True}}.get(
+            data, {"input_data_file": data}
+        )
+        dtype = dtypes.parse_dtype(item.get("dtype"), loose=True)
+        kind = "STRING" if dtype is DType.BYTES else dtype.value
+        inputs[item["name"]] = {"data_type": f"TYPE_{kind}", "dims": item.get("dims", []), **source}
+    return {
+        "name": table.get("name", ""),
+        "batch_size": table.get("batch_size", 1),
+        "inputs": inputs,
+        "count": table.get("count", 0),
+    }
 
 
 def _tensor_config(spec: TensorSpec, batched: bool) -> dict[str, Any]:
