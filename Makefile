@@ -34,7 +34,7 @@ help:
 	@echo "make image     build the container image with buildah (IMAGE, IMAGE_BASE, IMAGE_EXTRAS)"
 	@echo "make image-base  a Debian base image from Debian's packages (mmdebstrap), for hosts without a registry"
 	@echo "make test-image  build the image and run the appliance in it (buildah; not part of make test)"
-	@echo "make test-peers  the differential tests against real Triton (installed into bench/.peers/)"
+	@echo "make test-peers  the differential tests against real Triton and MLServer (installed into bench/.peers/)"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -94,9 +94,11 @@ image-base:
 test-image: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider -m image tests/deploy/test_image.py
 
-# Differential tests against real Triton (tests/peers/), which they install
-# into bench/.peers/ on first use like the benchmarks' peers.
+# Differential tests against real Triton and MLServer (tests/peers/), which
+# they install into bench/.peers/ on first use like the benchmarks' peers. The
+# appliance side of the MLServer tests needs the mlserver extras here too.
 test-peers: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS),mlserver,mlserver-xgboost]'
 	$(BIN)/pytest -q -p no:cacheprovider -m peers tests/peers
 
 lint: $(STAMP)

@@ -51,6 +51,15 @@ STOP_TIMEOUT_S = 20.0
 # (0.22+): pin 0.21.0 (PEERS.md §5).
 MLSERVER = ["mlserver==1.7.1", "uvloop==0.21.0"]
 UMBRIDGE = ["umbridge==1.2.10", "numpy"]
+# MLServer's own runtimes, for model folders served by both MLServer and the
+# appliance (tests/peers, bench/bench_mlserver_runtime.py); the libraries the
+# artefacts were written with are pinned to this Python's (runtime_pins).
+MLSERVER_RUNTIMES = [
+    "mlserver-sklearn==1.7.1",
+    "mlserver-lightgbm==1.7.1",
+    "mlserver-xgboost==1.7.1",
+]
+RUNTIME_LIBRARIES = ("scikit-learn", "xgboost", "lightgbm", "joblib", "numpy", "pandas")
 # Names a site-packages directory every peer environment sees as well.
 BASE_SITE_ENV = "BENCH_BASE_SITE"
 _WRITE_BASE_PTH = (
@@ -63,6 +72,15 @@ PLOT = ["matplotlib>=3.8"]
 
 class PeerUnavailable(Exception):
     """A peer could not be installed or started here; the message says why."""
+
+
+def runtime_pins() -> list[str]:
+    """This Python's scikit-learn, XGBoost, LightGBM (...): a model pickled here loads there."""
+    pins = []
+    for name in RUNTIME_LIBRARIES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            pins.append(f"{name}=={importlib.metadata.version(name)}")
+    return pins
 
 
 def floor_requirements() -> list[str]:
@@ -255,6 +273,35 @@ def mlserver(parallel_workers: int) -> Iterator[PeerServer]:
         with started(name, argv, urls, ready, Path(repo), env) as server:
             server.details = {"version": "1.7.1", "settings": settings}
             yield server
+
+
+@contextlib.contextmanager
+def mlserver_folder(folder: Path, parallel_workers: int = 1) -> Iterator[PeerServer]:
+    """``mlserver start FOLDER`` with MLServer's runtimes, ready once every model has loaded
+    or failed to (the folder is served as it is: ports come from the environment)."""
+    bin_dir = ensure_venv("mlserver-runtimes", MLSERVER + MLSERVER_RUNTIMES + runtime_pins())
+    ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    env = {
+        "MLSERVER_HOST": "127.0.0.1",
+        "MLSERVER_HTTP_PORT": str(ports["http"]),
+        "MLSERVER_GRPC_PORT": str(ports["grpc"]),
+        "MLSERVER_METRICS_PORT": str(ports["metrics"]),
+        "MLSERVER_PARALLEL_WORKERS": str(parallel_workers),
+        "MLSERVER_DEBUG": "false",
+    }
+    base = f"http://127.0.0.1:{ports['http']}"
+    wanted = len(list(folder.rglob("model-settings.json")))
+
+    def settled() -> bool:
+        index = requests.post(f"{base}/v2/repository/index", json={}, timeout=2).json()
+        return len(index) >= wanted and all(e.get("state") != "LOADING" for e in index)
+
+    urls = {"http": f"127.0.0.1:{ports['http']}", "grpc": f"127.0.0.1:{ports['grpc']}"}
+    argv = [str(bin_dir / "mlserver"), "start", str(folder)]
+    name = f"mlserver-folder-pw{parallel_workers}"
+    with started(name, argv, urls, settled, folder, env) as server:
+        server.details = {"version": "1.7.1", "parallel_workers": parallel_workers}
+        yield server
 
 
 @contextlib.contextmanager

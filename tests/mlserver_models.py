@@ -17,6 +17,7 @@ import importlib.util
 import json
 import sys
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +75,20 @@ def _settings(folder: Path, body: dict[str, Any]) -> None:
     (folder / "model-settings.json").write_text(json.dumps(body, indent=2))
 
 
-def write_folder(root: Path) -> list[str]:
-    """Write the folder; return the models written (a runtime not installed is left out)."""
+def write_folder(root: Path, only: Collection[str] | None = None) -> list[str]:
+    """Write the folder; return the models written (a runtime not installed is left out).
+
+    ``only``: write these of the runtimes "sklearn", "xgboost", "lightgbm"
+    and "custom" (the custom models), all when None.
+    """
     x, y = iris()
     written = []
-    if importlib.util.find_spec("sklearn") is not None:
+
+    def wanted(runtime: str) -> bool:
+        installed = runtime == "custom" or importlib.util.find_spec(runtime) is not None
+        return installed and (only is None or runtime in only)
+
+    if wanted("sklearn"):
         import joblib
         from sklearn.linear_model import LogisticRegression, Ridge
         from sklearn.svm import SVC
@@ -136,7 +146,7 @@ def write_folder(root: Path) -> list[str]:
             },
         )
         written += ["mnist-svm", "logreg", "svm-proba", "ridge", "no-artefact"]
-    if importlib.util.find_spec("xgboost") is not None:
+    if wanted("xgboost"):
         import xgboost as xgb
 
         # The mushroom example's shape: a binary classifier saved as model.json.
@@ -153,7 +163,7 @@ def write_folder(root: Path) -> list[str]:
         )
         booster.save_model(folder / "model.json")
         written.append("mushroom-xgboost")
-    if importlib.util.find_spec("lightgbm") is not None:
+    if wanted("lightgbm"):
         import lightgbm as lgb
 
         data = lgb.Dataset(x, label=y, params={"verbose": -1})
@@ -170,6 +180,8 @@ def write_folder(root: Path) -> list[str]:
         )
         model.save_model(str(folder / "model.bst"))
         written.append("iris-lgb")
+    if not wanted("custom"):
+        return written
     folder = root / "custom"
     _settings(
         folder,

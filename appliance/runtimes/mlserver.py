@@ -16,10 +16,11 @@ The worker drives it as MLServer does:
   parameters, so ``content_type`` picks MLServer's request codec), the
   model's ``predict`` answers with an ``InferenceResponse``, and each output
   is read back into an array by its datatype and shape.
-- errors: an ``MLServerError`` keeps its message and its kind (400 ->
-  BadRequest, 404 -> ModelNotFound, others -> ModelFailed); any other
-  exception fails the request as MLServer's gRPC path does (INTERNAL, its
-  message). Either fails its request alone; the instance keeps serving.
+- errors: worded as MLServer's inference pool words them ("<module>.<class>:
+  <message>", after the model's name); an ``MLServerError`` keeps its kind
+  (400 -> BadRequest, 404 -> ModelNotFound, others -> ModelFailed), any other
+  exception is ModelFailed (HTTP 500, gRPC INTERNAL, as MLServer answers it).
+  Either fails its request alone; the instance keeps serving.
 - ``unload``: ``await model.unload()``.
 
 mlserver is an optional extra (``pip install 'appliance[mlserver]'``):
@@ -90,7 +91,7 @@ class MLServerModel(RuntimeModel):
             settings = loader.load_model_settings(str(self.path))
         except Exception as ex:
             raise ModelFileError(f"{self.file_name}: {_first_line(ex)}") from None
-        self.platform = settings.platform or "mlserver"
+        self.platform = settings.platform
         cls = self._import(settings)
         try:
             model = cls(settings)
@@ -193,8 +194,11 @@ class MLServerModel(RuntimeModel):
         )
 
     def _error(self, ex: Exception) -> ApplianceError:
+        """The error as MLServer words one from its inference pool (its default,
+        parallel_workers 1: WorkerError), "<module>.<class>: <message>", after the model."""
         status = getattr(ex, "status_code", None)
-        message = f"model {self.model_name}: {str(ex) or type(ex).__name__}"
+        kind = type(ex)
+        message = f"model {self.model_name}: {kind.__module__}.{kind.__name__}: {ex}"
         if isinstance(status, int):
             return _BY_STATUS.get(status, ModelFailed)(message)
         return ModelFailed(message)

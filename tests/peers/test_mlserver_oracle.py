@@ -1,0 +1,242 @@
+"""One MLServer model folder served by ``mlserver start`` and by the appliance, call by call.
+
+The folder (tests/mlserver_models.py, written fresh into tmp: a
+scikit-learn SVM with versions and predict_fn, a regressor, XGBoost and
+LightGBM classifiers, a custom ``MLModel`` in models.py, and models that
+fail to load) is served unchanged by MLServer 1.7.1 with its runtimes
+(bench/.peers/mlserver-runtimes, pinned to this Python's scikit-learn,
+XGBoost and LightGBM) and by the appliance. The same tritonclient calls
+go to both over REST and gRPC: outputs must be equal, errors must have the
+same status and the appliance's message must hold MLServer's.
+
+Where the appliance answers otherwise on purpose, ``ON_PURPOSE`` says why
+(docs/models/mlserver.md lists the same).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from bench.servers import PeerServer, PeerUnavailable, mlserver_folder
+from tests.mlserver_models import write_folder
+from tests.system.harness import Appliance, serving_repository
+
+pytestmark = [
+    pytest.mark.peers,
+    pytest.mark.skipif(
+        importlib.util.find_spec("mlserver") is None,
+        reason="the mlserver extra is not installed (pip install 'appliance[mlserver]')",
+    ),
+]
+
+ROWS = np.array([[5.0, 3.4, 1.5, 0.2], [5.9, 2.8, 4.3, 1.3], [6.6, 3.0, 5.6, 2.0]], np.float32)
+# What a call returns: ("ok", outputs) or ("error", status, message).
+Answer = tuple[Any, ...]
+
+
+def inputs(module: ModuleType, **arrays: np.ndarray) -> list[Any]:
+    made = []
+    for name, array in arrays.items():
+        dtype = "BYTES" if array.dtype == object else str(array.dtype).upper()
+        dtype = {"FLOAT32": "FP32", "FLOAT64": "FP64"}.get(dtype, dtype)
+        item = module.InferInput(name, list(array.shape), dtype)
+        # MLServer's REST has no binary tensor extension: JSON data.
+        if module is httpclient:
+            item.set_data_from_numpy(array, binary_data=False)
+        else:
+            item.set_data_from_numpy(array)
+        made.append(item)
+    return made
+
+
+def infer(
+    model: str,
+    arrays: dict[str, np.ndarray],
+    outputs: tuple[str, ...] = (),
+    version: str = "",
+    parameters: dict[str, Any] | None = None,
+) -> Any:
+    def call(module: ModuleType, client: Any) -> dict[str, Any]:
+        wanted = None
+        if outputs:
+            extra = {"binary_data": False} if module is httpclient else {}
+            wanted = [module.InferRequestedOutput(name, **extra) for name in outputs]
+        result = client.infer(
+            model,
+            inputs(module, **arrays),
+            model_version=version,
+            outputs=wanted,
+            parameters=parameters,
+        )
+        response = result.get_response(as_json=True) if module is grpcclient else None
+        response = response or result.get_response()
+        plain = {}
+        for output in response["outputs"]:
+            array = result.as_numpy(output["name"])
+            if array.dtype == object:
+                array = np.vectorize(lambda b: b.decode() if isinstance(b, bytes) else b)(array)
+            plain[output["name"]] = (
+                output["datatype"],
+                [int(d) for d in output["shape"]],
+                np.round(array.astype(float), 6).tolist()
+                if array.dtype.kind == "f"
+                else array.tolist(),
+            )
+        return plain
+
+    return call
+
+
+def metadata(model: str) -> Any:
+    def call(module: ModuleType, client: Any) -> dict[str, Any]:
+        if module is grpcclient:
+            found = client.get_model_metadata(model, as_json=True)
+        else:
+            found = client.get_model_metadata(model)
+        return {key: found.get(key, default) for key, default in METADATA_KEYS.items()}
+
+    return call
+
+
+METADATA_KEYS: dict[str, Any] = {"name": "", "platform": "", "inputs": [], "outputs": []}
+TEXT = np.array(["hello", "world"], dtype=object)
+BOOM = np.array(["boom"], dtype=object)
+COLUMNS = {name: ROWS[:, i].copy() for i, name in enumerate("abcd")}
+
+CALLS: dict[str, Any] = {
+    "svm predict": infer("mnist-svm", {"predict": ROWS}),
+    "svm predict_proba asked": infer("mnist-svm", {"predict": ROWS}, ("predict_proba",)),
+    "svm both outputs": infer("mnist-svm", {"predict": ROWS}, ("predict", "predict_proba")),
+    "svm predict_fn predict_proba": infer("svm-proba", {"x": ROWS}),
+    "svm pandas columns": infer("mnist-svm", COLUMNS, parameters={"content_type": "pd"}),
+    "svm FP64 rows": infer("mnist-svm", {"predict": ROWS.astype(np.float64)}),
+    "svm wrong width": infer("mnist-svm", {"predict": ROWS[:, :3].copy()}),
+    "svm unknown output": infer("mnist-svm", {"predict": ROWS}, ("nope",)),
+    "ridge": infer("ridge", {"predict": ROWS}),
+    "ridge predict_proba": infer("ridge", {"predict": ROWS}, ("predict_proba",)),
+    "logreg newest": infer("logreg", {"predict": ROWS}, ("predict_proba",)),
+    "logreg version 1": infer("logreg", {"predict": ROWS}, ("predict_proba",), version="1"),
+    "xgboost": infer("mushroom-xgboost", {"x": ROWS}),
+    "xgboost proba": infer("mushroom-xgboost", {"x": ROWS}, ("predict_proba",)),
+    "lightgbm": infer("iris-lgb", {"x": ROWS}),
+    "custom": infer("custom", {"text": TEXT, "x": np.array([1.5, 2.0], np.float32)}),
+    "custom InferenceError": infer("custom", {"text": BOOM}),
+    "custom raises": infer("custom", {"crash": np.ones(1, np.float32)}),
+    "unknown model": infer("nope", {"x": ROWS}),
+    "metadata svm": metadata("mnist-svm"),
+    "metadata custom": metadata("custom"),
+}
+# Errors the appliance's KServe protocol words (the same status, its own message).
+WORDED_BY_THE_PROTOCOL = {"unknown model"}
+# Answered otherwise on purpose (MLServer does not start with them at all).
+ON_PURPOSE = {
+    "fails to load": infer("fails-to-load", {"x": ROWS}),
+    "missing artefact": infer("no-artefact", {"predict": ROWS}),
+}
+
+
+def answer(module: ModuleType, url: str, call: Any) -> Answer:
+    client = module.InferenceServerClient(url)
+    try:
+        return ("ok", call(module, client))
+    except InferenceServerException as ex:
+        return ("error", str(ex.status()), str(ex.message()))
+    finally:
+        client.close()
+
+
+FAILING = ("fails-to-load", "no-artefact")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder MLServer serves: without the models that fail to load, since
+    ``mlserver start`` stops when one does (the appliance serves the rest)."""
+    root = tmp_path_factory.mktemp("mlserver-folder")
+    write_folder(root)
+    for name in FAILING:
+        shutil.rmtree(root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def appliance_folder(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same folder, with the models that fail to load."""
+    root = tmp_path_factory.mktemp("appliance-folder")
+    shutil.copytree(folder, root, dirs_exist_ok=True)
+    with_failing = tmp_path_factory.mktemp("failing")
+    write_folder(with_failing, only=("sklearn", "custom"))
+    for name in FAILING:
+        shutil.copytree(with_failing / name, root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def mlserver(folder: Path) -> Iterator[PeerServer]:
+    try:
+        with mlserver_folder(folder) as server:
+            yield server
+    except PeerUnavailable as ex:
+        pytest.skip(f"MLServer is not available here: {ex}")
+
+
+@pytest.fixture(scope="module")
+def appliance(appliance_folder: Path) -> Iterator[Appliance]:
+    with serving_repository(appliance_folder) as started:
+        yield started
+
+
+def url(server: PeerServer | Appliance, transport: str) -> str:
+    if isinstance(server, Appliance):
+        return f"127.0.0.1:{server.ports[transport]}"
+    return server.urls[transport]
+
+
+MODULES = {"http": httpclient, "grpc": grpcclient}
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_every_call_answers_as_mlserver_answers(
+    mlserver: PeerServer, appliance: Appliance, transport: str
+) -> None:
+    module = MODULES[transport]
+    parted = []
+    for name, call in CALLS.items():
+        theirs = answer(module, url(mlserver, transport), call)
+        ours = answer(module, url(appliance, transport), call)
+        same = theirs[:2] == ours[:2]
+        if same and theirs[0] == "error" and name not in WORDED_BY_THE_PROTOCOL:
+            # The appliance names the model before MLServer's own message.
+            same = theirs[2] in ours[2]
+        if not same:
+            parted.append(f"{name}:\n  mlserver:  {theirs}\n  appliance: {ours}")
+    assert not parted, "\n".join(parted)
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_a_model_that_fails_to_load_is_reported_and_the_rest_serve(
+    appliance: Appliance, transport: str
+) -> None:
+    """MLServer stops at startup when a model fails to load; the appliance
+    serves the others and answers for it not ready, with MLServer's reason."""
+    module = MODULES[transport]
+    reasons = {
+        "fails to load": "weights are missing on purpose",
+        "missing artefact": "Invalid URI specified for model no-artefact",
+    }
+    for name, call in ON_PURPOSE.items():
+        kind, status, message = answer(module, url(appliance, transport), call)
+        assert (kind, status) in (("error", "503"), ("error", "StatusCode.UNAVAILABLE")), name
+        assert reasons[name] in message
+    assert answer(module, url(appliance, transport), CALLS["svm predict"])[0] == "ok"

@@ -1,0 +1,90 @@
+"""An MLServer model folder served by the appliance (the mlserver extra; skipped without it).
+
+Small on purpose (each worker imports MLServer, seconds of CPU): one
+scikit-learn model and a custom ``MLModel`` from a models.py, over REST and
+gRPC. The comparison
+with MLServer itself, call by call, is tests/peers/test_mlserver_oracle.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tests.mlserver_models import write_folder
+from tests.system.harness import Appliance, serving_repository
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("mlserver_sklearn") is None,
+    reason="the mlserver extra is not installed (pip install 'appliance[mlserver]')",
+)
+KEEP = ("ridge", "custom")
+
+
+@pytest.fixture(scope="module")
+def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
+    root = tmp_path_factory.mktemp("mlserver")
+    for name in write_folder(root, only=("sklearn", "custom")):
+        if name not in KEEP:
+            shutil.rmtree(root / name)
+    with serving_repository(root) as started:
+        yield started
+
+
+def test_models_answer_over_rest_and_errors_keep_mlserver_s_message(
+    appliance: Appliance,
+) -> None:
+    base = f"http://127.0.0.1:{appliance.ports['http']}/v2/models"
+    rows = [[5.0, 3.4, 1.5, 0.2], [6.6, 3.0, 5.6, 2.0]]
+    body = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": rows}]}
+    reply = requests.post(f"{base}/ridge/infer", json=body, timeout=30).json()
+    (output,) = reply["outputs"]
+    assert (output["name"], output["datatype"], output["shape"]) == ("predict", "FP64", [2, 1])
+    assert output["data"][0] < 0.5 < 1.5 < output["data"][1]
+    body["outputs"] = [{"name": "predict_proba"}]
+    refused = requests.post(f"{base}/ridge/infer", json=body, timeout=30)
+    assert refused.status_code == 400
+    assert "Ridge'> models do not support 'predict_proba" in refused.json()["error"]
+    words = {"name": "text", "shape": [2], "datatype": "BYTES", "data": ["ab", "boom"]}
+    refused = requests.post(f"{base}/custom/infer", json={"inputs": [words]}, timeout=30)
+    assert (refused.status_code, refused.json()) == (
+        400,
+        {"error": "model custom: mlserver.errors.InferenceError: the word boom is not served"},
+    )
+
+
+def test_a_custom_model_answers_over_grpc(appliance: Appliance) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    try:
+        text = grpcclient.InferInput("text", [2], "BYTES")
+        text.set_data_from_numpy(np.array([b"ab", b"cd"], dtype=object))
+        x = grpcclient.InferInput("x", [2], "FP32")
+        x.set_data_from_numpy(np.array([1.0, 2.5], np.float32))
+        result = client.infer("custom", [text, x])
+        assert result.as_numpy("upper").reshape(-1).tolist() == [b"AB", b"CD"]
+        assert result.as_numpy("scaled").reshape(-1).tolist() == [2.0, 5.0]
+        crash = grpcclient.InferInput("crash", [1], "FP32")
+        crash.set_data_from_numpy(np.ones(1, np.float32))
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer("custom", [crash])
+        assert raised.value.status() == "StatusCode.INTERNAL"
+        assert "custom model crashed on purpose" in str(raised.value.message())
+        # The instance still serves after its model raised.
+        assert client.infer("custom", [x]).as_numpy("scaled").reshape(-1).tolist() == [2.0, 5.0]
+    finally:
+        client.close()
+
+
+def test_the_folder_is_found_as_mlserver_finds_it(appliance: Appliance) -> None:
+    index = requests.post(
+        f"http://127.0.0.1:{appliance.ports['http']}/v2/repository/index", json={}, timeout=30
+    ).json()
+    states = {entry["name"]: entry["state"] for entry in index}
+    assert states == {"custom": "READY", "ridge": "READY"}
