@@ -81,6 +81,22 @@ def server_settings(root: Path) -> tuple[dict[str, Any], str]:
     return data, ""
 
 
+def listening(roots: list[Path]) -> dict[str, Any]:
+    """Where ``mlserver start ROOT`` listens (host and ports), for the one MLServer
+    folder in ``roots``: its settings.json's values, else MLServer's defaults;
+    ``{}`` when ``roots`` is not one such folder.
+
+    An invalid value is left to the config's own check, which names it.
+    """
+    if len(roots) != 1 or not roots[0].is_dir() or not is_mlserver_folder(roots[0]):
+        return {}
+    server, _ = server_settings(roots[0])
+    found = {key: server.get(key, default) for key, default in LISTEN_KEYS.items()}
+    if "host" not in server:
+        del found["host"]  # the appliance's own default address
+    return found
+
+
 def scan(root: Path) -> list[dict[str, Any]]:
     """Return an entry per model version found under ``root``, by name then version."""
     server, problem = server_settings(root)

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from appliance import mlserver_settings
+
 REPOSITORY_FLAGS = ("--model-repository", "--model-store")
 # Flag -> what it sets, for the --help text.
 TAKEN = {
@@ -99,7 +101,10 @@ def config(argv: Sequence[str]) -> dict[str, Any]:
     repositories = [str(Path(p).resolve()) for f in REPOSITORY_FLAGS for p in flags.get(f, [])]
     if not repositories:
         raise FlagError("--model-repository: at least one is needed")
-    server = {"default_model": "", **_listening(flags), **_control(flags)}
+    # An MLServer folder listens where `mlserver start` would: its settings.json
+    # or MLServer's ports (8080, 8081, 8082), unless a flag says otherwise.
+    ports = mlserver_settings.listening([Path(p) for p in repositories])
+    server = {"default_model": "", **_listening(flags, ports), **_control(flags)}
     if "--exit-timeout-secs" in flags:
         server["drain_timeout_s"] = float(_number(flags, "--exit-timeout-secs"))
     if "--log-verbose" in flags:
@@ -107,18 +112,18 @@ def config(argv: Sequence[str]) -> dict[str, Any]:
     return {
         "server": server,
         "http": {
-            "port": _port(flags, "--http-port", 8000),
+            "port": _port(flags, "--http-port", ports.get("http_port", 8000)),
             "graphpipe_model": "",
-            **_metrics(flags),
+            **_metrics(flags, ports.get("metrics_port", 8002)),
         },
-        "grpc": {"port": _port(flags, "--grpc-port", 8001)},
+        "grpc": {"port": _port(flags, "--grpc-port", ports.get("grpc_port", 8001))},
         # Triton has no MIP (and its metrics port is 8002, MIP's default).
         "mip": {"listeners": []},
         "repositories": [{"path": path} for path in repositories],
     }
 
 
-def _listening(flags: dict[str, list[str]]) -> dict[str, Any]:
+def _listening(flags: dict[str, list[str]], ports: dict[str, Any]) -> dict[str, Any]:
     """The server keys of the address and allow-protocol flags."""
     for flag in ("--allow-http", "--allow-grpc"):
         if not all(_bool(flag, value) for value in flags.get(flag, [])):
@@ -129,14 +134,16 @@ def _listening(flags: dict[str, list[str]]) -> dict[str, Any]:
             f"--http-address and --grpc-address differ ({', '.join(sorted(addresses))}): "
             "the appliance listens on one address for every protocol"
         )
+    if not addresses and "host" in ports:
+        addresses.add(str(ports["host"]))
     return {"host": addresses.pop()} if addresses else {}
 
 
-def _metrics(flags: dict[str, list[str]]) -> dict[str, Any]:
+def _metrics(flags: dict[str, list[str]], default: int) -> dict[str, Any]:
     """The http keys of the metrics flags: a metrics port of its own, as Triton's."""
     if not all(_bool("--allow-metrics", value) for value in flags.get("--allow-metrics", [])):
         return {}
-    return {"metrics_port": _port(flags, "--metrics-port", 8002)}
+    return {"metrics_port": _port(flags, "--metrics-port", default)}
 
 
 def _control(flags: dict[str, list[str]]) -> dict[str, Any]:

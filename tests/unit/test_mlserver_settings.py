@@ -85,3 +85,16 @@ def test_without_mlserver_the_model_fails_naming_the_extra(
     model = MLServerModel({"path": str(path), "version": ""})
     with pytest.raises(ModelFileError, match=r"pip install 'appliance\[mlserver\]'"):
         model.load()
+
+
+def test_appliance_serve_listens_where_mlserver_start_would(tmp_path: Path) -> None:
+    from appliance import triton_flags
+
+    settings(tmp_path, "m", {"implementation": "x.Y"})
+    config = triton_flags.config(["--model-repository", str(tmp_path)])
+    ports = (config["http"]["port"], config["grpc"]["port"], config["http"]["metrics_port"])
+    assert ports == (8080, 8081, 8082)  # MLServer's defaults
+    (tmp_path / "settings.json").write_text(json.dumps({"http_port": 9080, "host": "127.0.0.1"}))
+    config = triton_flags.config(["--model-repository", str(tmp_path), "--grpc-port", "9999"])
+    assert (config["http"]["port"], config["grpc"]["port"]) == (9080, 9999)
+    assert config["server"]["host"] == "127.0.0.1"
