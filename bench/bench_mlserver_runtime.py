@@ -1,0 +1,163 @@
+"""MLServer's scikit-learn runtime served by MLServer and by the appliance: one folder, two servers.
+
+The folder is one ``model-settings.json`` of ``mlserver_sklearn.SKLearnModel``
+with a small SVM (tests/mlserver_models.py's ``mnist-svm``). ``mlserver
+start`` serves it (MLServer 1.7.1 with its runtimes, bench/.peers/mlserver-runtimes,
+parallel_workers 1: one inference process) and the appliance serves the same
+folder (one instance: settings.json's parallel_workers, 1 by default). The same
+class, unmodified, answers in both.
+
+Cells: KServe REST (tritonclient.http with JSON tensors: MLServer has no
+binary tensor extension) and gRPC (tritonclient.grpc), one row of four
+features in, the predicted class out; 1 and 16 clients in closed loops
+(bench/loadgen.py's client processes, threads past four). Rounds interleave
+the servers; the table holds medians over rounds. Server CPU per request is
+each server's whole process tree. Results go to
+bench/results/mlserver_runtime.json. Usage::
+
+    python bench/bench_mlserver_runtime.py [--seconds S] [--rounds R] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.loadgen import ClientPool, ProcessTree, median_row, write_results  # noqa: E402
+from bench.servers import PeerUnavailable, mlserver_folder  # noqa: E402
+from tests.mlserver_models import write_folder  # noqa: E402
+from tests.system.harness import make_config, new_run_dir, serving  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "mlserver_runtime.json"
+MODEL = "mnist-svm"
+ROW = np.array([[5.9, 2.8, 4.3, 1.3]], dtype=np.float32)
+PROTOCOLS = ("rest", "grpc")
+CLIENTS = (1, 16)
+POOL = 4
+PRELOAD = ("tritonclient.grpc", "tritonclient.http")
+
+
+def make_call(spec: dict[str, Any], shared: dict[str, Any]) -> Callable[[], None]:
+    """One inference of the SVM over ``spec["protocol"]``; raises unless it says class 1."""
+    del shared
+    if spec["protocol"] == "grpc":
+        import tritonclient.grpc as module
+    else:
+        import tritonclient.http as module
+    client = module.InferenceServerClient(spec["url"])
+    rest = spec["protocol"] == "rest"
+
+    def call() -> None:
+        value = module.InferInput("predict", list(ROW.shape), "FP32")
+        if rest:
+            value.set_data_from_numpy(ROW, binary_data=False)
+            wanted = [module.InferRequestedOutput("predict", binary_data=False)]
+        else:
+            value.set_data_from_numpy(ROW)
+            wanted = [module.InferRequestedOutput("predict")]
+        result = client.infer(MODEL, [value], outputs=wanted)
+        if int(result.as_numpy("predict").reshape(-1)[0]) != 1:
+            raise AssertionError(f"{MODEL} predicted another class")
+
+    return call
+
+
+@contextlib.contextmanager
+def folder() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="bench-mlserver-folder-") as where:
+        root = Path(where)
+        for name in write_folder(root, only=("sklearn",)):
+            if name != MODEL:
+                shutil.rmtree(root / name)
+        yield root
+
+
+@contextlib.contextmanager
+def appliance(models: Path) -> Iterator[dict[str, Any]]:
+    config = make_config(new_run_dir(), [])
+    config["repositories"] = [{"path": str(models)}]
+    with serving(config) as served:
+        urls = {kind: f"127.0.0.1:{served.ports[kind]}" for kind in ("http", "grpc")}
+        yield {"urls": urls, "pid": served.process.pid}
+
+
+Runs = dict[str, dict[str, list[dict[str, Any]]]]
+
+
+def measure(pool: ClientPool, servers: dict[str, dict[str, Any]], args: argparse.Namespace) -> Runs:
+    runs: Runs = {}
+    for round_ in range(args.rounds):
+        print(f"round {round_ + 1}/{args.rounds}", file=sys.stderr)
+        for protocol in PROTOCOLS:
+            for clients in CLIENTS:
+                cell = f"{protocol} {clients}c"
+                for server, where in servers.items():
+                    url = where["urls"]["http" if protocol == "rest" else "grpc"]
+                    spec = {"protocol": protocol, "url": url}
+                    row = pool.measure(spec, clients, args.seconds, ProcessTree(where["pid"]))
+                    if row["errors"]:
+                        raise RuntimeError(f"{server} {cell}: {row['error']}")
+                    runs.setdefault(cell, {}).setdefault(server, []).append(row)
+    return runs
+
+
+def report(table: dict[str, dict[str, dict[str, Any]]]) -> None:
+    print("\nmedians over rounds; server CPU per request is the server's whole process tree")
+    print("| cell | server | p50 ms | p99 ms | req/s | server CPU µs/req |")
+    print("|---|---|---|---|---|---|")
+    for cell, rows in table.items():
+        for server, row in rows.items():
+            print(
+                f"| {cell} | {server} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
+                f"{row['rps']:.0f} | {row['server_cpu_us']:.0f} |"
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="per cell")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.rounds = 1.0, 1
+    with contextlib.ExitStack() as stack:
+        models = stack.enter_context(folder())
+        servers = {"appliance": stack.enter_context(appliance(models))}
+        try:
+            peer = stack.enter_context(mlserver_folder(models))
+            servers["mlserver"] = {"urls": peer.urls, "pid": peer.process.pid}
+        except PeerUnavailable as ex:
+            print(f"MLServer left out: {ex}", file=sys.stderr)
+        pool = stack.enter_context(ClientPool(POOL, make_call, preload=PRELOAD))
+        runs = measure(pool, servers, args)
+    table = {
+        cell: {server: median_row(rows) for server, rows in by_server.items()}
+        for cell, by_server in runs.items()
+    }
+    report(table)
+    write_results(
+        RESULTS,
+        seconds=args.seconds,
+        rounds=args.rounds,
+        mlserver="1.7.1" if "mlserver" in servers else None,
+        summary=table,
+        runs=runs,
+    )
+    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
