@@ -47,6 +47,11 @@ class Echo(MLModel):
                     raise InferenceError("the word boom is not served")
                 upper = [word.upper() for word in words]
                 outputs.append(StringCodec.encode_output("upper", upper))
+            elif request_input.name.startswith("show"):
+                # Decoded by the input's content type (its own, or the settings' inputs').
+                value = self.decode(request_input)
+                shown = [str(item) for item in value] if isinstance(value, list) else [str(value)]
+                outputs.append(StringCodec.encode_output(request_input.name, shown))
             elif request_input.name == "crash":
                 raise RuntimeError("custom model crashed on purpose")
             else:
@@ -192,9 +197,21 @@ def write_folder(root: Path, only: Collection[str] | None = None) -> list[str]:
         },
     )
     (folder / "models.py").write_text(CUSTOM)
+    # Content types from the settings' inputs, as MLServer's decode reads them.
+    folder = root / "custom-typed"
+    when = {"name": "show_when", "datatype": "BYTES", "shape": [-1]}
+    _settings(
+        folder,
+        {
+            "name": "custom-typed",
+            "implementation": "models.Echo",
+            "inputs": [{**when, "parameters": {"content_type": "datetime"}}],
+        },
+    )
+    (folder / "models.py").write_text(CUSTOM)
     _settings(root / "fails-to-load", {"implementation": "failing.FailsToLoad"})
     (root / "fails-to-load" / "failing.py").write_text(CUSTOM)
-    written += ["custom", "fails-to-load"]
+    written += ["custom", "custom-typed", "fails-to-load"]
     return written
 
 

@@ -13,7 +13,7 @@ The worker drives it as MLServer does:
   runs; False, as in MLServer, leaves the model not ready.
 - each request: its tensors become an MLServer ``InferenceRequest`` (data as
   MLServer's gRPC path builds it: flat lists, BYTES as bytes; the request's
-  parameters, so ``content_type`` picks MLServer's request codec), the
+  parameters and each input's, so ``content_type`` picks MLServer's codec), the
   model's ``predict`` answers with an ``InferenceResponse``, and each output
   is read back into an array by its datatype and shape.
 - errors: worded as MLServer's inference pool words them ("<module>.<class>:
@@ -53,6 +53,9 @@ RUNTIME_EXTRAS = {
     "mlserver_lightgbm": EXTRA,
     "mlserver_xgboost": "pip install 'appliance[mlserver-xgboost]'",
 }
+# The request parameter the KServe frontend puts each input's own parameters
+# under (protocols/kserve/inference.py): MLServer's per-input content_type.
+INPUT_PARAMETERS = "input_parameters"
 _BY_STATUS: dict[int, type[ApplianceError]] = {400: BadRequest, 404: ModelNotFound}
 
 
@@ -148,7 +151,10 @@ class MLServerModel(RuntimeModel):
 
     def _predict(self, request: Request) -> Outputs | ApplianceError:
         assert self._loop is not None
-        payload = self._payload(request)
+        try:
+            payload = self._payload(request)
+        except ValueError as ex:  # pydantic's ValidationError: a parameter of the wrong type
+            return BadRequest(f"model {self.model_name}: {_first_line(ex)}")
         try:
             with self._context(self._model.settings):
                 response = self._loop.run_until_complete(self._model.predict(payload))
@@ -173,16 +179,19 @@ class MLServerModel(RuntimeModel):
 
     def _payload(self, request: Request) -> Any:
         types = self._types
+        parameters = dict(request.parameters)
+        per_input = parameters.pop(INPUT_PARAMETERS, None)
+        per_input = per_input if isinstance(per_input, dict) else {}
         inputs = [
             types.RequestInput(
                 name=name,
                 shape=list(array.shape),
                 datatype=_datatype(array),
                 data=_data(array),
+                parameters=types.Parameters(**per_input[name]) if per_input.get(name) else None,
             )
             for name, array in request.inputs.items()
         ]
-        parameters = dict(request.parameters)
         outputs = None
         if request.outputs is not None:
             outputs = [types.RequestOutput(name=name) for name in request.outputs]

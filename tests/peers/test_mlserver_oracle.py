@@ -45,7 +45,9 @@ ROWS = np.array([[5.0, 3.4, 1.5, 0.2], [5.9, 2.8, 4.3, 1.3], [6.6, 3.0, 5.6, 2.0
 Answer = tuple[Any, ...]
 
 
-def inputs(module: ModuleType, **arrays: np.ndarray) -> list[Any]:
+def inputs(
+    module: ModuleType, arrays: dict[str, np.ndarray], content_types: dict[str, str]
+) -> list[Any]:
     made = []
     for name, array in arrays.items():
         dtype = "BYTES" if array.dtype == object else str(array.dtype).upper()
@@ -56,6 +58,11 @@ def inputs(module: ModuleType, **arrays: np.ndarray) -> list[Any]:
             item.set_data_from_numpy(array, binary_data=False)
         else:
             item.set_data_from_numpy(array)
+        if name in content_types:  # tritonclient has no call for an input's parameters
+            if module is httpclient:
+                item._parameters["content_type"] = content_types[name]
+            else:
+                item._input.parameters["content_type"].string_param = content_types[name]
         made.append(item)
     return made
 
@@ -66,6 +73,7 @@ def infer(
     outputs: tuple[str, ...] = (),
     version: str = "",
     parameters: dict[str, Any] | None = None,
+    content_types: dict[str, str] | None = None,
 ) -> Any:
     def call(module: ModuleType, client: Any) -> dict[str, Any]:
         wanted = None
@@ -74,7 +82,7 @@ def infer(
             wanted = [module.InferRequestedOutput(name, **extra) for name in outputs]
         result = client.infer(
             model,
-            inputs(module, **arrays),
+            inputs(module, arrays, content_types or {}),
             model_version=version,
             outputs=wanted,
             parameters=parameters,
@@ -112,6 +120,8 @@ def metadata(model: str) -> Any:
 METADATA_KEYS: dict[str, Any] = {"name": "", "platform": "", "inputs": [], "outputs": []}
 TEXT = np.array(["hello", "world"], dtype=object)
 BOOM = np.array(["boom"], dtype=object)
+B64 = np.array([b"aGVsbG8=", b"d29ybGQ="], dtype=object)
+WHEN = np.array([b"2021-08-24T15:01:19", b"2026-11-28T04:00:00"], dtype=object)
 COLUMNS = {name: ROWS[:, i].copy() for i, name in enumerate("abcd")}
 
 CALLS: dict[str, Any] = {
@@ -121,6 +131,21 @@ CALLS: dict[str, Any] = {
     "svm predict_fn predict_proba": infer("svm-proba", {"x": ROWS}),
     "svm pandas columns": infer("mnist-svm", COLUMNS, parameters={"content_type": "pd"}),
     "svm FP64 rows": infer("mnist-svm", {"predict": ROWS.astype(np.float64)}),
+    "svm content_type np": infer("mnist-svm", {"p": ROWS}, parameters={"content_type": "np"}),
+    "svm unknown content_type": infer(
+        "mnist-svm", {"p": ROWS}, parameters={"content_type": "nope"}
+    ),
+    "svm two inputs as np": infer("mnist-svm", COLUMNS, parameters={"content_type": "np"}),
+    "custom content_type str": infer("custom", {"text": TEXT}, parameters={"content_type": "str"}),
+    "custom input content_type base64": infer(
+        "custom", {"show": B64}, content_types={"show": "base64"}
+    ),
+    "custom input content_type datetime": infer(
+        "custom", {"show": WHEN}, content_types={"show": "datetime"}
+    ),
+    "custom input content_type str": infer("custom", {"show": TEXT}, content_types={"show": "str"}),
+    "content_type from the settings' inputs": infer("custom-typed", {"show_when": WHEN}),
+    "custom INT64": infer("custom", {"x": np.arange(4, dtype=np.int64).reshape(2, 2)}),
     "svm wrong width": infer("mnist-svm", {"predict": ROWS[:, :3].copy()}),
     "svm unknown output": infer("mnist-svm", {"predict": ROWS}, ("nope",)),
     "ridge": infer("ridge", {"predict": ROWS}),

@@ -98,3 +98,23 @@ def test_appliance_serve_listens_where_mlserver_start_would(tmp_path: Path) -> N
     config = triton_flags.config(["--model-repository", str(tmp_path), "--grpc-port", "9999"])
     assert (config["http"]["port"], config["grpc"]["port"]) == (9080, 9999)
     assert config["server"]["host"] == "127.0.0.1"
+
+
+def test_an_input_s_own_parameters_reach_the_model_beside_the_request_s() -> None:
+    import orjson
+
+    from appliance.protocols.kserve.codec import decode_infer_request
+
+    item = {"name": "t", "shape": [1], "datatype": "BYTES", "data": ["x"]}
+    body = {
+        "parameters": {"content_type": "pd", "timeout": 5},
+        "inputs": [
+            {**item, "parameters": {"content_type": "str"}},
+            {**item, "name": "u", "parameters": {"binary_data_size": None}},
+        ],
+    }
+    request = decode_infer_request(orjson.dumps(body), None, "m")
+    assert request.model_parameters() == {
+        "content_type": "pd",
+        "input_parameters": {"t": {"content_type": "str"}},
+    }

@@ -39,6 +39,7 @@ from appliance.protocols.kserve.inference import (
     parse_shape,
     shm_ref,
     tensor_from_buffer,
+    with_input_parameters,
 )
 
 # Numpy kinds JSON values may arrive as, for each kind of target dtype.
@@ -82,6 +83,8 @@ def decode_infer_request(
     binary_output = parameters.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise DecodeError(f"parameter binary_data_output must be a boolean, got {binary_output!r}")
+    per_input = [(item["name"], item.get("parameters") or {}) for item in doc["inputs"]]
+    parameters = with_input_parameters(parameters, per_input)
     return InferRequest(model, version, request_id, parameters, inputs, outputs, binary_output)
 
 

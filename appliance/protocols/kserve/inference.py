@@ -27,6 +27,18 @@ from appliance.protocols.kserve.errors import DecodeError
 TRANSPORT_PARAMETERS = frozenset(
     {"binary_data_output", "timeout", "triton_enable_empty_final_response"}
 )
+# An input's parameters that say where its bytes lie, not what they mean.
+INPUT_TRANSPORT_PARAMETERS = frozenset(
+    {
+        "binary_data_size",
+        "shared_memory_region",
+        "shared_memory_byte_size",
+        "shared_memory_offset",
+    }
+)
+# The request parameter that carries the inputs' other parameters (MLServer's
+# per-input content_type, for one), by input name, to a model that reads them.
+INPUT_PARAMETERS = "input_parameters"
 # The largest dimension count a request may claim.
 MAX_RANK = 64
 # The largest product of a shape's non-zero dims: numpy refuses an array
@@ -52,6 +64,19 @@ class InputTensor:
     shape: tuple[int, ...]
     data: Tensor | None = None
     shm: ShmRef | None = None
+
+
+def with_input_parameters(
+    parameters: dict[str, Any], per_input: list[tuple[str, dict[str, Any]]]
+) -> dict[str, Any]:
+    """``parameters`` with each input's own (transport ones left out) under
+    :data:`INPUT_PARAMETERS`; unchanged when no input carries any."""
+    kept = {
+        name: meaning
+        for name, params in per_input
+        if (meaning := {k: v for k, v in params.items() if k not in INPUT_TRANSPORT_PARAMETERS})
+    }
+    return {**parameters, INPUT_PARAMETERS: kept} if kept else parameters
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from appliance.protocols.kserve.inference import (
     parse_shape,
     shm_ref,
     tensor_from_buffer,
+    with_input_parameters,
 )
 
 # The generated messages (typed Any: mypy skips generated code).
@@ -118,11 +119,12 @@ def decode_infer_request(request: Any) -> InferRequest:
     if request.outputs:
         outputs = [_decode_output(output) for output in request.outputs]
         check_unique([output.name for output in outputs], "output")
+    per_input = [(tensor.name, decode_parameters(tensor.parameters)) for tensor in request.inputs]
     return InferRequest(
         request.model_name,
         request.model_version,
         request.id,
-        decode_parameters(request.parameters),
+        with_input_parameters(decode_parameters(request.parameters), per_input),
         inputs,
         outputs,
     )
