@@ -12,7 +12,8 @@ The worker drives it as MLServer does:
   imports), instantiated with the settings, and ``await model.load()``
   runs; False, as in MLServer, leaves the model not ready.
 - each request: its tensors become an MLServer ``InferenceRequest`` (data as
-  MLServer's gRPC path builds it: flat lists, BYTES as bytes; the request's
+  MLServer's servers build it: flat lists, BYTES as str, as its REST server
+  gives them, or bytes where they are not UTF-8, as its gRPC server; the request's
   parameters and each input's, so ``content_type`` picks MLServer's codec), the
   model's ``predict`` answers with an ``InferenceResponse``, and each output
   is read back into an array by its datatype and shape.
@@ -231,11 +232,24 @@ def _datatype(array: np.ndarray[Any, Any]) -> str:
 
 
 def _data(array: np.ndarray[Any, Any]) -> list[Any]:
-    """The elements as MLServer's gRPC converter gives them: a flat list, BYTES as bytes."""
+    """The elements as a flat list, as MLServer's servers give them to a runtime.
+
+    BYTES: MLServer's REST server gives JSON strings (str), its gRPC server
+    bytes. Text goes as str, so that a runtime written against REST (most
+    are: MLServer's examples post JSON) sees what it expects; bytes that are
+    not UTF-8 could only have come over gRPC, and stay bytes.
+    """
     flat = array.reshape(-1)
     if array.dtype.kind == "O":
-        return [bytes(item) for item in flat]
+        return [_text_or_bytes(bytes(item)) for item in flat]
     return list(flat.tolist())
+
+
+def _text_or_bytes(item: bytes) -> str | bytes:
+    try:
+        return item.decode()
+    except UnicodeDecodeError:
+        return item
 
 
 def _array(output: Any) -> np.ndarray[Any, Any]:
