@@ -184,7 +184,30 @@ def _entry(
             'class, e.g. "implementation": "mlserver_sklearn.SKLearnModel"'
         )
         return _broken(served_as, reason)
+    notes = _unserved(path, settings)
+    if notes:
+        options[NOTES] = notes
     return {"name": served_as, "class": MLSERVER_CLASS, "instances": instances, "options": options}
+
+
+def _unserved(path: Path, settings: Mapping[str, Any]) -> list[str]:
+    """What a model's settings ask for that the appliance does not do, for its log."""
+    where = f"{path.parent.name}/{SETTINGS_FILE}"
+    notes = []
+    batch, wait = settings.get("max_batch_size", 0), settings.get("max_batch_time", 0)
+    if isinstance(batch, int | float) and batch > 1 and isinstance(wait, int | float) and wait > 0:
+        notes.append(
+            f"{where}: adaptive batching (max_batch_size {batch}, max_batch_time {wait}) is "
+            "not applied: each instance runs one request at a time (settings.json's "
+            "parallel_workers sets the instances)"
+        )
+    parameters = settings.get("parameters")
+    for key in ("environment_path", "environment_tarball"):
+        if isinstance(parameters, Mapping) and parameters.get(key):
+            notes.append(f"{where}: parameters.{key} is not used: the model runs in this Python")
+    if settings.get("cache_enabled"):
+        notes.append(f"{where}: cache_enabled: responses are not cached")
+    return notes
 
 
 def _stamps(path: Path, settings: Mapping[str, Any]) -> list[str]:

@@ -118,3 +118,19 @@ def test_an_input_s_own_parameters_reach_the_model_beside_the_request_s() -> Non
         "content_type": "pd",
         "input_parameters": {"t": {"content_type": "str"}},
     }
+
+
+def test_what_the_appliance_does_not_do_is_noted_for_the_log(tmp_path: Path) -> None:
+    body = {
+        "implementation": "x.Y",
+        "max_batch_size": 8,
+        "max_batch_time": 0.01,
+        "parameters": {"environment_tarball": "env.tar.gz"},
+    }
+    settings(tmp_path, "m", body)
+    (entry,) = repository.scan(tmp_path)
+    notes = entry["options"]["config_notes"]
+    assert [note.split(":")[1].strip() for note in notes] == [
+        "adaptive batching (max_batch_size 8, max_batch_time 0.01) is not applied",
+        "parameters.environment_tarball is not used",
+    ]
