@@ -25,10 +25,10 @@ from appliance import mlserver_settings
 REPOSITORY_FLAGS = ("--model-repository", "--model-store")
 # Flag -> what it sets, for the --help text.
 TAKEN = {
-    "--model-repository, --model-store": "a model repository (repeat for several)",
-    "--http-port": "HTTP (KServe REST, /metrics, ...): default 8000",
-    "--grpc-port": "gRPC (KServe gRPC): default 8001",
-    "--metrics-port": "/metrics alone: default 8002",
+    "--model-repository, --model-store": "a Triton repository or MLServer folder (repeatable)",
+    "--http-port": "HTTP (KServe REST, /metrics, ...): default 8000 (MLServer folder: 8080)",
+    "--grpc-port": "gRPC (KServe gRPC): default 8001 (MLServer folder: 8081)",
+    "--metrics-port": "/metrics alone: default 8002 (MLServer folder: 8082)",
     "--http-address, --grpc-address": "the address both listen on (one for both)",
     "--model-control-mode": "none (serve every model) or explicit (those --load-model names)",
     "--load-model": "explicit mode: a model served from the start (repeat; * for all)",
