@@ -13,6 +13,7 @@ travels as ``(code, message)`` inside a descriptor, never as a pickle.
      +-- TooLarge            a tensor or request exceeds a configured limit
      +-- Overloaded          a queue or ring is full; try again later
      |    +-- ShmExhausted   the shared-memory filesystem (/dev/shm) is full
+     |    +-- Rejected       the model's queue policy refused it (unavailable)
      +-- DeadlineExceeded    the request's deadline passed before it finished
      +-- WorkerLost          the model worker died while holding the request
      +-- ModelFailed         the model's own code raised
@@ -41,6 +42,7 @@ class ErrorCode(enum.IntEnum):
     WORKER_LOST = 8
     MODEL_FAILED = 9
     INTERNAL = 10
+    REJECTED = 11
 
 
 class ApplianceError(Exception):
@@ -92,6 +94,15 @@ class ShmExhausted(Overloaded):
     """
 
 
+class Rejected(Overloaded):
+    """A model's queue policy refused the request: its priority level's queue was
+    full, or it waited past its queue timeout (Triton's dynamic_batching queue
+    policies). Protocols that know "unavailable" answer with it, as Triton does;
+    the others as with any full queue."""
+
+    code = ErrorCode.REJECTED
+
+
 class DeadlineExceeded(ApplianceError):
     code = ErrorCode.DEADLINE_EXCEEDED
 
@@ -117,6 +128,7 @@ _BY_CODE: dict[ErrorCode, type[ApplianceError]] = {
         Unsupported,
         TooLarge,
         Overloaded,
+        Rejected,
         DeadlineExceeded,
         WorkerLost,
         ModelFailed,

@@ -342,25 +342,14 @@ class _Reader:
             batching = config.dynamic_batching
             if batching.max_queue_delay_microseconds:
                 settings["max_queue_delay_ms"] = batching.max_queue_delay_microseconds / 1000
-            queue = batching.default_queue_policy
-            if queue.max_queue_size:
-                settings["max_queue"] = int(queue.max_queue_size)
-            for field in (
-                "preferred_batch_size",
-                "preserve_ordering",
-                "priority_levels",
-                "default_priority_level",
-                "priority_queue_policy",
-            ):
-                if _is_set(batching, field):
-                    self.notes.append(f"dynamic_batching.{field} is not used")
-            for field in (
-                "timeout_action",
-                "default_timeout_microseconds",
-                "allow_timeout_override",
-            ):
-                if _is_set(queue, field):
-                    self.notes.append(f"dynamic_batching.default_queue_policy.{field} is not used")
+            scheduling = self._queue_scheduling(batching)
+            if scheduling:
+                settings["scheduling"] = scheduling
+            if batching.preserve_ordering:
+                self.notes.append(
+                    "dynamic_batching.preserve_ordering is not used: each request's answer goes "
+                    "to its own caller as soon as it is ready"
+                )
         elif batched and not config.HasField("sequence_batching"):
             self.notes.append(
                 "max_batch_size > 0 without dynamic_batching: requests are still batched "
@@ -369,6 +358,25 @@ class _Reader:
         if config.HasField("sequence_batching"):
             settings.update(self._sequences())
         return settings
+
+    def _queue_scheduling(self, batching: Any) -> dict[str, Any]:
+        """dynamic_batching's priorities, queue policies and preferred sizes as a
+        ``scheduling`` table (appliance/scheduling.py); {} when none is set."""
+        table: dict[str, Any] = {}
+        if batching.priority_levels:
+            table["priority_levels"] = int(batching.priority_levels)
+        if batching.default_priority_level:
+            table["default_priority_level"] = int(batching.default_priority_level)
+        if batching.preferred_batch_size:
+            table["preferred_batch_sizes"] = [int(n) for n in batching.preferred_batch_size]
+        if batching.HasField("default_queue_policy"):
+            table["default_queue_policy"] = _queue_policy(batching.default_queue_policy)
+        if batching.priority_queue_policy:
+            table["priority_queue_policy"] = {
+                str(level): _queue_policy(policy)
+                for level, policy in sorted(batching.priority_queue_policy.items())
+            }
+        return table
 
     def _sequences(self) -> dict[str, Any]:
         sequences = self.config.sequence_batching
@@ -578,6 +586,16 @@ class _Reader:
             else:
                 self.notes.append(f"parameters[{key}] is not used")
         return settings
+
+
+def _queue_policy(policy: Any) -> dict[str, Any]:
+    action = mc.ModelQueuePolicy.TimeoutAction.Name(policy.timeout_action).lower()
+    return {
+        "timeout_action": action,
+        "default_timeout_us": int(policy.default_timeout_microseconds),
+        "allow_timeout_override": bool(policy.allow_timeout_override),
+        "max_queue_size": int(policy.max_queue_size),
+    }
 
 
 def _is_set(message: Message, field: str) -> bool:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import device as devices
-from appliance import warmup
+from appliance import scheduling, warmup
 from appliance.core.sequences import read_controls, read_states
 
 ONNX_CLASS = "appliance.runtimes.onnx:OnnxModel"
@@ -93,6 +93,7 @@ SETTINGS = (
     "sequence_state",
     "steps",
     "warmup",
+    "scheduling",
 )
 ENSEMBLE = "ensemble"
 # What an ensemble's config.toml may hold (the rest configure a worker).
@@ -279,16 +280,28 @@ def read_settings(model_dir: Path) -> dict[str, Any]:
             f"{_short(path)}: sequence_batching: false, but sequence_controls or "
             "sequence_state declare inputs only a sequence's steps fill"
         )
-    if "warmup" in settings:
-        # The batch size is the model file's where the settings leave it out (-1):
-        # the worker checks the samples against it once the model has loaded.
-        batch = settings.get("max_batch_size", -1)
-        problem = warmup.check(settings["warmup"], model_dir, batch)
-        if problem:
-            raise RepositoryError(f"{_short(path)}: warmup{problem}")
+    _check_with_batch_size(settings, model_dir, path)
     if notes:
         settings[NOTES] = [f"{_short(path)}: {note}" for note in notes]
     return settings
+
+
+def _check_with_batch_size(settings: Mapping[str, Any], model_dir: Path, path: Path) -> None:
+    """Check the tables whose checks need the model's max_batch_size (-1 where the
+    settings leave it to the model file: the worker checks them again once loaded).
+
+    Raises:
+        RepositoryError: a scheduling or warmup table is wrong (the key named).
+    """
+    batch = settings.get("max_batch_size", -1)
+    problems: dict[str, Callable[[object], str]] = {
+        "scheduling": lambda table: scheduling.check(table, batch),
+        "warmup": lambda table: warmup.check(table, model_dir, batch),
+    }
+    for key, check in problems.items():
+        problem = check(settings[key]) if key in settings else ""
+        if problem:
+            raise RepositoryError(f"{_short(path)}: {key}{problem}")
 
 
 def _read_pbtxt(model_dir: Path) -> tuple[dict[str, Any], list[str]]:

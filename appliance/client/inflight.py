@@ -20,6 +20,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -203,6 +204,9 @@ class InFlight:
             self._release_local(blocks)
             raise
         request_id = next(self._ids)
+        # When it was sent (CLOCK_MONOTONIC, one clock for every process): its
+        # time in the queue counts from here, not from when a busy worker reads it.
+        body["sent"] = time.monotonic()
         message = Message(Kind.INFER, request_id, self._pid, body, payloads, deadline=deadline)
         channel.expect(request_id)
         self._adjust_count(+1)

@@ -93,6 +93,10 @@ def check_request(
     for name, tensor in extras.items():
         arrays[name] = _array(name, tensor)
     pending = Pending(message, arrays, method, parameters, outputs, rows, key)
+    sent = body.get("sent")
+    if isinstance(sent, float) and sent < pending.arrived:
+        # Waiting in the socket while the instance was busy is waiting in its queue.
+        pending.arrived = sent
     if sequence is not None:
         pending.sequence = sequence
     return pending
@@ -180,25 +184,58 @@ def _batch_key(arrays: dict[str, Array], parameters: dict[str, Any]) -> Hashable
 
 
 class Batcher:
-    """A FIFO of pending requests that hands out due batches."""
+    """A queue of pending requests, in arrival order within each rank (priority),
+    that hands out due batches.
 
-    def __init__(self, max_batch_size: int, max_queue_delay_s: float) -> None:
+    ``preferred``: batch sizes (ascending) sent as soon as the queue holds one,
+    before the queue delay is over (Triton's preferred_batch_size).
+    """
+
+    def __init__(
+        self, max_batch_size: int, max_queue_delay_s: float, preferred: tuple[int, ...] = ()
+    ) -> None:
         self.max_batch_size = max_batch_size
         self.max_delay = max_queue_delay_s
+        self.preferred = preferred
         self.queue: deque[Pending] = deque()
 
     def __len__(self) -> int:
         return len(self.queue)
 
     def add(self, pending: Pending) -> None:
-        self.queue.append(pending)
+        queue = self.queue
+        if not queue or queue[-1].rank <= pending.rank:
+            queue.append(pending)
+            return
+        # Behind every request of its rank or a better one, ahead of the rest.
+        for index, item in enumerate(queue):
+            if item.rank > pending.rank:
+                queue.insert(index, pending)
+                return
+
+    def expire(self, now: float) -> list[Pending]:
+        """Requests whose wait ran out: those to refuse are removed and returned;
+        those to delay go behind the requests of their level still in time."""
+        late = [item for item in self.queue if item.expires and item.expires <= now]
+        if not late:
+            return []
+        refused = [item for item in late if not item.delay]
+        for item in late:
+            item.expires = 0.0
+            item.rank += item.delay
+        kept = [item for item in self.queue if not any(item is r for r in refused)]
+        self.queue = deque(sorted(kept, key=lambda item: item.rank))
+        return refused
 
     def wait_s(self, now: float) -> float | None:
         """Return seconds until the next batch is due; None if nothing waits."""
         if not self.queue:
             return None
         head = self.queue[0]
-        if head.key is None or self._rows_like(head) >= self.max_batch_size:
+        if head.key is None:
+            return 0.0
+        rows = self._rows_like(head)
+        if rows >= self.max_batch_size or (self.preferred and rows >= self.preferred[0]):
             return 0.0
         return max(0.0, head.arrived + self.max_delay - now)
 
@@ -210,7 +247,7 @@ class Batcher:
         head = self.queue.popleft()
         if head.key is None:
             return [head]
-        batch, keep, admit = [head], deque[Pending](), self._admitter(head)
+        batch, keep, admit = [head], deque[Pending](), self._admitter(head, now)
         while self.queue:
             item = self.queue.popleft()
             # Every item is shown to admit, in queue order, so that it can
@@ -219,18 +256,28 @@ class Batcher:
         self.queue = keep
         return self._ordered(batch)
 
-    def _admitter(self, head: Pending) -> Callable[[Pending], bool]:
+    def _admitter(self, head: Pending, now: float) -> Callable[[Pending], bool]:
         """Return what decides, item by item, who joins ``head``'s batch."""
         rows = head.rows
+        limit = self._limit(head, now)
 
         def admit(item: Pending) -> bool:
             nonlocal rows
-            if item.key != head.key or rows + item.rows > self.max_batch_size:
+            if item.key != head.key or rows + item.rows > limit:
                 return False
             rows += item.rows
             return True
 
         return admit
+
+    def _limit(self, head: Pending, now: float) -> int:
+        """The rows of the next batch: the largest preferred size the queue fills
+        while the head's delay runs, else max_batch_size."""
+        if not self.preferred or now >= head.arrived + self.max_delay:
+            return self.max_batch_size
+        rows = head.rows + self._rows_like(head)
+        filled = [size for size in self.preferred if size <= rows]
+        return filled[-1] if filled else self.max_batch_size
 
     def _ordered(self, batch: list[Pending]) -> list[Pending]:
         return batch

@@ -18,7 +18,7 @@ from typing import Any
 import zmq
 
 from appliance import device as devices
-from appliance import logs, tracing
+from appliance import logs, scheduling, tracing
 from appliance.config import ConfigError, ModelConfig, ShmConfig
 from appliance.config_reader import read_snapshot
 from appliance.core import dtypes
@@ -29,6 +29,7 @@ from appliance.core.tree import Tree
 from appliance.errors import ModelFailed, ShmExhausted
 from appliance.exitcodes import ExitCode
 from appliance.process import become_child
+from appliance.scheduling import Scheduling
 from appliance.worker import warmup
 from appliance.worker.batcher import DERIVATIVES
 from appliance.worker.cuda_regions import CudaRegions
@@ -83,6 +84,7 @@ def run(
         loaded = load_model(model_config, config.server.python_path, device)
         sequences = settings_for(model_config, loaded.model, loaded.max_batch_size)
         warmup.run(loaded, model_config.options, _model_dir(model_config.options))
+        queue = _scheduling(model_config.options, loaded)
     except (LoadError, ModelFailed) as ex:
         log.error("%s", ex)
         status.set_note(slot, str(ex))
@@ -130,6 +132,7 @@ def run(
         model_config.max_queue,
         sequences,
         CudaRegions(tree.dir),
+        queue,
     )
 
     def handle_term(_signum: int, _frame: types.FrameType | None) -> None:
@@ -154,6 +157,21 @@ def run(
         bls.close()
     log.info("stopped")
     return ExitCode.OK
+
+
+def _scheduling(options: Mapping[str, Any], loaded: Loaded) -> Scheduling | None:
+    """The model's priorities and queue policies (appliance/scheduling.py), if any.
+
+    Raises:
+        LoadError: the table does not fit the model as loaded.
+    """
+    table = options.get(scheduling.OPTION)
+    if not table:
+        return None
+    try:
+        return scheduling.read(table, loaded.max_batch_size)
+    except ValueError as ex:
+        raise LoadError(f"model {loaded.metadata.name!r}: scheduling{ex}") from None
 
 
 def _model_dir(options: Mapping[str, Any]) -> Path | None:

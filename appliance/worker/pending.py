@@ -51,6 +51,11 @@ class Pending:
     written: set[str] | None = None
     # A traced request's parent span and times (see traces.py).
     trace: Any = None
+    # Its place in a queue with priorities (twice its level, one more once its
+    # wait passed a "delay" timeout), and when its wait runs out (0: never).
+    rank: int = 0
+    expires: float = 0.0
+    delay: bool = False
 
     @property
     def request_id(self) -> int:

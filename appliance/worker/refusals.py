@@ -1,9 +1,35 @@
-"""What an instance refuses a request with before it runs: a full queue, or
-an inference a streaming-only model cannot answer."""
+"""What an instance refuses a request with before it runs (a full queue, a
+method the model cannot answer), and what a model's exception becomes."""
 
 from __future__ import annotations
 
-from appliance.errors import Overloaded, Unsupported
+import logging
+
+from appliance.core.metadata import ModelMetadata
+from appliance.errors import ApplianceError, ModelFailed, Overloaded, Unsupported
+
+log = logging.getLogger("appliance.worker")
+PREDICT, STREAM = "predict", "stream"
+
+
+def unanswerable(metadata: ModelMetadata, method: str) -> ApplianceError | None:
+    """Why this model cannot answer ``method`` (None: it can)."""
+    supports = metadata.supports
+    if method == STREAM and not supports.get("predict_stream"):
+        return Unsupported(f"model {metadata.name} does not stream")
+    if method == PREDICT and not supports.get("predict", True):
+        return streams_only(metadata.name)
+    return None
+
+
+def as_error(model: str, ex: Exception) -> ApplianceError:
+    """What a model's exception answers its request with."""
+    if isinstance(ex, ApplianceError):
+        return ex
+    if isinstance(ex, NotImplementedError):
+        return Unsupported(f"model {model} does not implement this method")
+    log.exception("model %s raised", model)
+    return ModelFailed(f"model {model} failed: {type(ex).__name__}: {ex}")
 
 
 def streams_only(model: str) -> Unsupported:

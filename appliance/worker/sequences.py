@@ -177,11 +177,14 @@ def refuse_sequence(model: str, pending: Pending) -> None:
 
 
 def batcher_for(
-    max_batch_size: int, max_queue_delay_s: float, sequences: Sequences | None
+    max_batch_size: int,
+    max_queue_delay_s: float,
+    sequences: Sequences | None,
+    preferred: tuple[int, ...] = (),
 ) -> Batcher:
     """The batcher of an instance: one step per sequence in a batch where sequences are on."""
     if sequences is None:
-        return Batcher(max_batch_size, max_queue_delay_s)
+        return Batcher(max_batch_size, max_queue_delay_s, preferred)
     direct = sequences.settings.strategy == "direct"
     shaped = not all(item.fixed for item in sequences.settings.states)
     batcher = SequenceBatcher(max_batch_size, max_queue_delay_s, direct, shaped)
@@ -428,7 +431,7 @@ class SequenceBatcher(Batcher):
             self.held = deque(item for item in self.held if not predicate(item))
         return dropped + held
 
-    def _admitter(self, head: Pending) -> Callable[[Pending], bool]:
+    def _admitter(self, head: Pending, now: float) -> Callable[[Pending], bool]:
         # A sequence's later steps wait behind its first one left in the queue.
         seen = {id(_step(head).live)}
         size = 1

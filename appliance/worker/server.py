@@ -44,15 +44,13 @@ from appliance.errors import (
     BadRequest,
     DeadlineExceeded,
     ErrorCode,
-    ModelFailed,
-    Unsupported,
 )
 from appliance.metrics import flush_batches, record_batch
 from appliance.process import pid_alive
+from appliance.scheduling import Scheduling
 from appliance.worker import methods, per_request, refusals, traces
 from appliance.worker.batcher import (
     DERIVATIVES,
-    PREDICT,
     STREAM,
     batch_inputs,
     check_request,
@@ -66,6 +64,7 @@ from appliance.worker.outbox import Outbox, reply_to
 from appliance.worker.passthrough import borrowed_entries, input_spans
 from appliance.worker.pending import Pending, Whole
 from appliance.worker.pieces import answered, cut
+from appliance.worker.queueing import Queueing, take_priority
 from appliance.worker.sequences import (
     Sequences,
     SequenceSettings,
@@ -114,6 +113,7 @@ class WorkerServer:
         max_queue: int = 1024,
         sequences: SequenceSettings | None = None,
         cuda_regions: CudaRegions | None = None,
+        scheduling: Scheduling | None = None,
     ) -> None:
         self.model = loaded.model
         self.metadata = loaded.metadata
@@ -126,7 +126,11 @@ class WorkerServer:
         self.passthrough = passthrough
         self.max_queue = max_queue
         self.sequences = Sequences(sequences) if sequences else None
-        self.batcher = batcher_for(loaded.max_batch_size, max_queue_delay_s, self.sequences)
+        preferred = scheduling.preferred_batch_sizes if scheduling else ()
+        self.batcher = batcher_for(
+            loaded.max_batch_size, max_queue_delay_s, self.sequences, preferred
+        )
+        self.queueing = None if scheduling is None else Queueing(scheduling, loaded.metadata.name)
         self.streams = Streams(loaded.model, loaded.metadata, status, slot)
         self.mappings = Mappings()
         self.cuda = (
@@ -172,6 +176,8 @@ class WorkerServer:
                 timeout_ms = 0
             if self._poller.poll(int(timeout_ms)):
                 self._receive(ready=True)
+            if self.queueing is not None and self.queueing.timed:
+                self._expire(time.monotonic())
             batch = self.batcher.take(time.monotonic())
             if batch:
                 self._run(batch)
@@ -274,27 +280,15 @@ class WorkerServer:
             name = self.metadata.name
             self._fail(message, refusals.queue_full(name, self.pid, queued, self.max_queue))
             return
-        body = message.body
-        if body.get("method") == OPEN_REGION:
+        if message.body.get("method") == OPEN_REGION:
             self._open_region(message)
             return
         try:
-            entries = body.get("tensors", [])
-            tensors = read_tensors(entries, message.payloads, self.mappings.reader)
-            pending = check_request(self.metadata, message, tensors, self.model.per_request)
-            if "trace" in body:
-                traces.accepted(pending)
-            if ClientGpu.names_any(message):
-                if self.cuda is None:
-                    raise BadRequest("this model worker serves no CUDA shared memory")
-                self.cuda.place_inputs(pending, entries, self.batcher.max_batch_size)
-            self._admit(pending)
-            if self.passthrough:
-                pending.spans = input_spans(message.body.get("tensors", []), self.mappings.reader)
+            pending = self._pending(message)
         except ApplianceError as ex:
             self._fail(message, ex)
             return
-        unanswerable = self._unanswerable(pending.method)
+        unanswerable = refusals.unanswerable(self.metadata, pending.method)
         if unanswerable is not None:
             self._fail_pending(pending, unanswerable)
             return
@@ -304,28 +298,47 @@ class WorkerServer:
             return
         pieces = cut(pending, max_rows)
         if len(self.batcher) + len(pieces) > self.max_queue:
+            name, rows, queued = self.metadata.name, pending.rows, len(self.batcher)
             error = refusals.too_many_pieces(
-                self.metadata.name,
-                self.pid,
-                pending.rows,
-                len(pieces),
-                self.batcher.max_batch_size,
-                len(self.batcher),
-                self.max_queue,
+                name, self.pid, rows, len(pieces), max_rows, queued, self.max_queue
             )
             self._fail_pending(pending, error)
             return
         for piece in pieces:
             self.batcher.add(piece)
 
-    def _unanswerable(self, method: str) -> ApplianceError | None:
-        """Why this model cannot answer ``method`` (None: it can)."""
-        supports = self.metadata.supports
-        if method == STREAM and not supports.get("predict_stream"):
-            return Unsupported(f"model {self.metadata.name} does not stream")
-        if method == PREDICT and not supports.get("predict", True):
-            return refusals.streams_only(self.metadata.name)
-        return None
+    def _pending(self, message: Message) -> Pending:
+        """The checked request a message carries, placed where its inputs lie.
+
+        Raises:
+            ApplianceError: what is wrong with it, or why it cannot queue.
+        """
+        body = message.body
+        level = 0
+        priority = take_priority(body)
+        if self.queueing is not None:
+            level = self.queueing.level(priority)
+        entries = body.get("tensors", [])
+        tensors = read_tensors(entries, message.payloads, self.mappings.reader)
+        pending = check_request(self.metadata, message, tensors, self.model.per_request)
+        if "trace" in body:
+            traces.accepted(pending)
+        if ClientGpu.names_any(message):
+            if self.cuda is None:
+                raise BadRequest("this model worker serves no CUDA shared memory")
+            self.cuda.place_inputs(pending, entries, self.batcher.max_batch_size)
+        self._admit(pending)
+        if self.queueing is not None:
+            self.queueing.place(pending, level, self.batcher)
+        if self.passthrough:
+            pending.spans = input_spans(entries, self.mappings.reader)
+        return pending
+
+    def _expire(self, now: float) -> None:
+        """Refuse the requests whose wait in the queue ran out (their queue policy's)."""
+        assert self.queueing is not None
+        for pending in self.batcher.expire(now):
+            self._fail_pending(pending, self.queueing.timed_out(pending, now))
 
     def _open_region(self, message: Message) -> None:
         """Open a client's CUDA region (a registration's check); reply with its size."""
@@ -400,7 +413,7 @@ class WorkerServer:
         try:
             results = self._results(batch)
         except Exception as ex:
-            error = self._as_error(ex)
+            error = refusals.as_error(self.metadata.name, ex)
             for pending in batch:
                 self._fail_pending(pending, error)
             return
@@ -462,7 +475,7 @@ class WorkerServer:
         try:
             outputs = compute()
         except Exception as ex:
-            self._fail_pending(pending, self._as_error(ex))
+            self._fail_pending(pending, refusals.as_error(self.metadata.name, ex))
             return
         finally:
             self.status.beat(self.slot)
@@ -473,12 +486,14 @@ class WorkerServer:
         try:
             self.streams.start(pending)
         except Exception as ex:
-            self._fail_pending(pending, self._as_error(ex))
+            self._fail_pending(pending, refusals.as_error(self.metadata.name, ex))
 
     def _step_streams(self) -> None:
         for stream, step in self.streams.step():
             if step is None or isinstance(step, Exception):
-                self._end_stream(stream, None if step is None else self._as_error(step))
+                self._end_stream(
+                    stream, None if step is None else refusals.as_error(self.metadata.name, step)
+                )
             else:
                 self._reply(stream.pending, Kind.PART, step, finished=False)
 
@@ -491,14 +506,6 @@ class WorkerServer:
             self._counts_dirty = True
         else:
             self._fail_pending(pending, error, kind=Kind.END)
-
-    def _as_error(self, ex: Exception) -> ApplianceError:
-        if isinstance(ex, ApplianceError):
-            return ex
-        if isinstance(ex, NotImplementedError):
-            return Unsupported(f"model {self.metadata.name} does not implement this method")
-        log.exception("model %s raised", self.metadata.name)
-        return ModelFailed(f"model {self.metadata.name} failed: {type(ex).__name__}: {ex}")
 
     # -- replies --------------------------------------------------------------
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from bench.servers import PeerServer
 from tests.peers.conftest import triton_serving
@@ -81,7 +85,8 @@ CALLS = [
         ),
     ),
 ]
-# Answered otherwise on purpose: call -> (REST status, gRPC status, why).
+# Answered otherwise on purpose: call -> (REST status, gRPC status, why); Triton's
+# answer is an error too unless TRITON_ANSWERS names the call.
 ON_PURPOSE = {
     "required input left out beside an optional one": (
         "400",
@@ -91,12 +96,27 @@ ON_PURPOSE = {
         "refuses it, naming the missing input",
     ),
 }
+ON_PURPOSE["priority out of range"] = (
+    "400",
+    "StatusCode.INVALID_ARGUMENT",
+    "Triton runs a request whose priority is not one of the model's levels at the default "
+    "level; the appliance refuses it, naming the levels, so a client learns its priority "
+    "is not honoured",
+)
+TRITON_ANSWERS = {"priority out of range"}
 ON_PURPOSE_CALLS = [
     Call(
         "required input left out beside an optional one",
         lambda m, c: c.infer("optional_in", [tensor(m, "B", A, "FP32")]),
         ("optional_in", "A"),
-    )
+    ),
+    Call(
+        "priority out of range",
+        lambda m, c: c.infer(
+            "prioritized", [tensor(m, "TAG", np.array([[0]], np.int32), "INT32")], priority=7
+        ),
+        ("priority 7", "prioritized", "1 (highest) to 3"),
+    ),
 ]
 
 
@@ -147,6 +167,81 @@ def test_where_the_appliance_answers_otherwise_it_is_on_purpose(
     theirs, ours = both(triton, appliance, transport, ON_PURPOSE_CALLS)
     for call in ON_PURPOSE_CALLS:
         rest, grpc, why = ON_PURPOSE[call.name]
-        assert theirs[call.name][0] == "error", f"{call.name}: Triton now answers {theirs}"
+        kind = "ok" if call.name in TRITON_ANSWERS else "error"
+        assert theirs[call.name][0] == kind, f"{call.name}: Triton now answers {theirs}"
         assert ours[call.name][:2] == ("error", rest if transport == "http" else grpc), why
         assert all(word in ours[call.name][2] for word in call.words), ours
+
+
+# Requests sent one after another to a model that runs one at a time: (tag, the
+# infer call's keyword arguments, seconds before the next is sent). The first of
+# each holds the instance a while ("sleep"), so the others queue behind it.
+SCENARIOS = {
+    "priorities pick the order": (
+        "queued",
+        [
+            (1, {"parameters": {"sleep": 0.6}}, 0.2),
+            (2, {}, 0.05),
+            (3, {"priority": 1}, 0.05),
+            (4, {"priority": 2}, 0.0),
+        ],
+    ),
+    "a full level refuses": (
+        "queued",
+        [(10, {"parameters": {"sleep": 1.0}}, 0.2)] + [(t, {}, 0.05) for t in range(11, 16)],
+    ),
+    "a request past its queue timeout is refused": (
+        "rejecting",
+        [(20, {"parameters": {"sleep": 1.0}}, 0.2), (21, {}, 0.0)],
+    ),
+    "a request past its queue timeout waits behind those in time": (
+        "expiring",
+        # 31 waits past its 400 ms before the instance is free; 32 does not.
+        [(30, {"parameters": {"sleep": 1.0}}, 0.2), (31, {}, 0.6), (32, {}, 0)],
+    ),
+}
+
+
+def scheduled(url: str) -> dict[str, dict[int, Any]]:
+    """Each scenario's answers by tag: the tags run before it (its own last), or its
+    error's status and the words Triton's message holds."""
+
+    def one(model: str, tag: int, kwargs: dict[str, Any], seen: dict[int, Any]) -> None:
+        client = httpclient.InferenceServerClient(url)
+        try:
+            x = tensor(httpclient, "TAG", np.array([[tag]], np.int32), "INT32")
+            ran = client.infer(model, [x], **kwargs).as_numpy("RAN")[0][0]
+            seen[tag] = json.loads(ran)[-4:]
+        except InferenceServerException as ex:
+            words = ("Exceeds maximum queue size", "Request timeout expired")
+            seen[tag] = (ex.status(), [w for w in words if w in str(ex.message())])
+        finally:
+            client.close()
+
+    found = {}
+    for name, (model, plan) in SCENARIOS.items():
+        seen: dict[int, Any] = {}
+        threads = []
+        for tag, kwargs, pause in plan:
+            thread = threading.Thread(target=one, args=(model, tag, kwargs, seen))
+            thread.start()
+            threads.append(thread)
+            time.sleep(pause)
+        for thread in threads:
+            thread.join(30)
+        found[name] = dict(sorted(seen.items()))
+    return found
+
+
+def test_priorities_and_queue_policies_order_and_refuse_as_triton_does(
+    triton: PeerServer, appliance: Appliance
+) -> None:
+    theirs = scheduled(triton.urls["http"])
+    ours = scheduled(f"127.0.0.1:{appliance.ports['http']}")
+    assert ours == theirs
+    assert theirs["priorities pick the order"][4][-4:] == [1, 3, 2, 4]
+    assert theirs["a full level refuses"][15] == ("503", ["Exceeds maximum queue size"])
+    refused = theirs["a request past its queue timeout is refused"][21]
+    assert refused == ("503", ["Request timeout expired"])
+    delayed = theirs["a request past its queue timeout waits behind those in time"][31]
+    assert delayed[-3:] == [30, 32, 31]

@@ -72,14 +72,21 @@ def test_an_onnx_model_with_dynamic_batching_maps_every_field(tmp_path: Path) ->
     assert entry["class"] == ONNX_CLASS
     assert entry["name"] == "identity_fp32"
     assert (entry["instances"], entry["device"], entry["max_batch_size"]) == (2, "cpu", 8)
-    assert (entry["max_queue_delay_ms"], entry["max_queue"]) == (0.5, 100)
+    assert entry["max_queue_delay_ms"] == 0.5
     options = entry["options"]
     assert options["threads"] == 2
     assert options["inputs"] == [{"name": "INPUT0", "dtype": "FP32", "shape": [-1, -1]}]
     assert options["outputs"] == [{"name": "OUTPUT0", "dtype": "FP32", "shape": [-1, -1]}]
-    assert options["config_notes"] == [
-        "identity_fp32/config.pbtxt: dynamic_batching.preferred_batch_size is not used"
-    ]
+    assert options["scheduling"] == {
+        "preferred_batch_sizes": [4, 8],
+        "default_queue_policy": {
+            "timeout_action": "reject",
+            "default_timeout_us": 0,
+            "allow_timeout_override": False,
+            "max_queue_size": 100,
+        },
+    }
+    assert "config_notes" not in options
 
 
 SIMPLE = """

@@ -39,6 +39,7 @@ class GraphPipeCode(enum.IntEnum):
     MODEL_FAILED = 19
     UNSUPPORTED = 20  # the model does not implement what was asked
     INTERNAL = 21
+    REJECTED = 22  # the model's queue policy refused it (a full level, a timeout)
 
 
 class GraphPipeError(Exception):
@@ -61,6 +62,7 @@ _FROM_APPLIANCE: dict[ErrorCode, GraphPipeCode] = {
     ErrorCode.UNSUPPORTED: GraphPipeCode.UNSUPPORTED,
     ErrorCode.TOO_LARGE: GraphPipeCode.TOO_LARGE,
     ErrorCode.OVERLOADED: GraphPipeCode.OVERLOADED,
+    ErrorCode.REJECTED: GraphPipeCode.REJECTED,
     ErrorCode.DEADLINE_EXCEEDED: GraphPipeCode.DEADLINE_EXCEEDED,
     ErrorCode.WORKER_LOST: GraphPipeCode.WORKER_LOST,
     ErrorCode.MODEL_FAILED: GraphPipeCode.MODEL_FAILED,
@@ -74,6 +76,7 @@ _HTTP_STATUS: dict[ErrorCode, str] = {
     ErrorCode.MODEL_NOT_FOUND: "404 Not Found",
     ErrorCode.MODEL_NOT_READY: "503 Service Unavailable",
     ErrorCode.OVERLOADED: "429 Too Many Requests",
+    ErrorCode.REJECTED: "503 Service Unavailable",
     ErrorCode.TOO_LARGE: "413 Payload Too Large",
 }
 

@@ -39,6 +39,8 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.TOO_LARGE: 413,
     # A full queue: 429 tells clients and balancers to retry later, unlike 503.
     ErrorCode.OVERLOADED: 429,
+    # A queue policy's refusal: Triton answers it as unavailable.
+    ErrorCode.REJECTED: 503,
     ErrorCode.DEADLINE_EXCEEDED: 504,
     ErrorCode.WORKER_LOST: 503,
     ErrorCode.MODEL_FAILED: 500,
@@ -53,6 +55,7 @@ GRPC_STATUS: dict[ErrorCode, str] = {
     ErrorCode.UNSUPPORTED: "UNIMPLEMENTED",
     ErrorCode.TOO_LARGE: "RESOURCE_EXHAUSTED",
     ErrorCode.OVERLOADED: "RESOURCE_EXHAUSTED",
+    ErrorCode.REJECTED: "UNAVAILABLE",
     ErrorCode.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
     ErrorCode.WORKER_LOST: "UNAVAILABLE",
     ErrorCode.MODEL_FAILED: "INTERNAL",
