@@ -139,7 +139,9 @@ def write_folder(root: Path, only: Collection[str] | None = None) -> list[str]:
             },
         )
         folder = root / "ridge"
-        _settings(folder, {"implementation": "mlserver_sklearn.SKLearnModel"})
+        # A version of text, as MLServer's examples give theirs.
+        body = {"implementation": "mlserver_sklearn.SKLearnModel"}
+        _settings(folder, {**body, "parameters": {"version": "v0.1.0"}})
         joblib.dump(Ridge().fit(x, y.astype(float)), folder / "model.joblib")
         # A missing artefact.
         _settings(

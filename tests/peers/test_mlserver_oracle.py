@@ -106,12 +106,12 @@ def infer(
     return call
 
 
-def metadata(model: str) -> Any:
+def metadata(model: str, version: str = "") -> Any:
     def call(module: ModuleType, client: Any) -> dict[str, Any]:
         if module is grpcclient:
-            found = client.get_model_metadata(model, as_json=True)
+            found = client.get_model_metadata(model, version, as_json=True)
         else:
-            found = client.get_model_metadata(model)
+            found = client.get_model_metadata(model, version)
         return {key: found.get(key, default) for key, default in METADATA_KEYS.items()}
 
     return call
@@ -149,6 +149,9 @@ CALLS: dict[str, Any] = {
     "svm wrong width": infer("mnist-svm", {"predict": ROWS[:, :3].copy()}),
     "svm unknown output": infer("mnist-svm", {"predict": ROWS}, ("nope",)),
     "ridge": infer("ridge", {"predict": ROWS}),
+    "ridge version v0.1.0": infer("ridge", {"predict": ROWS}, version="v0.1.0"),
+    "svm no version 9": infer("mnist-svm", {"predict": ROWS}, version="9"),
+    "metadata ridge v0.1.0": metadata("ridge", "v0.1.0"),
     "ridge predict_proba": infer("ridge", {"predict": ROWS}, ("predict_proba",)),
     "logreg newest": infer("logreg", {"predict": ROWS}, ("predict_proba",)),
     "logreg version 1": infer("logreg", {"predict": ROWS}, ("predict_proba",), version="1"),
@@ -163,7 +166,7 @@ CALLS: dict[str, Any] = {
     "metadata custom": metadata("custom"),
 }
 # Errors the appliance's KServe protocol words (the same status, its own message).
-WORDED_BY_THE_PROTOCOL = {"unknown model"}
+WORDED_BY_THE_PROTOCOL = {"unknown model", "svm no version 9"}
 # Answered otherwise on purpose (MLServer does not start with them at all).
 ON_PURPOSE = {
     "fails to load": infer("fails-to-load", {"x": ROWS}),

@@ -110,10 +110,11 @@ def resolve(client: ModelClient, model: str, version: str) -> tuple[str, ModelMe
         ModelNotFound: no such model, or no such version of it.
         ModelNotReady: the model has not loaded yet.
     """
-    if version and not version.isdecimal():
-        # Triton's own wording: its example clients look for it.
-        raise BadRequest(f"failed to get model version from specified version string '{version}'")
     served = served_name(client, model, version)
+    if version and not version.isdecimal() and not _serves_version(client, served, version):
+        # Triton's own wording: its example clients look for it. (A version of
+        # an MLServer folder's model may be text, "v0.1.0": that one is served.)
+        raise BadRequest(f"failed to get model version from specified version string '{version}'")
     metadata = client.metadata(served)
     if version and version not in metadata.versions:
         versions = all_versions(client, model, metadata.versions)
@@ -122,6 +123,13 @@ def resolve(client: ModelClient, model: str, version: str) -> tuple[str, ModelMe
             f"it has version(s) {', '.join(versions) or 'none'}"
         )
     return served, metadata
+
+
+def _serves_version(client: ModelClient, served: str, version: str) -> bool:
+    try:
+        return version in client.metadata(served).versions
+    except ApplianceError:
+        return False
 
 
 def version_of(client: ModelClient, model: str) -> str:
