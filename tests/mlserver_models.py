@@ -52,6 +52,8 @@ class Echo(MLModel):
                 value = self.decode(request_input)
                 shown = [str(item) for item in value] if isinstance(value, list) else [str(value)]
                 outputs.append(StringCodec.encode_output(request_input.name, shown))
+            elif request_input.name == "nothing":
+                return None  # not an InferenceResponse
             elif request_input.name == "crash":
                 raise RuntimeError("custom model crashed on purpose")
             else:

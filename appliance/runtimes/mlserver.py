@@ -94,7 +94,7 @@ class MLServerModel(RuntimeModel):
         try:
             settings = loader.load_model_settings(str(self.path))
         except Exception as ex:
-            raise ModelFileError(f"{self.file_name}: {_first_line(ex)}") from None
+            raise ModelFileError(f"{self.file_name}: {self._short(_first_line(ex))}") from None
         self.platform = settings.platform
         cls = self._import(settings)
         try:
@@ -132,11 +132,13 @@ class MLServerModel(RuntimeModel):
                     f"{self.file_name}: implementation {name}: {package} is not installed ({hint})"
                 ) from None
             raise ModelFileError(
-                f"{self.file_name}: implementation {name} cannot be imported: {_last(ex)}"
+                f"{self.file_name}: implementation {name} cannot be imported: "
+                f"{self._short(_last(ex))}"
             ) from None
         except Exception as ex:
             raise ModelFileError(
-                f"{self.file_name}: implementation {name} cannot be imported: {_last(ex)}"
+                f"{self.file_name}: implementation {name} cannot be imported: "
+                f"{self._short(_last(ex))}"
             ) from None
 
     def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
@@ -161,10 +163,19 @@ class MLServerModel(RuntimeModel):
                 response = self._loop.run_until_complete(self._model.predict(payload))
         except Exception as ex:
             return self._error(ex)
+        if response is None:
+            # MLServer's inference pool answers a None with an InferenceError (400).
+            return BadRequest(
+                f"model {self.model_name}: Model '{self._model.name}' returned no predictions "
+                "after inference"
+            )
         try:
             return {output.name: _array(output) for output in response.outputs}
-        except (ValueError, TypeError, KeyError) as ex:
-            return ModelFailed(f"model {self.model_name}: its response cannot be read: {ex}")
+        except (AttributeError, ValueError, TypeError, KeyError) as ex:
+            return ModelFailed(
+                f"model {self.model_name}: predict must return an InferenceResponse whose "
+                f"outputs fit their datatype and shape: {_last(ex)}"
+            )
 
     def unload(self) -> None:
         try:

@@ -161,6 +161,7 @@ CALLS: dict[str, Any] = {
     "custom": infer("custom", {"text": TEXT, "x": np.array([1.5, 2.0], np.float32)}),
     "custom InferenceError": infer("custom", {"text": BOOM}),
     "custom raises": infer("custom", {"crash": np.ones(1, np.float32)}),
+    "custom returns None": infer("custom", {"nothing": np.ones(1, np.float32)}),
     "unknown model": infer("nope", {"x": ROWS}),
     "metadata svm": metadata("mnist-svm"),
     "metadata custom": metadata("custom"),
