@@ -1,8 +1,9 @@
 """An MLServer model folder served by the appliance (the mlserver extra; skipped without it).
 
-Small on purpose (each worker imports MLServer, seconds of CPU): one
-scikit-learn model and a custom ``MLModel`` from a models.py, over REST and
-gRPC. The comparison
+Small on purpose (a worker imports MLServer, seconds of CPU): one custom
+``MLModel`` from a models.py, over REST and gRPC. MLServer's own runtimes
+(scikit-learn, XGBoost, LightGBM) are compared with MLServer itself in
+tests/peers/test_mlserver_oracle.py. The comparison
 with MLServer itself, call by call, is tests/peers/test_mlserver_oracle.py.
 """
 
@@ -22,38 +23,33 @@ from tests.mlserver_models import write_folder
 from tests.system.harness import Appliance, serving_repository
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("mlserver_sklearn") is None,
+    importlib.util.find_spec("mlserver") is None,
     reason="the mlserver extra is not installed (pip install 'appliance[mlserver]')",
 )
-KEEP = ("ridge", "custom")
+KEEP = ("custom",)
 
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
     root = tmp_path_factory.mktemp("mlserver")
-    for name in write_folder(root, only=("sklearn", "custom")):
+    for name in write_folder(root, only=("custom",)):
         if name not in KEEP:
             shutil.rmtree(root / name)
     with serving_repository(root) as started:
         yield started
 
 
-def test_models_answer_over_rest_and_errors_keep_mlserver_s_message(
+def test_a_custom_model_answers_over_rest_and_its_errors_keep_mlserver_s_message(
     appliance: Appliance,
 ) -> None:
-    base = f"http://127.0.0.1:{appliance.ports['http']}/v2/models"
-    rows = [[5.0, 3.4, 1.5, 0.2], [6.6, 3.0, 5.6, 2.0]]
-    body = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": rows}]}
-    reply = requests.post(f"{base}/ridge/infer", json=body, timeout=30).json()
-    (output,) = reply["outputs"]
-    assert (output["name"], output["datatype"], output["shape"]) == ("predict", "FP64", [2, 1])
-    assert output["data"][0] < 0.5 < 1.5 < output["data"][1]
-    body["outputs"] = [{"name": "predict_proba"}]
-    refused = requests.post(f"{base}/ridge/infer", json=body, timeout=30)
-    assert refused.status_code == 400
-    assert "Ridge'> models do not support 'predict_proba" in refused.json()["error"]
-    words = {"name": "text", "shape": [2], "datatype": "BYTES", "data": ["ab", "boom"]}
-    refused = requests.post(f"{base}/custom/infer", json={"inputs": [words]}, timeout=30)
+    base = f"http://127.0.0.1:{appliance.ports['http']}/v2/models/custom"
+    words = {"name": "text", "shape": [2], "datatype": "BYTES", "data": ["ab", "cd"]}
+    reply = requests.post(f"{base}/infer", json={"inputs": [words]}, timeout=30).json()
+    assert reply["outputs"] == [
+        {"name": "upper", "datatype": "BYTES", "shape": [2, 1], "data": ["AB", "CD"]}
+    ]
+    words["data"] = ["ab", "boom"]
+    refused = requests.post(f"{base}/infer", json={"inputs": [words]}, timeout=30)
     assert (refused.status_code, refused.json()) == (
         400,
         {"error": "model custom: mlserver.errors.InferenceError: the word boom is not served"},
@@ -87,4 +83,4 @@ def test_the_folder_is_found_as_mlserver_finds_it(appliance: Appliance) -> None:
         f"http://127.0.0.1:{appliance.ports['http']}/v2/repository/index", json={}, timeout=30
     ).json()
     states = {entry["name"]: entry["state"] for entry in index}
-    assert states == {"custom": "READY", "ridge": "READY"}
+    assert states == {"custom": "READY"}
