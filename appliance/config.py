@@ -69,6 +69,9 @@ class ServerConfig:
     # repository index lists them) and served once a load names them, as
     # tritonserver's --model-control-mode=explicit with --load-model.
     load_models: tuple[str, ...] = ("*",)
+    # Bytes of answers each frontend process keeps for the models that ask for
+    # a response cache (response_cache = true); 0: no cache.
+    response_cache_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

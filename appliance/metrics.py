@@ -47,9 +47,26 @@ LATENCY = Histogram(
     ["protocol", "model"],
     buckets=_SECONDS,
 )
+CACHE_LOOKUPS = Counter(
+    "appliance_response_cache_lookups",
+    "Response cache lookups, by model and result (hit or miss).",
+    ["model", "result"],
+)
+CACHE_SECONDS = Counter(
+    "appliance_response_cache_seconds",
+    "Time spent on response cache lookups (and a miss's insertion), by model and result.",
+    ["model", "result"],
+)
 # The families a model call is recorded into, as read back (call_samples),
 # and the names of their samples.
-CALL_FAMILIES = ("appliance_model_requests", "appliance_model_request_duration_seconds")
+CALL_FAMILIES = (
+    "appliance_model_requests",
+    "appliance_model_request_duration_seconds",
+    "appliance_response_cache_lookups",
+    "appliance_response_cache_seconds",
+)
+CACHE_LOOKUPS_TOTAL = "appliance_response_cache_lookups_total"
+CACHE_SECONDS_TOTAL = "appliance_response_cache_seconds_total"
 CALLS_TOTAL = "appliance_model_requests_total"
 CALL_SECONDS_BUCKET = "appliance_model_request_duration_seconds_bucket"
 CALL_SECONDS_SUM = "appliance_model_request_duration_seconds_sum"
@@ -131,6 +148,28 @@ def call_totals(model: str) -> tuple[int, int, float]:
         elif name == CALL_SECONDS_SUM:
             seconds += value
     return ok, failed, seconds
+
+
+def record_cache(model: str, hit: bool, seconds: float) -> None:
+    """Count one response cache lookup of ``model`` (a hit answers the call: counted too)."""
+    result = "hit" if hit else "miss"
+    CACHE_LOOKUPS.labels(model, result).inc()
+    CACHE_SECONDS.labels(model, result).inc(seconds)
+
+
+def cache_totals(model: str) -> dict[str, tuple[int, float]]:
+    """``model``'s response cache lookups, every process's: result -> (count, seconds)."""
+    totals = {"hit": (0, 0.0), "miss": (0, 0.0)}
+    for name, labels, value in call_samples():
+        result = labels.get("result", "")
+        if labels.get("model") != model or result not in totals:
+            continue
+        count, seconds = totals[result]
+        if name == CACHE_LOOKUPS_TOTAL:
+            totals[result] = (count + int(value), seconds)
+        elif name == CACHE_SECONDS_TOTAL:
+            totals[result] = (count, seconds + value)
+    return totals
 
 
 def call_samples() -> Iterable[tuple[str, dict[str, str], float]]:

@@ -75,6 +75,7 @@ _USED = {
     "parameters",
     "model_transaction_policy",
     "model_warmup",
+    "response_cache",
 }
 # Set, these change what a client sees in ways the appliance does not serve.
 _REFUSED = {
@@ -163,6 +164,7 @@ class _Reader:
         settings.update(self._versions())
         settings.update(self._parameters())
         settings.update(self._warmups())
+        settings.update({"response_cache": True} if config.response_cache.enable else {})
         self._refuse_unserved(platform)
         for field in sorted(f.name for f, _ in config.ListFields() if f.name not in _USED):
             self.notes.append(f"{field} is not used by the appliance")
@@ -206,6 +208,12 @@ class _Reader:
         """What a model of this platform asks for that it cannot be served with."""
         config = self.config
         python = platform == PYTHON
+        if config.response_cache.enable and config.HasField("sequence_batching"):
+            raise PbtxtError(
+                "response_cache: a sequence model's answers depend on its state: not cached"
+            )
+        if config.response_cache.enable and config.model_transaction_policy.decoupled:
+            raise PbtxtError("response_cache: a decoupled model's streams are not cached")
         if config.model_warmup and config.HasField("sequence_batching"):
             raise PbtxtError("model_warmup: warming up a sequence model is not served")
         if python and config.HasField("sequence_batching"):

@@ -94,6 +94,7 @@ SETTINGS = (
     "steps",
     "warmup",
     "scheduling",
+    "response_cache",
 )
 ENSEMBLE = "ensemble"
 # What an ensemble's config.toml may hold (the rest configure a worker).
@@ -532,6 +533,7 @@ _CHECKS: dict[str, Any] = {
     "description": _check_string,
     "model_file": _check_file_name,
     "sequence_batching": _check_flag,
+    "response_cache": _check_flag,
     "sequence_strategy": _check_choice(("direct", "oldest")),
     "inputs": _check_tensors,
     "outputs": _check_tensors,

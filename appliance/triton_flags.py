@@ -38,9 +38,11 @@ TAKEN = {
     "--allow-http, --allow-grpc": "true only: every protocol is served",
     "--allow-metrics": "false: no metrics port (/metrics stays on the HTTP port)",
     "--exit-on-error": "taken; a model that fails to load never stops the appliance",
-    "--backend-directory, --backend-config, --allow-gpu-metrics": "ignored",
+    "--cache-config": "local,size=N: the response cache's bytes, per frontend process",
+    "--backend-directory, --backend-config, --allow-gpu-metrics, --cache-directory": "ignored",
 }
 IGNORED = {"--backend-directory", "--allow-gpu-metrics", "--exit-on-error", "--backend-config"}
+IGNORED |= {"--cache-directory"}
 # Refused with what to do instead.
 RELOAD = "reload with `appliance ctl reload` (or SIGHUP) after a change"
 NOT_STRICT = "the appliance is ready once every served model is"
@@ -104,7 +106,7 @@ def config(argv: Sequence[str]) -> dict[str, Any]:
     # An MLServer folder listens where `mlserver start` would: its settings.json
     # or MLServer's ports (8080, 8081, 8082), unless a flag says otherwise.
     ports = mlserver_settings.listening([Path(p) for p in repositories])
-    server = {"default_model": "", **_listening(flags, ports), **_control(flags)}
+    server = {"default_model": "", **_listening(flags, ports), **_control(flags), **_cache(flags)}
     if "--exit-timeout-secs" in flags:
         server["drain_timeout_s"] = float(_number(flags, "--exit-timeout-secs"))
     if "--log-verbose" in flags:
@@ -199,7 +201,24 @@ _KNOWN = {
     "--allow-grpc",
     "--allow-metrics",
     "--metrics-port",
+    "--cache-config",
 }
+
+
+def _cache(flags: dict[str, list[str]]) -> dict[str, Any]:
+    """--cache-config local,size=N: the response cache's bytes (per frontend process)."""
+    found: dict[str, Any] = {}
+    for value in flags.get("--cache-config", []):
+        kind, _, setting = value.partition(",")
+        key, _, size = setting.partition("=")
+        if kind != "local":
+            raise FlagError(
+                f"--cache-config={value}: the appliance's cache is local (local,size=N)"
+            )
+        if key != "size" or not size.isdigit():
+            raise FlagError(f"--cache-config={value}: expected local,size=N (N bytes)")
+        found["response_cache_bytes"] = int(size)
+    return found
 
 
 def _bool(flag: str, value: str) -> bool:

@@ -85,6 +85,7 @@ def tritonserver(repository: Path, options: Sequence[str] = ()) -> Iterator[Peer
         str(home / "bin" / "tritonserver"),
         f"--model-repository={repository}",
         f"--backend-directory={home / 'backends'}",
+        f"--cache-directory={home / 'caches'}",
         "--allow-gpu-metrics=false",
         "--http-address=127.0.0.1",
         "--grpc-address=127.0.0.1",

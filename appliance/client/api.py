@@ -31,7 +31,6 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -42,11 +41,12 @@ import zmq
 from appliance import tracing
 from appliance.client import control
 from appliance.client.aio import AsyncChannel
+from appliance.client.cache import OPTION as cache_option
+from appliance.client.cache import ResponseCache
 from appliance.client.channel import Channel, Wiring
 from appliance.client.drive import Run, Steps, in_loop, in_thread, stream_in_loop, stream_in_thread
 from appliance.client.ensemble import Ensembles
 from appliance.client.inflight import (
-    Call,
     InferResult,
     InFlight,
     Outbox,
@@ -55,6 +55,7 @@ from appliance.client.inflight import (
 )
 from appliance.client.restarts import RestartWaits
 from appliance.client.routing import Router, Target
+from appliance.client.stream import StreamCall
 from appliance.config import ApplianceConfig, ConfigError, EnsembleConfig, ModelConfig
 from appliance.config_reader import read_snapshot
 from appliance.core.device_tensors import OPEN_REGION, CudaPlace
@@ -124,6 +125,8 @@ class ModelClient:
             self._flight.stray,
         )
         self._metadata: dict[str, tuple[float, float, ModelMetadata, int]] = {}
+        size = config.server.response_cache_bytes
+        self._cache = ResponseCache(size) if size else None
         # Ensembles run here, in the caller's process (ensemble.py).
         self._served_ensembles = Ensembles(
             self._flight, self.router, self._pick, shm.inline_threshold_bytes
@@ -209,10 +212,41 @@ class ModelClient:
         if model in ensembles:
             return ensembles.run(channel, model, inputs, outputs, parameters, timeout_s, targets)
         body = request_body(model, "predict", outputs, parameters, None, targets)
-        return self._unary(channel, body, inputs, timeout_s)
+        run = self._unary(channel, body, inputs, timeout_s)
+        cache = self._cache
+        if cache is None or targets or not self.caches(model):
+            return run
+        return self._cached(cache, model, (inputs, outputs, parameters), run)
 
     infer = in_thread(_infer)
     infer_async = in_loop(_infer)
+
+    def caches(self, model: str) -> bool:
+        """Whether ``model``'s answers are kept in the response cache (cache.py)."""
+        if self._cache is None:
+            return False
+        configured = self.config.model(model)
+        return configured is not None and bool(configured.options.get(cache_option))
+
+    def _cached(
+        self, cache: ResponseCache, model: str, request: tuple[Any, ...], run: Run[InferResult]
+    ) -> Run[InferResult]:
+        """``run``, unless the cache holds its answer; a fresh answer is kept (cache.py)."""
+        started = time.perf_counter()
+        try:
+            key = cache.key(model, self.metadata(model).versions, *request)
+        except ApplianceError:
+            key = None  # not ready: the run says why
+        hit = None if key is None else cache.get(model, key, started)
+        if hit is not None:
+            record_call(model, ErrorCode.OK, started)
+            yield hit
+            return
+        looked_s = time.perf_counter() - started
+        for step in run:
+            if key is not None and isinstance(step, InferResult):
+                cache.put(model, key, step, looked_s)
+            yield step
 
     def _stream(
         self,
@@ -222,14 +256,14 @@ class ModelClient:
         outputs: Sequence[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
-    ) -> _Stream:
+    ) -> StreamCall:
         """Yield the model's streamed parts as they come.
 
         Each part is released when the next one is requested; closing the
         generator early (``close``, ``aclose``) cancels the stream in the worker.
         """
         body = request_body(model, "stream", outputs, parameters, None)
-        return _Stream(self, channel, body, inputs, timeout_s)
+        return StreamCall(self, channel, body, inputs, timeout_s)
 
     stream = stream_in_thread(_stream)
     stream_async = stream_in_loop(_stream)
@@ -521,56 +555,6 @@ class ModelClient:
         for async_channel in list(self._async_channels.values()):
             async_channel.close()
         self._context.destroy(linger=0)
-
-
-class _Stream:
-    """A stream in flight, as the stream faces (drive.py) take it, part by part."""
-
-    def __init__(
-        self,
-        client: ModelClient,
-        channel: Outbox,
-        body: dict[str, Any],
-        inputs: Mapping[str, TensorLike],
-        timeout_s: float | None,
-    ) -> None:
-        self._client = client
-        self._flight = client._flight
-        self._request = (channel, body, inputs, timeout_s)
-        self._call: Call | None = None
-        self._started = 0.0
-
-    def open(self) -> Run[None]:
-        channel, body, inputs, timeout_s = self._request
-        target, deadline = yield from self._client._pick(
-            body["model"], timeout_s, body.get("params")
-        )
-        self._call = self._flight.send(channel, target, deadline, body, inputs)
-        yield None
-
-    def next(self) -> Run[InferResult | None]:
-        assert self._call is not None
-        yield self._call
-        yield self._flight.part(self._call)
-
-    def __enter__(self) -> _Stream:
-        self._started = time.perf_counter()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """End the stream; count it (see appliance.metrics) whichever way it ended."""
-        if self._call is not None:
-            self._flight.end_stream(self._call)
-        model = self._request[1]["model"]
-        if error is None or isinstance(error, GeneratorExit):
-            record_call(model, ErrorCode.OK, self._started)
-        elif isinstance(error, ApplianceError):
-            record_call(model, error.code, self._started)
 
 
 def _derivative_request(

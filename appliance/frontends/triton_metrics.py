@@ -20,6 +20,7 @@ import psutil
 from appliance.client.api import ModelClient
 from appliance.core.status import Counter, Role, SlotState
 from appliance.metric_files import escape_value, go_number
+from appliance.metrics import cache_totals
 from appliance.protocols.kserve.service import version_of
 
 SUCCESS = "nv_inference_request_success"
@@ -81,14 +82,18 @@ def text(client: ModelClient) -> bytes:
     """
     models = [(model, version_of(client, model)) for model in client.models()]
     counts = {model: client.counters(model) for model, _ in models}
+    cached = {model: cache_totals(model) for model, _ in models if client.caches(model)}
     lines: list[str] = []
     for name, (help_text, counters, scale) in COUNTERS.items():
         _family(lines, name, help_text, "counter")
         for model, version in models:
             value = sum(counts[model][counter] for counter in counters) * scale
+            if name == SUCCESS and model in cached:
+                value += cached[model]["hit"][0]  # a hit is a success too
             lines.append(_sample(name, {"model": model, "version": version}, value))
         if name == SUCCESS:  # Triton's order: failures right after successes
             _failures(lines, models, counts)
+    _cache_families(lines, [(m, v) for m, v in models if m in cached], cached)
     _family(
         lines,
         PENDING,
@@ -107,6 +112,39 @@ def text(client: ModelClient) -> bytes:
         _family(lines, name, help_text, "gauge")
         lines.append(_sample(name, {}, value))
     return "".join(lines).encode()
+
+
+CACHE_FAMILIES = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", "hit", 0),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        "hit",
+        1,
+    ),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", "miss", 0),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+        "miss",
+        1,
+    ),
+)
+
+
+def _cache_families(
+    lines: list[str],
+    models: list[tuple[str, str]],
+    cached: dict[str, dict[str, tuple[int, float]]],
+) -> None:
+    """The response cache's families, for the models that use it (client/cache.py)."""
+    if not models:
+        return
+    for name, help_text, result, field in CACHE_FAMILIES:
+        _family(lines, name, help_text, "counter")
+        for model, version in models:
+            value = cached[model][result][field] * (1e6 if field else 1)
+            lines.append(_sample(name, {"model": model, "version": version}, int(value)))
 
 
 def _failures(

@@ -20,14 +20,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from bench.servers import PeerServer
 from tests.peers.conftest import triton_serving
 from tests.peers.oracle import Call, answers, differences, outputs, tensor, transports
-from tests.system.harness import ROOT, Appliance, serving_repository
+from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, serving
 
 pytestmark = pytest.mark.peers
 
@@ -128,16 +130,23 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+CACHE_BYTES = 1 << 20
+
+
 @pytest.fixture(scope="module")
 def triton(repository: Path) -> Iterator[PeerServer]:
     options = ["--model-control-mode=explicit", "--load-model=*", "--exit-on-error=false"]
+    options.append(f"--cache-config=local,size={CACHE_BYTES}")
     with triton_serving(repository, options) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def appliance(repository: Path) -> Iterator[Appliance]:
-    with serving_repository(repository) as started:
+    config = make_config(new_run_dir(), [])
+    config["server"]["response_cache_bytes"] = CACHE_BYTES
+    config["repositories"] = [{"path": str(repository)}]
+    with serving(config) as started:
         yield started
 
 
@@ -245,3 +254,51 @@ def test_priorities_and_queue_policies_order_and_refuse_as_triton_does(
     assert refused == ("503", ["Request timeout expired"])
     delayed = theirs["a request past its queue timeout waits behind those in time"][31]
     assert delayed[-3:] == [30, 32, 31]
+
+
+def cache_seen(http_url: str, metrics_url: str) -> dict[str, Any]:
+    """cached's answers to X = 1, 1, 2, 1 (RUNS: executions so far), then its statistics,
+    config and cache metrics."""
+    client = httpclient.InferenceServerClient(http_url)
+    try:
+        runs = []
+        for value in (1, 1, 2, 1):
+            x = tensor(httpclient, "X", np.full((1, 2), value, np.float32), "FP32")
+            runs.append(int(client.infer("cached", [x]).as_numpy("RUNS")[0][0]))
+        stats = client.get_inference_statistics("cached")["model_stats"][0]
+        config = client.get_model_config("cached")
+    finally:
+        client.close()
+    counts = {key: stats["inference_stats"][key]["count"] for key in ("success", "cache_hit")}
+    counts["cache_miss"] = stats["inference_stats"]["cache_miss"]["count"]
+    text = requests.get(f"http://{metrics_url}/metrics", timeout=10).text
+    families = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("nv_cache_") and family.name.endswith("_per_model"):
+            for sample in family.samples:
+                if sample.labels.get("model") == "cached":
+                    number = sample.value if "num_" in family.name else sample.value > 0
+                    families[family.name] = (sorted(sample.labels), number)
+        elif family.name == "nv_inference_request_success":
+            families[family.name] = [
+                s.value for s in family.samples if s.labels["model"] == "cached"
+            ]
+    return {
+        "runs": runs,
+        "counts": counts,
+        "executions": (stats["inference_count"], stats["execution_count"]),
+        "config": config.get("response_cache"),
+        "metrics": families,
+    }
+
+
+def test_a_repeated_request_is_answered_from_the_cache_as_triton_answers_it(
+    triton: PeerServer, appliance: Appliance
+) -> None:
+    theirs = cache_seen(triton.urls["http"], triton.urls["metrics"])
+    url = f"127.0.0.1:{appliance.ports['http']}"
+    ours = cache_seen(url, url)
+    assert ours == theirs
+    assert theirs["runs"] == [1, 1, 2, 1]
+    assert theirs["counts"] == {"success": 4, "cache_hit": 2, "cache_miss": 2}
+    assert theirs["metrics"]["nv_cache_num_hits_per_model"] == (["model", "version"], 2)

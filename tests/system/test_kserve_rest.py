@@ -129,7 +129,12 @@ def test_unknown_model_and_version(
 def test_model_config_and_statistics(client: httpclient.InferenceServerClient) -> None:
     config = client.get_model_config("simple")
     assert config["max_batch_size"] == 8
-    assert config["input"][0] == {"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [16]}
+    assert config["input"][0] == {
+        "name": "INPUT0",
+        "data_type": "TYPE_INT32",
+        "dims": [16],
+        "optional": False,
+    }
     assert client.get_model_config("simple", "1")["name"] == "simple"
     client.infer("simple", simple_inputs())
     stats = client.get_inference_statistics("simple")["model_stats"]

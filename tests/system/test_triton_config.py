@@ -13,9 +13,11 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -81,6 +83,7 @@ def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
         identity={"options": {"warmup": [zeros_sample("INT32", 1)]}},
     )
     config = make_config(new_run_dir(), models)
+    config["server"]["response_cache_bytes"] = 1 << 20
     config["repositories"] = [{"path": str(root)}]
     with serving(config) as started:
         yield started
@@ -161,3 +164,34 @@ def test_a_warmup_that_cannot_run_fails_the_load_and_says_why(
     assert not ready
     assert words in entry["reason"], entry
     assert "warm" in [p["model"] for p in appliance.processes() if p["state"] == "ready"]
+
+
+def runs_of(module: Any, url: str, value: float, **kwargs: Any) -> int:
+    """cached's RUNS for X = value: how many requests its execute had seen."""
+    client = module.InferenceServerClient(url)
+    try:
+        x = module.InferInput("X", [1, 2], "FP32")
+        x.set_data_from_numpy(np.full((1, 2), value, np.float32))
+        return int(client.infer("cached", [x], **kwargs).as_numpy("RUNS")[0][0])
+    finally:
+        client.close()
+
+
+def test_a_repeated_request_is_answered_from_the_cache_over_every_transport(
+    appliance: Appliance,
+) -> None:
+    rest = f"127.0.0.1:{appliance.ports['http']}"
+    grpc = f"127.0.0.1:{appliance.ports['grpc']}"
+    for module, url in ((httpclient, rest), (grpcclient, grpc)):
+        # Each frontend process keeps its own cache: its first answer is fresh.
+        first = runs_of(module, url, 5.0)
+        assert runs_of(module, url, 5.0) == first
+    # Other inputs, or other parameters (which a model may read): run anew.
+    latest = runs_of(httpclient, rest, 6.0)
+    assert runs_of(httpclient, rest, 5.0, parameters={"p": 1}) > latest
+    client = httpclient.InferenceServerClient(rest)
+    inference = client.get_inference_statistics("cached")["model_stats"][0]["inference_stats"]
+    client.close()
+    assert inference["cache_hit"]["count"] == 2
+    assert inference["cache_hit"]["ns"] > 0
+    assert inference["cache_miss"]["count"] == 4

@@ -24,6 +24,7 @@ from appliance.core.metadata import ModelMetadata
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Unsupported
+from appliance.metrics import cache_totals
 from appliance.protocols.kserve.ensemble import ensemble_config
 from appliance.protocols.kserve.inference import (
     InferRequest,
@@ -188,6 +189,8 @@ def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any
         ],
         "model_transaction_policy": {"decoupled": metadata.supports.get("predict_stream", False)},
     }
+    if configured is not None and configured.options.get("response_cache"):
+        config["response_cache"] = {"enable": True}
     if configured is not None and configured.options.get("warmup"):
         config["model_warmup"] = [_warmup_config(t) for t in configured.options["warmup"]]
     if metadata.sequence is not None:
@@ -251,6 +254,16 @@ def _statistics(client: ModelClient, model: str) -> dict[str, Any]:
     }
     for key in _STAT_KEYS:
         stats[key] = {"count": success if key.startswith("compute") else 0, "ns": 0}
+    if client.caches(model):
+        # A hit is a success that never reached the model (Triton counts it so).
+        cached = cache_totals(model)
+        for result in ("hit", "miss"):
+            count, seconds = cached[result]
+            stats[f"cache_{result}"] = {"count": count, "ns": int(seconds * 1e9)}
+        hits, hit_ns = stats["cache_hit"]["count"], stats["cache_hit"]["ns"]
+        for key in ("success", "queue"):
+            stats[key] = {"count": stats[key]["count"] + hits, "ns": stats[key]["ns"]}
+        stats["success"]["ns"] += hit_ns
     return {
         "name": model,
         "version": version_of(client, model),

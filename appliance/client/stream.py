@@ -1,0 +1,66 @@
+"""A stream in flight: the core of ModelClient.stream, driven part by part (drive.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from appliance.client.drive import Run
+from appliance.client.inflight import Call, InferResult, Outbox, TensorLike
+from appliance.errors import ApplianceError, ErrorCode
+from appliance.metrics import record_call
+
+if TYPE_CHECKING:
+    from appliance.client.api import ModelClient
+
+
+class StreamCall:
+    """A stream in flight, as the stream faces (drive.py) take it, part by part."""
+
+    def __init__(
+        self,
+        client: ModelClient,
+        channel: Outbox,
+        body: dict[str, Any],
+        inputs: Mapping[str, TensorLike],
+        timeout_s: float | None,
+    ) -> None:
+        self._client = client
+        self._flight = client._flight
+        self._request = (channel, body, inputs, timeout_s)
+        self._call: Call | None = None
+        self._started = 0.0
+
+    def open(self) -> Run[None]:
+        channel, body, inputs, timeout_s = self._request
+        target, deadline = yield from self._client._pick(
+            body["model"], timeout_s, body.get("params")
+        )
+        self._call = self._flight.send(channel, target, deadline, body, inputs)
+        yield None
+
+    def next(self) -> Run[InferResult | None]:
+        assert self._call is not None
+        yield self._call
+        yield self._flight.part(self._call)
+
+    def __enter__(self) -> StreamCall:
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """End the stream; count it (see appliance.metrics) whichever way it ended."""
+        if self._call is not None:
+            self._flight.end_stream(self._call)
+        model = self._request[1]["model"]
+        if error is None or isinstance(error, GeneratorExit):
+            record_call(model, ErrorCode.OK, self._started)
+        elif isinstance(error, ApplianceError):
+            record_call(model, error.code, self._started)
