@@ -9,30 +9,31 @@ appliance's settings (appliance/repository.py), field by field:
   pytorch_libtorch (backend pytorch) pick their runtime; ``default_model_filename``
   names the file in each version directory;
 - ``max_batch_size``, ``input`` and ``output`` (``dims`` exclude the batch
-  dimension when max_batch_size > 0, as in Triton; TYPE_STRING is BYTES);
+  dimension when max_batch_size > 0, as in Triton; TYPE_STRING is BYTES); an
+  input's ``optional``; a tensor's ``reshape`` (the ``reshape`` option:
+  worker/reshape.py);
 - ``instance_group``: the counts, summed; KIND_CPU on the CPU, KIND_GPU on
   the listed GPU (``gpus`` with one GPU) or spread over all (no ``gpus``);
-- ``dynamic_batching``: ``max_queue_delay_microseconds`` and the default
-  queue policy's ``max_queue_size``;
-- ``sequence_batching``: on, its idle time and strategy (direct, oldest),
-  its ``control_input`` (start, end, ready, correlation id, in the declared
-  type and false/true values) and implicit ``state`` (with a zero or a file
-  ``initial_state``), read into the ``sequence_controls`` and
-  ``sequence_state`` tables a config.toml would hold;
+- ``dynamic_batching``: ``max_queue_delay_microseconds``, and its priorities,
+  queue policies and preferred batch sizes as the ``scheduling`` option
+  (appliance/scheduling.py);
+- ``sequence_batching``: read in appliance/pbtxt_sequences.py;
 - ``version_policy``: latest (with num_versions), all, specific;
 - ``parameters``: ``intra_op_thread_count`` (ONNX) as the runtime's threads;
+- ``model_warmup``: the ``warmup`` option (appliance/warmup.py);
+- ``response_cache``: the ``response_cache`` option (client/cache.py);
 - ``platform: "ensemble"`` with ``ensemble_scheduling``: an ensemble's steps
   (model, version, input_map, output_map) and its declared tensors, read as
   appliance/ensembles.py reads the same in TOML; the scheduling fields of a
   model (instances, batching, parameters) do not apply to it and are noted.
 
 A field that would change what a client sees and that the appliance cannot
-honour (reshape, shape-tensor inputs, decoupled models other
-than Python-backend ones, batch inputs and outputs, iterative sequences,
-several GPUs of a group) makes the model unservable, with the field named. Every other field
-that is set but not used (optimization, rate limiters, response
-cache, other parameters, ...) is accepted and returned as a note, which the
-model's worker logs once at load.
+honour (shape-tensor inputs, ragged batches, decoupled models other than
+Python-backend ones, batch inputs and outputs, iterative sequences, several
+GPUs of a group) makes the model unservable, with the field named. Every other
+field that is set but not used (optimization, rate limiters, other parameters,
+...) is accepted and returned as a note, which the model's worker logs once at
+load. docs/reference/triton-model-config.md places every field.
 
 Rule: imported only when a repository holds a config.pbtxt (protobuf's text
 format parser is not free to import), and it imports no runtime.
@@ -45,11 +46,10 @@ from typing import Any
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
 
 from appliance._generated import triton_model_config_pb2 as mc
-from appliance.core.dtypes import DType
-from appliance.core.sequences import CORRID_DTYPES
+from appliance.pbtxt_sequences import PbtxtError as PbtxtError
+from appliance.pbtxt_sequences import SequenceFields, is_set
 
 FILE = "config.pbtxt"
 PYTHON = "python"
@@ -90,10 +90,6 @@ _ENSEMBLE_USED = {"name", "platform", "max_batch_size", "input", "output", "vers
 _ENSEMBLE_USED |= {"ensemble_scheduling"}
 
 
-class PbtxtError(ValueError):
-    """A config.pbtxt that does not parse, or asks for what cannot be served."""
-
-
 def read(model_dir: Path) -> tuple[dict[str, Any], list[str]]:
     """Read ``<model_dir>/config.pbtxt``; return its settings and notes on fields not used.
 
@@ -119,11 +115,12 @@ def _parse(path: Path) -> Any:
     return config
 
 
-class _Reader:
+class _Reader(SequenceFields):
     def __init__(self, config: Any, model_dir: Path) -> None:
         self.config = config
         self.model_dir = model_dir
         self.notes: list[str] = []
+        self.reshapes: dict[str, dict[str, list[int]]] = {}
 
     def settings(self) -> tuple[dict[str, Any], list[str]]:
         config = self.config
@@ -133,7 +130,7 @@ class _Reader:
                 "(Triton requires them equal)"
             )
         for field, reason in _REFUSED.items():
-            if _is_set(config, field):
+            if is_set(config, field):
                 raise PbtxtError(f"{field}: {reason}")
         settings: dict[str, Any] = {}
         platform = self._platform()
@@ -159,6 +156,7 @@ class _Reader:
             settings["outputs"] = [
                 self._tensor("output", i, t, batched) for i, t in enumerate(config.output)
             ]
+        settings.update({"reshape": self.reshapes} if self.reshapes else {})
         settings.update(self._instances())
         settings.update(self._scheduling(batched))
         settings.update(self._versions())
@@ -282,11 +280,11 @@ class _Reader:
         where = f"{kind}[{index}] ({tensor.name or 'no name'})"
         if not tensor.name:
             raise PbtxtError(f"{where}: name is missing")
-        for field in ("reshape", "is_shape_tensor", "allow_ragged_batch"):
-            if _is_set(tensor, field):
+        for field in ("is_shape_tensor", "allow_ragged_batch"):
+            if is_set(tensor, field):
                 raise PbtxtError(f"{where}.{field}: not served")
         for field in ("format", "label_filename", "is_non_linear_format_io"):
-            if _is_set(tensor, field):
+            if is_set(tensor, field):
                 self.notes.append(f"{where}.{field} is not used")
         if tensor.data_type in (mc.TYPE_INVALID, mc.TYPE_BF16):
             name = mc.DataType.Name(tensor.data_type)
@@ -296,6 +294,8 @@ class _Reader:
         if any(d < -1 for d in dims):
             raise PbtxtError(f"{where}.dims: {dims} holds a size below -1")
         shape = [-1, *dims] if batched else dims
+        if tensor.HasField("reshape"):
+            shape = self._reshape(where, tensor, shape, batched)
         table: dict[str, Any] = {
             "name": tensor.name,
             "dtype": "BYTES" if dtype == "STRING" else dtype,
@@ -304,6 +304,24 @@ class _Reader:
         if kind == "input" and tensor.optional:
             table["optional"] = True
         return table
+
+    def _reshape(self, where: str, tensor: Any, client: list[int], batched: bool) -> list[int]:
+        """The shape the model sees of a reshaped tensor (its table's shape, which a
+        runtime checks against the model file); both shapes go to the ``reshape`` option."""
+        wanted = [int(d) for d in tensor.reshape.shape]
+        if any(d < -1 for d in wanted) or wanted.count(-1) > 1:
+            raise PbtxtError(
+                f"{where}.reshape.shape: {wanted}: sizes >= 0 and at most one -1 are served"
+            )
+        dims = client[1:] if batched else client
+        if -1 not in wanted and -1 not in dims and _count(wanted) != _count(dims):
+            raise PbtxtError(
+                f"{where}.reshape.shape: {wanted} does not hold the elements of dims "
+                f"{[int(d) for d in tensor.dims]}"
+            )
+        model = [-1, *wanted] if batched else wanted
+        self.reshapes[tensor.name] = {"client": client, "model": model}
+        return model
 
     def _instances(self) -> dict[str, Any]:
         groups = list(self.config.instance_group)
@@ -317,7 +335,7 @@ class _Reader:
             kinds = {mc.ModelInstanceGroup.KIND_CPU}
         for group in groups:
             for field in ("rate_limiter", "profile", "passive", "secondary_devices", "host_policy"):
-                if _is_set(group, field):
+                if is_set(group, field):
                     self.notes.append(f"instance_group.{field} is not used")
         if len(kinds - {mc.ModelInstanceGroup.KIND_AUTO}) > 1:
             raise PbtxtError(
@@ -386,172 +404,6 @@ class _Reader:
             }
         return table
 
-    def _sequences(self) -> dict[str, Any]:
-        sequences = self.config.sequence_batching
-        if sequences.iterative_sequence:
-            raise PbtxtError("sequence_batching.iterative_sequence: not served")
-        settings: dict[str, Any] = {"sequence_batching": True}
-        if sequences.control_input:
-            settings["sequence_controls"] = [
-                self._control(i, item) for i, item in enumerate(sequences.control_input)
-            ]
-        if sequences.state:
-            settings["sequence_state"] = [
-                self._state(i, item) for i, item in enumerate(sequences.state)
-            ]
-        self._no_twice(settings)
-        if sequences.max_sequence_idle_microseconds:
-            settings["max_sequence_idle_s"] = sequences.max_sequence_idle_microseconds / 1e6
-        if sequences.HasField("oldest"):
-            oldest = sequences.oldest
-            settings["sequence_strategy"] = "oldest"
-            if oldest.max_candidate_sequences:
-                settings["max_candidate_sequences"] = int(oldest.max_candidate_sequences)
-            if oldest.max_queue_delay_microseconds:
-                settings["max_queue_delay_ms"] = oldest.max_queue_delay_microseconds / 1000
-            for field in ("preferred_batch_size", "preserve_ordering"):
-                if _is_set(oldest, field):
-                    self.notes.append(f"sequence_batching.oldest.{field} is not used")
-        else:
-            settings["sequence_strategy"] = "direct"
-            direct = sequences.direct
-            if direct.max_queue_delay_microseconds:
-                settings["max_queue_delay_ms"] = direct.max_queue_delay_microseconds / 1000
-            if direct.minimum_slot_utilization:
-                self.notes.append("sequence_batching.direct.minimum_slot_utilization is not used")
-        return settings
-
-    def _control(self, index: int, item: Any) -> dict[str, Any]:
-        """One control_input as a ``sequence_controls`` table (Triton's rules checked)."""
-        where = f"sequence_batching.control_input[{index}] ({item.name or 'no name'})"
-        if not item.name:
-            raise PbtxtError(f"{where}: name is missing")
-        if len(item.control) != 1:
-            raise PbtxtError(
-                f"{where}.control: expected exactly one control, got {len(item.control)}"
-            )
-        control = item.control[0]
-        kind = mc.ModelSequenceBatching.Control.Kind.Name(control.kind)
-        short = kind.removeprefix("CONTROL_SEQUENCE_").lower()
-        pairs: dict[str, tuple[str, list[Any]]] = {
-            "int32_false_true": ("INT32", [int(v) for v in control.int32_false_true]),
-            "fp32_false_true": ("FP32", [float(v) for v in control.fp32_false_true]),
-            "bool_false_true": ("BOOL", [bool(v) for v in control.bool_false_true]),
-        }
-        given = {field: pair for field, pair in pairs.items() if _is_set(control, field)}
-        if short == "corrid":
-            if given:
-                raise PbtxtError(f"{where}.{next(iter(given))}: {kind} takes data_type, not values")
-            dtype = mc.DataType.Name(control.data_type).removeprefix("TYPE_")
-            dtype = "BYTES" if dtype == "STRING" else dtype
-            if dtype not in {item.value for item in CORRID_DTYPES}:
-                names = [f"TYPE_{'STRING' if d is DType.BYTES else d.value}" for d in CORRID_DTYPES]
-                raise PbtxtError(
-                    f"{where}.data_type: {kind} is {', '.join(names[:-1])} or {names[-1]}, "
-                    f"not {mc.DataType.Name(control.data_type)}"
-                )
-            return {"name": item.name, "kind": short, "dtype": dtype}
-        if control.data_type:
-            raise PbtxtError(f"{where}.data_type: {kind} takes its type from its false/true values")
-        if len(given) != 1:
-            raise PbtxtError(
-                f"{where}: {kind} needs one of int32_false_true, fp32_false_true or bool_false_true"
-            )
-        field, (dtype, values) = next(iter(given.items()))
-        if len(values) != 2:
-            raise PbtxtError(f"{where}.{field}: expected [false, true], got {values}")
-        return {"name": item.name, "kind": short, "dtype": dtype, "false_true": values}
-
-    def _state(self, index: int, item: Any) -> dict[str, Any]:
-        """One state as a ``sequence_state`` table; its initial_state checked here."""
-        where = f"sequence_batching.state[{index}]"
-        for field in ("input_name", "output_name"):
-            if not getattr(item, field):
-                raise PbtxtError(f"{where}.{field} is missing")
-        where = f"{where} ({item.input_name})"
-        if item.data_type in (mc.TYPE_INVALID, mc.TYPE_BF16):
-            name = mc.DataType.Name(item.data_type)
-            raise PbtxtError(f"{where}.data_type: {name} is not one of the appliance's types")
-        dims = [int(d) for d in item.dims]
-        if any(d < -1 for d in dims):
-            raise PbtxtError(f"{where}.dims: {dims} holds a size below -1")
-        for field in ("use_same_buffer_for_input_output", "use_growable_memory"):
-            if _is_set(item, field):
-                self.notes.append(f"{where}.{field} is not used (the state is a copy per step)")
-        dtype = mc.DataType.Name(item.data_type).removeprefix("TYPE_")
-        table: dict[str, Any] = {
-            "input": item.input_name,
-            "output": item.output_name,
-            "dtype": "BYTES" if dtype == "STRING" else dtype,
-            "shape": dims,
-        }
-        if len(item.initial_state) > 1:
-            raise PbtxtError(
-                f"{where}.initial_state: expected at most one, got {len(item.initial_state)}"
-            )
-        for initial in item.initial_state:
-            table.update(self._initial(where, item, initial, dims))
-        return table
-
-    def _initial(self, where: str, item: Any, initial: Any, dims: list[int]) -> dict[str, Any]:
-        where = f"{where}.initial_state"
-        if initial.data_type != item.data_type:
-            raise PbtxtError(
-                f"{where}.data_type: {mc.DataType.Name(initial.data_type)} is not the state's "
-                f"{mc.DataType.Name(item.data_type)}"
-            )
-        shape = [int(d) for d in initial.dims]
-        fits = len(shape) == len(dims) and all(
-            have >= 0 and want in (-1, have) for want, have in zip(dims, shape, strict=True)
-        )
-        if not fits:
-            raise PbtxtError(f"{where}.dims: {shape} does not fill the state's dims {dims}")
-        choice = initial.WhichOneof("state_data")
-        if choice is None:
-            raise PbtxtError(f"{where}: set zero_data: true or data_file")
-        if choice == "zero_data":
-            if not initial.zero_data:
-                raise PbtxtError(f"{where}.zero_data: false leaves the state undefined; set true")
-            return {"initial_shape": shape}
-        name = initial.data_file
-        if not name or "/" in name or name.startswith("."):
-            raise PbtxtError(f"{where}.data_file: expected a file name, got {name!r}")
-        # Triton's place for it: initial_state/ in the model directory.
-        if not (self.model_dir / "initial_state" / name).is_file():
-            raise PbtxtError(
-                f"{where}.data_file: {self.model_dir.name}/initial_state/{name} is not there"
-            )
-        return {"initial_shape": shape, "initial_file": f"initial_state/{name}"}
-
-    def _no_twice(self, settings: dict[str, Any]) -> None:
-        """Refuse a kind of control or a tensor named twice, and an input the worker fills
-        that ``input`` also asks clients for."""
-        filled: dict[str, str] = {}
-        kinds: set[str] = set()
-        for index, table in enumerate(settings.get("sequence_controls", ())):
-            where = f"sequence_batching.control_input[{index}] ({table['name']})"
-            if table["kind"] in kinds:
-                kind = f"CONTROL_SEQUENCE_{table['kind'].upper()}"
-                raise PbtxtError(f"{where}: a second {kind} control (one of each kind)")
-            kinds.add(table["kind"])
-            if table["name"] in filled:
-                raise PbtxtError(f"{where}: a second control_input of that name")
-            filled[table["name"]] = "control_input"
-        outputs: set[str] = set()
-        for index, table in enumerate(settings.get("sequence_state", ())):
-            where = f"sequence_batching.state[{index}] ({table['input']})"
-            if table["input"] in filled or table["output"] in outputs:
-                raise PbtxtError(f"{where}: its input_name or output_name is named twice")
-            filled[table["input"]] = "state"
-            outputs.add(table["output"])
-        for index, tensor in enumerate(self.config.input):
-            if tensor.name in filled:
-                raise PbtxtError(
-                    f"input[{index}] ({tensor.name}): it is a sequence_batching."
-                    f"{filled[tensor.name]}, which the worker fills on each step; leave it out "
-                    "of input"
-                )
-
     def _versions(self) -> dict[str, Any]:
         config = self.config
         if not config.HasField("version_policy"):
@@ -596,6 +448,13 @@ class _Reader:
         return settings
 
 
+def _count(shape: list[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
 def _queue_policy(policy: Any) -> dict[str, Any]:
     action = mc.ModelQueuePolicy.TimeoutAction.Name(policy.timeout_action).lower()
     return {
@@ -604,11 +463,6 @@ def _queue_policy(policy: Any) -> dict[str, Any]:
         "allow_timeout_override": bool(policy.allow_timeout_override),
         "max_queue_size": int(policy.max_queue_size),
     }
-
-
-def _is_set(message: Message, field: str) -> bool:
-    """Whether a field of ``message`` holds anything (a repeated one, any element)."""
-    return any(described.name == field for described, _ in message.ListFields())
 
 
 def as_json(path: Path) -> dict[str, Any]:

@@ -95,6 +95,7 @@ SETTINGS = (
     "warmup",
     "scheduling",
     "response_cache",
+    "reshape",
 )
 ENSEMBLE = "ensemble"
 # What an ensemble's config.toml may hold (the rest configure a worker).
@@ -400,6 +401,22 @@ def _check_tensors(value: object) -> str:
     return ""
 
 
+def _check_reshape(table: object) -> str:
+    """What is wrong with a ``reshape`` table (worker/reshape.py): "" when nothing is."""
+    if not isinstance(table, Mapping):
+        return "expected a table of tensor names to {client, model} shapes"
+    for name, shapes in table.items():
+        if not isinstance(shapes, Mapping) or set(shapes) != {"client", "model"}:
+            return f"[{name}]: expected client and model shapes"
+        for kind in ("client", "model"):
+            shape = shapes[kind]
+            if not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape
+            ):
+                return f"[{name}].{kind}: expected a list of sizes (-1 = any), got {shape!r}"
+    return ""
+
+
 def _check_steps(value: object) -> str:
     """Only the shape here; appliance/ensembles.py checks each step and the graph."""
     if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
@@ -534,6 +551,7 @@ _CHECKS: dict[str, Any] = {
     "model_file": _check_file_name,
     "sequence_batching": _check_flag,
     "response_cache": _check_flag,
+    "reshape": _check_reshape,
     "sequence_strategy": _check_choice(("direct", "oldest")),
     "inputs": _check_tensors,
     "outputs": _check_tensors,

@@ -34,6 +34,7 @@ from appliance.worker import warmup
 from appliance.worker.batcher import DERIVATIVES
 from appliance.worker.cuda_regions import CudaRegions
 from appliance.worker.loader import Loaded, LoadError, load_model
+from appliance.worker.reshape import Reshapes
 from appliance.worker.sequences import settings_for
 from appliance.worker.server import WorkerServer
 
@@ -82,8 +83,11 @@ def run(
     bls.attach(tree, config, status)
     try:
         loaded = load_model(model_config, config.server.python_path, device)
+        reshapes = Reshapes.of(model_config.options, loaded.max_batch_size > 0)
+        if reshapes is not None:
+            loaded = Loaded(loaded.model, reshapes.declared(loaded.metadata))
         sequences = settings_for(model_config, loaded.model, loaded.max_batch_size)
-        warmup.run(loaded, model_config.options, _model_dir(model_config.options))
+        warmup.run(loaded, model_config.options, _model_dir(model_config.options), reshapes)
         queue = _scheduling(model_config.options, loaded)
     except (LoadError, ModelFailed) as ex:
         log.error("%s", ex)
@@ -133,6 +137,7 @@ def run(
         sequences,
         CudaRegions(tree.dir),
         queue,
+        reshapes,
     )
 
     def handle_term(_signum: int, _frame: types.FrameType | None) -> None:

@@ -18,18 +18,25 @@ from appliance.errors import ApplianceError, ModelFailed
 from appliance.model import Model, Request
 from appliance.worker.batcher import split_outputs
 from appliance.worker.pending import Pending
+from appliance.worker.reshape import Reshapes
 
 
 def run(
-    model: Model, metadata: ModelMetadata, batch: list[Pending]
+    model: Model, metadata: ModelMetadata, batch: list[Pending], reshapes: Reshapes | None = None
 ) -> list[dict[str, Tensor] | ApplianceError]:
     """Each request's outputs or its error, in the batch's order.
 
     Raises:
         Exception: what the model raised; it fails the whole batch.
     """
-    requests = [Request(p.arrays, p.parameters, p.outputs) for p in batch]
+    name = metadata.name
+    requests = [
+        Request(reshapes.inputs(p.arrays, name) if reshapes else p.arrays, p.parameters, p.outputs)
+        for p in batch
+    ]
     produced = model.predict_requests(requests)
+    if reshapes is not None:
+        produced = [r if isinstance(r, Exception) else reshapes.outputs(r, name) for r in produced]
     results: list[dict[str, Tensor] | ApplianceError] = []
     for pending, result in zip(batch, produced, strict=True):
         if isinstance(result, ApplianceError):

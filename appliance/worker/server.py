@@ -48,13 +48,11 @@ from appliance.errors import (
 from appliance.metrics import flush_batches, record_batch
 from appliance.process import pid_alive
 from appliance.scheduling import Scheduling
-from appliance.worker import methods, per_request, refusals, traces
+from appliance.worker import execute, methods, refusals, traces
 from appliance.worker.batcher import (
     DERIVATIVES,
     STREAM,
-    batch_inputs,
     check_request,
-    split_outputs,
 )
 from appliance.worker.client_gpu import ClientGpu
 from appliance.worker.cuda_regions import CudaRegions
@@ -65,6 +63,7 @@ from appliance.worker.passthrough import borrowed_entries, input_spans
 from appliance.worker.pending import Pending, Whole
 from appliance.worker.pieces import answered, cut
 from appliance.worker.queueing import Queueing, take_priority
+from appliance.worker.reshape import Reshapes
 from appliance.worker.sequences import (
     Sequences,
     SequenceSettings,
@@ -114,6 +113,7 @@ class WorkerServer:
         sequences: SequenceSettings | None = None,
         cuda_regions: CudaRegions | None = None,
         scheduling: Scheduling | None = None,
+        reshapes: Reshapes | None = None,
     ) -> None:
         self.model = loaded.model
         self.metadata = loaded.metadata
@@ -131,6 +131,7 @@ class WorkerServer:
             loaded.max_batch_size, max_queue_delay_s, self.sequences, preferred
         )
         self.queueing = None if scheduling is None else Queueing(scheduling, loaded.metadata.name)
+        self.reshapes = reshapes
         self.streams = Streams(loaded.model, loaded.metadata, status, slot)
         self.mappings = Mappings()
         self.cuda = (
@@ -440,18 +441,8 @@ class WorkerServer:
 
     def _results(self, batch: list[Pending]) -> list[dict[str, Tensor] | ApplianceError]:
         """Run the batch; each request's outputs, or (a per-request model) its error."""
-        if self.model.per_request:
-            return per_request.run(self.model, self.metadata, batch)
-        inputs = batch_inputs(batch)
-        sequences = self.sequences
-        if sequences is not None:
-            inputs = sequences.inputs(batch, inputs)
-        produced = self.model.predict(inputs, batch[0].parameters)
-        if self.cuda is not None:
-            produced = self.cuda.off_gpu(batch, produced)
-        if sequences is not None:
-            produced = sequences.keep(batch, produced)
-        return list(split_outputs(self.metadata, produced, batch))
+        model, sequences, cuda = self.model, self.sequences, self.cuda
+        return execute.results(model, self.metadata, batch, sequences, cuda, self.reshapes)
 
     def _count(
         self, batch: list[Pending], started: float, compute_ns: int, failed: int = 0

@@ -22,11 +22,17 @@ from appliance.errors import ApplianceError
 from appliance.model import Request
 from appliance.worker.batcher import check_inputs, check_outputs
 from appliance.worker.loader import Loaded, LoadError
+from appliance.worker.reshape import Reshapes
 
 log = logging.getLogger(__name__)
 
 
-def run(loaded: Loaded, options: Mapping[str, Any], model_dir: Path | None) -> None:
+def run(
+    loaded: Loaded,
+    options: Mapping[str, Any],
+    model_dir: Path | None,
+    reshapes: Reshapes | None = None,
+) -> None:
     """Run the samples in ``options["warmup"]``, if any.
 
     Raises:
@@ -49,7 +55,8 @@ def run(loaded: Loaded, options: Mapping[str, Any], model_dir: Path | None) -> N
         named = f"{where} sample {sample.name!r}"
         for _ in range(max(sample.count, 1)):
             try:
-                run_once(loaded, sample.request(batched), sample.batch_size, streams)
+                arrays = sample.request(batched)
+                run_once(loaded, arrays, sample.batch_size, streams, reshapes)
             except (ApplianceError, ValueError) as ex:
                 raise LoadError(f"{named} failed: {ex}") from None
             except Exception as ex:
@@ -59,7 +66,13 @@ def run(loaded: Loaded, options: Mapping[str, Any], model_dir: Path | None) -> N
     log.info("warmed up: %d run(s) of %d sample(s) in %.3f s", runs, len(samples), seconds)
 
 
-def run_once(loaded: Loaded, arrays: dict[str, Any], requests: int, streams: bool) -> None:
+def run_once(
+    loaded: Loaded,
+    arrays: dict[str, Any],
+    requests: int,
+    streams: bool,
+    reshapes: Reshapes | None = None,
+) -> None:
     """Run ``requests`` copies of one request as one batch, checked as a client's are.
 
     Raises:
@@ -69,6 +82,8 @@ def run_once(loaded: Loaded, arrays: dict[str, Any], requests: int, streams: boo
     metadata, model = loaded.metadata, loaded.model
     tensors = {name: Tensor.from_array(array) for name, array in arrays.items()}
     inputs = check_inputs(metadata, tensors)
+    if reshapes is not None:
+        inputs = reshapes.inputs(inputs, metadata.name)
     if streams:
         for _ in range(requests):
             for part in model.predict_stream(inputs, {}):
@@ -78,8 +93,11 @@ def run_once(loaded: Loaded, arrays: dict[str, Any], requests: int, streams: boo
         for produced in model.predict_requests([Request(inputs, {}, None)] * requests):
             if isinstance(produced, Exception):
                 raise produced
-            check_outputs(metadata, produced)
+            check_outputs(
+                metadata, reshapes.outputs(produced, metadata.name) if reshapes else produced
+            )
         return
     if requests > 1:
         inputs = {name: np.concatenate([array] * requests) for name, array in inputs.items()}
-    check_outputs(metadata, model.predict(inputs, {}))
+    produced = model.predict(inputs, {})
+    check_outputs(metadata, reshapes.outputs(produced, metadata.name) if reshapes else produced)

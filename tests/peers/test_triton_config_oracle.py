@@ -75,6 +75,33 @@ CALLS = [
         ),
     ),
     config_of("optional_in"),
+    Call(
+        "reshaped tensors",
+        lambda m, c: outputs(
+            c.infer(
+                "reshaped", [tensor(m, "IN", np.arange(8, dtype=np.float32).reshape(2, 4), "FP32")]
+            ),
+            "OUT",
+            "SEEN",
+        ),
+    ),
+    Call(
+        "reshaped tensors' metadata",
+        lambda m, c: [
+            (t["name"], [int(d) for d in t["shape"]])
+            for kind in ("inputs", "outputs")
+            for t in (
+                c.get_model_metadata("reshaped", as_json=True)
+                if m is grpcclient
+                else c.get_model_metadata("reshaped")
+            )[kind]
+        ],
+    ),
+    Call(
+        "a reshaped input of the wrong size",
+        lambda m, c: c.infer("reshaped", [tensor(m, "IN", np.zeros((1, 3), np.float32), "FP32")]),
+        ("IN", "reshaped"),
+    ),
     Call("warmup samples ran before the first request", warmup_seen),
     Call(
         "warmup samples in the config",

@@ -195,3 +195,18 @@ def test_a_repeated_request_is_answered_from_the_cache_over_every_transport(
     assert inference["cache_hit"]["count"] == 2
     assert inference["cache_hit"]["ns"] > 0
     assert inference["cache_miss"]["count"] == 4
+
+
+def test_a_reshaped_tensor_is_seen_by_the_model_in_its_own_shape(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    result = client.infer("reshaped", [tensor("IN", x)])
+    assert result.as_numpy("SEEN").tolist() == [[2, 2, 2]] * 2
+    assert result.as_numpy("OUT").tolist() == (x * 10).reshape(2, 2, 2).tolist()
+    metadata = client.get_model_metadata("reshaped")
+    assert [t["shape"] for t in metadata["inputs"] + metadata["outputs"]] == [
+        [-1, 4],
+        [-1, 2, 2],
+        [-1, 3],
+    ]

@@ -338,8 +338,17 @@ def test_what_an_ensemble_does_not_use_is_noted(tmp_path: Path) -> None:
         ('name: "other"', "name: 'other' is not its directory's name 'm'"),
         (
             "max_batch_size: 4 input [ { name: 'x' data_type: TYPE_FP32 dims: [ 2 ] "
-            "reshape: { shape: [ 1, 2 ] } } ]",
-            "input[0] (x).reshape: not served",
+            "reshape: { shape: [ 3 ] } } ]",
+            "input[0] (x).reshape.shape: [3] does not hold the elements of dims [2]",
+        ),
+        (
+            "input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] "
+            "reshape: { shape: [ -1, -1 ] } } ]",
+            "input[0] (x).reshape.shape: [-1, -1]: sizes >= 0 and at most one -1 are served",
+        ),
+        (
+            "input [ { name: 'x' data_type: TYPE_FP32 dims: [ 2 ] allow_ragged_batch: true } ]",
+            "input[0] (x).allow_ragged_batch: not served",
         ),
         (
             "input [ { name: 'x' data_type: TYPE_BF16 dims: [ 2 ] } ]",
@@ -454,3 +463,17 @@ def test_a_config_pbtxt_as_triton_s_json_has_every_field_and_numbers(tmp_path: P
     assert tensor["data_type"] == "TYPE_FP32"
     assert all(isinstance(d, int) for d in tensor["dims"])
     assert tensor["optional"] is False
+
+
+def test_a_reshaped_tensor_declares_the_model_s_shape_and_keeps_the_client_s(
+    tmp_path: Path,
+) -> None:
+    text = (
+        'platform: "onnxruntime_onnx" max_batch_size: 4 '
+        "input [ { name: 'x' data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]"
+    )
+    model(tmp_path, "m", text)
+    options = only(tmp_path)["options"]
+    # The runtime checks the model file against the model's shape; clients see dims.
+    assert options["inputs"] == [{"name": "x", "dtype": "FP32", "shape": [-1, 2, 2]}]
+    assert options["reshape"] == {"x": {"client": [-1, 4], "model": [-1, 2, 2]}}
