@@ -119,6 +119,10 @@ def test_a_model_described_by_config_pbtxt_serves_as_triton_would(
     assert np.array_equal(answers[0], answers[1])
     assert (answers[0].argmax(axis=1) == labels).mean() > 0.9
     assert config["max_batch_size"] == 64
+    assert config["backend"] == {"onnxruntime_onnx": "onnxruntime"}.get(
+        config["platform"], "pytorch"
+    )
+    assert config["instance_group"][0]["count"] == 2
     assert metadata["inputs"] == [{"name": "pixels", "datatype": "FP32", "shape": ["-1", "64"]}]
     instances = [p for p in appliance.processes() if p["role"].startswith(f"model[{model}#")]
     assert len(instances) == 2

@@ -16,6 +16,7 @@ from typing import Any
 import appliance
 from appliance import tracing
 from appliance.client.api import ModelClient
+from appliance.config import ModelConfig
 from appliance.core import cuda, dtypes
 from appliance.core.client_memory import ClientSpan, ClientTensor
 from appliance.core.device_tensors import CudaPlace, DeviceTensor
@@ -176,7 +177,7 @@ def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any
     config: dict[str, Any] = {
         "name": model,
         "platform": metadata.platform,
-        "backend": "python",
+        "backend": _BACKENDS.get(metadata.platform, "python"),
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": metadata.max_batch_size,
         "input": [
@@ -184,9 +185,7 @@ def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any
             for spec in metadata.inputs or ()
         ],
         "output": [_tensor_config(spec, batched) for spec in metadata.outputs or ()],
-        "instance_group": [
-            {"name": model, "kind": "KIND_CPU", "count": configured.instances if configured else 1}
-        ],
+        "instance_group": [_instance_group(model, configured)],
         "model_transaction_policy": {"decoupled": metadata.supports.get("predict_stream", False)},
     }
     if configured is not None and configured.options.get("response_cache"):
@@ -200,6 +199,21 @@ def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any
         delay_ms = configured.max_queue_delay_ms if configured else 0.0
         config["dynamic_batching"] = {"max_queue_delay_microseconds": int(delay_ms * 1000)}
     return config
+
+
+# Triton's backend of each platform (a model class of the appliance's answers as Python).
+_BACKENDS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch"}
+
+
+def _instance_group(model: str, configured: ModelConfig | None) -> dict[str, Any]:
+    group: dict[str, Any] = {"name": model, "kind": "KIND_CPU"}
+    group["count"] = configured.instances if configured else 1
+    device = configured.device if configured else "cpu"
+    if device.startswith("cuda"):
+        group["kind"] = "KIND_GPU"
+        if ":" in device:
+            group["gpus"] = [int(device.partition(":")[2])]
+    return group
 
 
 def _warmup_config(table: dict[str, Any]) -> dict[str, Any]:
