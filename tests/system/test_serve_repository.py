@@ -44,6 +44,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Appliance
         "square_stream",
         "--exit-timeout-secs=5",
         "--backend-directory=/opt/tritonserver/backends",
+        "--cache-config=local,size=65536",
     )
     # The run directory is the default one, under XDG_RUNTIME_DIR.
     where = {"server": {"run_dir": str(runtime / "appliance")}}
@@ -108,6 +109,7 @@ def test_its_config_file_is_its_own_and_goes_when_it_stops(
     _, temp = served
     [config] = list(temp.glob("appliance-serve-*.toml"))
     assert 'load_models = ["add_sub", "square_stream"]' in config.read_text()
+    assert "response_cache_bytes = 65536" in config.read_text()
 
 
 @pytest.mark.parametrize(
@@ -122,6 +124,8 @@ def test_its_config_file_is_its_own_and_goes_when_it_stops(
         ),
         (["--http-port=port"], "--http-port=port: expected a whole number"),
         (["--strict-readiness=false"], "--strict-readiness=false is not taken"),
+        (["--cache-config=redis,host=x"], "--cache-config=redis,host=x: the appliance's cache"),
+        (["--cache-config=local,size=big"], "expected local,size=N (N bytes)"),
     ],
 )
 def test_a_tritonserver_flag_it_does_not_take_is_refused_by_name(
