@@ -243,6 +243,12 @@ class _Reader(SequenceFields):
             )
         if config.ensemble_scheduling.max_inflight_requests:
             self.notes.append("ensemble_scheduling.max_inflight_requests is not used")
+        if config.model_transaction_policy.decoupled:
+            # Its steps would stream parts that an ensemble here passes on whole.
+            raise PbtxtError(
+                "model_transaction_policy.decoupled: a decoupled ensemble is not served; "
+                "its steps answer one reply per request here"
+            )
         used = {f.name for f, _ in config.ListFields()}
         for field in sorted(used - _ENSEMBLE_USED):
             self.notes.append(f"{field} is not used by an ensemble (its steps' models have theirs)")

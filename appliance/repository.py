@@ -288,6 +288,16 @@ def read_settings(model_dir: Path) -> dict[str, Any]:
     return settings
 
 
+# The tables' keys that config.pbtxt names otherwise (pbtxt.py reads one into the other).
+_PBTXT_NAMES = {
+    "scheduling": "dynamic_batching",
+    "preferred_batch_sizes": "preferred_batch_size",
+    "default_timeout_us": "default_timeout_microseconds",
+    "warmup[": "model_warmup[",
+    "timeout_action: expected 'reject' or 'delay'": "timeout_action: expected REJECT or DELAY",
+}
+
+
 def _check_with_batch_size(settings: Mapping[str, Any], model_dir: Path, path: Path) -> None:
     """Check the tables whose checks need the model's max_batch_size (-1 where the
     settings leave it to the model file: the worker checks them again once loaded).
@@ -295,6 +305,11 @@ def _check_with_batch_size(settings: Mapping[str, Any], model_dir: Path, path: P
     Raises:
         RepositoryError: a scheduling or warmup table is wrong (the key named).
     """
+    if "scheduling" in settings and settings.get("sequence_batching"):
+        raise RepositoryError(
+            f"{_short(path)}: scheduling: a sequence model's queue follows its sequences; "
+            "priorities and queue policies are dynamic batching's"
+        )
     batch = settings.get("max_batch_size", -1)
     problems: dict[str, Callable[[object], str]] = {
         "scheduling": lambda table: scheduling.check(table, batch),
@@ -303,7 +318,12 @@ def _check_with_batch_size(settings: Mapping[str, Any], model_dir: Path, path: P
     for key, check in problems.items():
         problem = check(settings[key]) if key in settings else ""
         if problem:
-            raise RepositoryError(f"{_short(path)}: {key}{problem}")
+            said = f"{key}{problem}"
+            if path.name == PBTXT_FILE:
+                # Said in config.pbtxt's own names, which its author wrote.
+                for ours, theirs in _PBTXT_NAMES.items():
+                    said = said.replace(ours, theirs)
+            raise RepositoryError(f"{_short(path)}: {said}")
 
 
 def _read_pbtxt(model_dir: Path) -> tuple[dict[str, Any], list[str]]:

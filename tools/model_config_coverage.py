@@ -346,7 +346,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "model_transaction_policy": (
         SERVED,
         "decoupled: a Python-backend model.py answers through its response sender, over "
-        "a stream; refused for a model file; " + _ENSEMBLE_NOTE + ".",
+        "a stream; refused for a model file and for an ensemble.",
     ),
     "batch_input": (REFUSED, "Batch inputs (Triton's ragged batching) are not served."),
     "batch_output": (REFUSED, "Batch outputs (Triton's ragged batching) are not served."),

@@ -88,7 +88,7 @@ def run(
             loaded = Loaded(loaded.model, reshapes.declared(loaded.metadata))
         sequences = settings_for(model_config, loaded.model, loaded.max_batch_size)
         warmup.run(loaded, model_config.options, _model_dir(model_config.options), reshapes)
-        queue = _scheduling(model_config.options, loaded)
+        queue = _scheduling(model_config.options, loaded, sequences is not None)
     except (LoadError, ModelFailed) as ex:
         log.error("%s", ex)
         status.set_note(slot, str(ex))
@@ -164,7 +164,7 @@ def run(
     return ExitCode.OK
 
 
-def _scheduling(options: Mapping[str, Any], loaded: Loaded) -> Scheduling | None:
+def _scheduling(options: Mapping[str, Any], loaded: Loaded, sequences: bool) -> Scheduling | None:
     """The model's priorities and queue policies (appliance/scheduling.py), if any.
 
     Raises:
@@ -173,6 +173,11 @@ def _scheduling(options: Mapping[str, Any], loaded: Loaded) -> Scheduling | None
     table = options.get(scheduling.OPTION)
     if not table:
         return None
+    if sequences:
+        raise LoadError(
+            f"model {loaded.metadata.name!r}: scheduling: a sequence model's queue follows its "
+            "sequences (sequence_batching); priorities and queue policies are dynamic batching's"
+        )
     try:
         return scheduling.read(table, loaded.max_batch_size)
     except ValueError as ex:

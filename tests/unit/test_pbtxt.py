@@ -351,6 +351,19 @@ def test_what_an_ensemble_does_not_use_is_noted(tmp_path: Path) -> None:
             "input[0] (x).allow_ragged_batch: not served",
         ),
         (
+            "max_batch_size: 4 dynamic_batching { priority_levels: 2 } ",
+            "dynamic_batching.default_priority_level: 0 is not a level of 1 to 2",
+        ),
+        (
+            "max_batch_size: 4 dynamic_batching { preferred_batch_size: [ 8 ] } ",
+            "dynamic_batching.preferred_batch_size: 8 exceeds max_batch_size 4",
+        ),
+        (
+            "model_warmup [ { name: 'w' batch_size: 2 inputs { key: 'x' value: "
+            "{ data_type: TYPE_FP32 dims: [ 1 ] input_data_file: 'nope.bin' } } } ]",
+            "model_warmup[0] (w).batch_size: 2, but the model does not batch",
+        ),
+        (
             "input [ { name: 'x' data_type: TYPE_BF16 dims: [ 2 ] } ]",
             "input[0] (x).data_type: TYPE_BF16 is not one of the appliance's types",
         ),
