@@ -110,6 +110,8 @@ class Model:
     version: str = "1"
     description: str = ""
     device: str = "cpu"
+    # Which of the model's instances this is (0, 1, ...), set before load().
+    instance: int = 0
     device_inputs: bool = False
     sequence_batching: bool = False
     sequence_state: Sequence[State] = ()

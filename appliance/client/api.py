@@ -192,6 +192,7 @@ class ModelClient:
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
         targets: Mapping[str, CudaPlace] | None = None,
+        request_id: str = "",
     ) -> Run[InferResult]:
         """Run ``model`` on named inputs; return its (requested) outputs.
 
@@ -204,6 +205,8 @@ class ModelClient:
             timeout_s: give up after this long (DeadlineExceeded).
             targets: outputs the worker writes into a client's GPU memory;
                 the result holds them as placeholders without bytes.
+            request_id: the client's id for the request, which a model may read
+                (Triton's ``request.request_id()``).
 
         Raises:
             ApplianceError: any subclass, with a message for the user.
@@ -212,6 +215,8 @@ class ModelClient:
         if model in ensembles:
             return ensembles.run(channel, model, inputs, outputs, parameters, timeout_s, targets)
         body = request_body(model, "predict", outputs, parameters, None, targets)
+        if request_id:
+            body["id"] = request_id
         run = self._unary(channel, body, inputs, timeout_s)
         cache = self._cache
         if cache is None or targets or not self.caches(model):

@@ -262,7 +262,8 @@ class PythonBackendModel(RuntimeModel):
         return {
             "model_config": json.dumps(config),
             "model_instance_kind": "GPU" if gpu else "CPU",
-            "model_instance_name": f"{self.model_name}_0_0",
+            # Triton's: the instance group's name (<model>_0) and the instance's index.
+            "model_instance_name": f"{self.model_name}_0_{self.instance}",
             "model_instance_device_id": self.device.partition(":")[2] if gpu else "0",
             "model_repository": str(self.path.parent.parent),
             "model_version": self.version,

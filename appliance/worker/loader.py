@@ -36,7 +36,10 @@ class Loaded:
 
 
 def load_model(
-    config: ModelConfig, python_path: Sequence[str] = (), device: str | None = None
+    config: ModelConfig,
+    python_path: Sequence[str] = (),
+    device: str | None = None,
+    instance: int = 0,
 ) -> Loaded:
     """Import ``config.cls``, instantiate it with its options and load it.
 
@@ -56,6 +59,7 @@ def load_model(
     try:
         model = cls(config.options)
         model.device = device or devices.resolve(config.device, 0)
+        model.instance = instance
         if devices.is_cuda(model.device) and not isinstance(model, RuntimeModel):
             devices.require_torch_cuda(model.device)
         model.load()

@@ -82,7 +82,7 @@ def run(
 
     bls.attach(tree, config, status)
     try:
-        loaded = load_model(model_config, config.server.python_path, device)
+        loaded = load_model(model_config, config.server.python_path, device, instance)
         reshapes = Reshapes.of(model_config.options, loaded.max_batch_size > 0)
         if reshapes is not None:
             loaded = Loaded(loaded.model, reshapes.declared(loaded.metadata))

@@ -31,7 +31,12 @@ def run(
     """
     name = metadata.name
     requests = [
-        Request(reshapes.inputs(p.arrays, name) if reshapes else p.arrays, p.parameters, p.outputs)
+        Request(
+            reshapes.inputs(p.arrays, name) if reshapes else p.arrays,
+            p.parameters,
+            p.outputs,
+            str(p.message.body.get("id", "")),
+        )
         for p in batch
     ]
     produced = model.predict_requests(requests)

@@ -120,6 +120,32 @@ def bls(name: str) -> Call:
     return Call(f"BLS {name}", infer)
 
 
+def who(m: ModuleType, c: Any, request_id: str, sleep_s: float = 0.0) -> dict[str, Any]:
+    """What identify's execute saw: the request's id, the instance's kind and device."""
+    x = tensor(m, "X", np.array([sleep_s], np.float32), "FP32")
+    seen = json.loads(c.infer("identify", [x], request_id=request_id).as_numpy("WHO")[0])
+    return {key: value for key, value in seen.items() if key != "model_instance_name"}
+
+
+def instance_names(url: str) -> set[str]:
+    """The instances that answer three requests at once, each holding its instance 0.5 s."""
+    names: set[str] = set()
+
+    def one(n: int) -> None:
+        client = httpclient.InferenceServerClient(url)
+        x = tensor(httpclient, "X", np.array([0.5], np.float32), "FP32")
+        seen = json.loads(client.infer("identify", [x]).as_numpy("WHO")[0])
+        names.add(seen["model_instance_name"])
+        client.close()
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return names
+
+
 def index(m: ModuleType, c: Any) -> list[tuple[str, str, str, bool]]:
     if m is grpcclient:
         entries = c.get_model_repository_index(as_json=True).get("models", [])
@@ -194,6 +220,8 @@ CALLS = [
         ("decoupled",),
     ),
     *(bls(name) for name in BLS_CALLS),
+    Call("a request's id reaches execute", lambda m, c: who(m, c, "id-7")),
+    Call("a request without an id", lambda m, c: who(m, c, "")),
     Call("server ready", lambda m, c: c.is_server_ready()),
     Call("failed model's readiness", lambda m, c: c.is_model_ready("import_fails")),
     Call("repository index", index),
@@ -445,3 +473,10 @@ def test_triton_s_metric_families_read_the_same_on_both(
             grown = after[server][name][2][""] - before[server][name][2][""]
             assert grown == 3, (server, name, grown)
     assert ours["nv_inference_request_failure"][2] == theirs["nv_inference_request_failure"][2]
+
+
+def test_each_instance_is_named_as_triton_names_it(
+    triton: PeerServer, appliance: Appliance
+) -> None:
+    theirs = instance_names(triton.urls["http"])
+    assert instance_names(urls_of(appliance)["http"]) == theirs == {"identify_0_0", "identify_0_1"}

@@ -308,7 +308,13 @@ async def infer_async(
     """
     call = _prepare(client, regions, request)
     result = await client.infer_async(
-        call.model, call.inputs, call.names, call.parameters, timeout_s, call.on_device
+        call.model,
+        call.inputs,
+        call.names,
+        call.parameters,
+        timeout_s,
+        call.on_device,
+        request_id=request.id,
     )
     with result:
         yield _outputs(request, result.outputs, call.targets)
