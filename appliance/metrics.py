@@ -150,6 +150,18 @@ def call_totals(model: str) -> tuple[int, int, float]:
     return ok, failed, seconds
 
 
+def rejected_calls(model: str) -> int:
+    """Calls to ``model`` its queue policy refused (every process's)."""
+    rejected = _OUTCOMES[ErrorCode.REJECTED]
+    return sum(
+        int(value)
+        for name, labels, value in call_samples()
+        if name == CALLS_TOTAL
+        and labels.get("model") == model
+        and labels.get("outcome") == rejected
+    )
+
+
 def record_cache(model: str, hit: bool, seconds: float) -> None:
     """Count one response cache lookup of ``model`` (a hit answers the call: counted too)."""
     result = "hit" if hit else "miss"

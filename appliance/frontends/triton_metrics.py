@@ -20,7 +20,7 @@ import psutil
 from appliance.client.api import ModelClient
 from appliance.core.status import Counter, Role, SlotState
 from appliance.metric_files import escape_value, go_number
-from appliance.metrics import cache_totals
+from appliance.metrics import cache_totals, rejected_calls
 from appliance.protocols.kserve.service import version_of
 
 SUCCESS = "nv_inference_request_success"
@@ -152,10 +152,15 @@ def _failures(
 ) -> None:
     _family(lines, FAILURE, "Number of failed inference requests, all batch sizes", "counter")
     for model, version in models:
+        # A queue policy's refusals are the worker's failures too: told apart here.
+        rejected = rejected_calls(model)
+        by_reason = {
+            "REJECTED": rejected,
+            "BACKEND": max(counts[model][Counter.FAIL] - rejected, 0),
+        }
         for reason in FAILURE_REASONS:
-            failed = counts[model][Counter.FAIL] if reason == "BACKEND" else 0
             labels = {"model": model, "reason": reason, "version": version}
-            lines.append(_sample(FAILURE, labels, failed))
+            lines.append(_sample(FAILURE, labels, by_reason.get(reason, 0)))
 
 
 def _family(lines: list[str], name: str, help_text: str, kind: str) -> None:

@@ -269,12 +269,32 @@ def scheduled(url: str) -> dict[str, dict[int, Any]]:
     return found
 
 
+def failures(metrics_url: str) -> dict[tuple[str, str], float]:
+    """nv_inference_request_failure by model and reason, for the models that refuse."""
+    text = requests.get(f"http://{metrics_url}/metrics", timeout=10).text
+    return {
+        (sample.labels["model"], sample.labels["reason"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "nv_inference_request_failure"
+        for sample in family.samples
+        if sample.labels["model"] in ("queued", "rejecting")
+    }
+
+
 def test_priorities_and_queue_policies_order_and_refuse_as_triton_does(
     triton: PeerServer, appliance: Appliance
 ) -> None:
     theirs = scheduled(triton.urls["http"])
-    ours = scheduled(f"127.0.0.1:{appliance.ports['http']}")
+    url = f"127.0.0.1:{appliance.ports['http']}"
+    ours = scheduled(url)
     assert ours == theirs
+    counted, triton_counted = failures(url), failures(triton.urls["metrics"])
+    # On purpose: Triton leaves a refusal by a full queue out of its failures; the
+    # appliance counts it as REJECTED, as it counts one past its queue timeout.
+    assert triton_counted.pop(("queued", "REJECTED")) == 0
+    assert counted.pop(("queued", "REJECTED")) == 1
+    assert counted == triton_counted
+    assert triton_counted[("rejecting", "REJECTED")] == 1
     assert theirs["priorities pick the order"][4][-4:] == [1, 3, 2, 4]
     assert theirs["a full level refuses"][15] == ("503", ["Exceeds maximum queue size"])
     refused = theirs["a request past its queue timeout is refused"][21]
