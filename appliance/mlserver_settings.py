@@ -41,6 +41,8 @@ SERVER_KEYS_TAKEN = ("parallel_workers",)
 # Those the serve command reads (ports and address), and MLServer's own defaults.
 LISTEN_KEYS = {"host": "0.0.0.0", "http_port": 8080, "grpc_port": 8081, "metrics_port": 8082}
 NOTES = "config_notes"
+# The option that turns on MLServer's adaptive batching in the runtime.
+ADAPTIVE = "adaptive_batching"
 
 
 def is_mlserver_folder(root: Path) -> bool:
@@ -187,20 +189,24 @@ def _entry(
     notes = _unserved(path, settings)
     if notes:
         options[NOTES] = notes
-    return {"name": served_as, "class": MLSERVER_CLASS, "instances": instances, "options": options}
+    entry = {"name": served_as, "class": MLSERVER_CLASS, "instances": instances, "options": options}
+    batch, wait = settings.get("max_batch_size", 0), settings.get("max_batch_time", 0)
+    if _number(batch) and batch > 1 and _number(wait) and wait > 0:
+        # MLServer's adaptive batching: up to max_batch_size requests, waiting at most
+        # max_batch_time seconds for them; predict gets them merged into one request.
+        entry.update(max_batch_size=int(batch), max_queue_delay_ms=float(wait) * 1000)
+        options[ADAPTIVE] = True
+    return entry
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _unserved(path: Path, settings: Mapping[str, Any]) -> list[str]:
     """What a model's settings ask for that the appliance does not do, for its log."""
     where = f"{path.parent.name}/{SETTINGS_FILE}"
     notes = []
-    batch, wait = settings.get("max_batch_size", 0), settings.get("max_batch_time", 0)
-    if isinstance(batch, int | float) and batch > 1 and isinstance(wait, int | float) and wait > 0:
-        notes.append(
-            f"{where}: adaptive batching (max_batch_size {batch}, max_batch_time {wait}) is "
-            "not applied: each instance runs one request at a time (settings.json's "
-            "parallel_workers sets the instances)"
-        )
     parameters = settings.get("parameters")
     for key in ("environment_path", "environment_tarball"):
         if isinstance(parameters, Mapping) and parameters.get(key):

@@ -62,6 +62,19 @@ class Echo(MLModel):
         return InferenceResponse(model_name=self.name, model_version=self.version, outputs=outputs)
 
 
+class Batched(MLModel):
+    # doubled = 2 x; rows: how many rows the predict call that answered it was given.
+    async def load(self) -> bool:
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        x = self.decode(payload.inputs[0], default_codec=NumpyCodec)
+        rows = np.full((x.shape[0], 1), x.shape[0], dtype=np.int64)
+        doubled = NumpyCodec.encode_output("doubled", x * 2)
+        outputs = [doubled, NumpyCodec.encode_output("rows", rows)]
+        return InferenceResponse(model_name=self.name, outputs=outputs)
+
+
 class FailsToLoad(MLModel):
     async def load(self) -> bool:
         raise ValueError("weights are missing on purpose")
@@ -213,9 +226,21 @@ def write_folder(root: Path, only: Collection[str] | None = None) -> list[str]:
         },
     )
     (folder / "models.py").write_text(CUSTOM)
+    # MLServer's adaptive batching: up to 4 requests, waiting at most 0.5 s for them.
+    folder = root / "adaptive"
+    _settings(
+        folder,
+        {
+            "name": "adaptive",
+            "implementation": "models.Batched",
+            "max_batch_size": 4,
+            "max_batch_time": 0.5,
+        },
+    )
+    (folder / "models.py").write_text(CUSTOM)
     _settings(root / "fails-to-load", {"implementation": "failing.FailsToLoad"})
     (root / "fails-to-load" / "failing.py").write_text(CUSTOM)
-    written += ["custom", "custom-typed", "fails-to-load"]
+    written += ["custom", "custom-typed", "adaptive", "fails-to-load"]
     return written
 
 

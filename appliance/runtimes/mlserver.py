@@ -42,6 +42,7 @@ import numpy as np
 from appliance.core import dtypes
 from appliance.core.dtypes import DType
 from appliance.errors import ApplianceError, BadRequest, ModelFailed, ModelNotFound
+from appliance.mlserver_settings import ADAPTIVE
 from appliance.model import Arrays, Outputs, Request
 from appliance.runtimes.interface import ModelFileError, RuntimeModel
 
@@ -149,15 +150,44 @@ class MLServerModel(RuntimeModel):
         return result
 
     def predict_requests(self, requests: Sequence[Request]) -> list[Outputs | ApplianceError]:
-        """Answer each request with the model's ``predict``; an error fails it alone."""
-        return [self._predict(request) for request in requests]
+        """Answer each request with the model's ``predict``; an error fails it alone.
+
+        With adaptive batching (max_batch_size and max_batch_time in its settings) the
+        batch's requests are merged into one and its response split, by MLServer's own
+        BatchedRequests, as MLServer's adaptive batcher does; an error fails them all.
+        """
+        if not self.options.get(ADAPTIVE) or len(requests) < 2:
+            return [self._predict(request) for request in requests]
+        try:
+            payloads = {str(index): self._payload(r) for index, r in enumerate(requests)}
+        except ValueError as ex:
+            return [BadRequest(f"model {self.model_name}: {_first_line(ex)}")] * len(requests)
+        # MLServer's own merging and splitting, as its adaptive batcher uses them.
+        batched = importlib.import_module("mlserver.batching.requests").BatchedRequests(payloads)
+        response = self._answer(batched.merged_request)
+        if isinstance(response, ApplianceError):
+            return [response] * len(requests)
+        try:
+            parts = batched.split_response(response)
+        except Exception as ex:
+            failed = ModelFailed(f"model {self.model_name}: {_last(ex)}")
+            return [failed] * len(requests)
+        missing = ModelFailed(f"model {self.model_name}: the batch's response left a request out")
+        return [self._outputs(parts[key]) if key in parts else missing for key in payloads]
 
     def _predict(self, request: Request) -> Outputs | ApplianceError:
-        assert self._loop is not None
         try:
             payload = self._payload(request)
         except ValueError as ex:  # pydantic's ValidationError: a parameter of the wrong type
             return BadRequest(f"model {self.model_name}: {_first_line(ex)}")
+        response = self._answer(payload)
+        if isinstance(response, ApplianceError):
+            return response
+        return self._outputs(response)
+
+    def _answer(self, payload: Any) -> Any:
+        """The model's InferenceResponse to ``payload``, or the error it answers with."""
+        assert self._loop is not None
         try:
             with self._context(self._model.settings):
                 response = self._loop.run_until_complete(self._model.predict(payload))
@@ -169,6 +199,9 @@ class MLServerModel(RuntimeModel):
                 f"model {self.model_name}: Model '{self._model.name}' returned no predictions "
                 "after inference"
             )
+        return response
+
+    def _outputs(self, response: Any) -> Outputs | ApplianceError:
         try:
             return {output.name: _array(output) for output in response.outputs}
         except (AttributeError, ValueError, TypeError, KeyError) as ex:

@@ -66,22 +66,7 @@ def check_request(
         _check_output_names(metadata, outputs)
     extras = {name: tensors.pop(name) for name in (SENS, VEC) if name in tensors}
     arrays = check_inputs(metadata, tensors)
-    rows = 0
-    if metadata.max_batch_size > 0 and metadata.inputs is not None:
-        rows = _batch_rows(metadata, arrays)
-        if rows > metadata.max_batch_size and per_request:
-            # Its execute sees requests whole, so a request is not cut into
-            # pieces: refused, as Triton refuses it.
-            raise BadRequest(
-                f"inference request batch-size must be <= {metadata.max_batch_size} for "
-                f"'{metadata.name}' (this request has {rows} rows)"
-            )
-        if rows > metadata.max_batch_size and method != PREDICT:
-            raise BadRequest(
-                f"model {metadata.name}: a {method} request of {rows} rows exceeds its "
-                f"max_batch_size of {metadata.max_batch_size} (only predictions are split "
-                "into batches); send at most that many rows"
-            )
+    rows = _rows(metadata, arrays, method, per_request)
     sequence = None
     if carries_sequence(parameters):
         # Steps of different sequences share batches (sequences.py keeps them apart).
@@ -100,6 +85,37 @@ def check_request(
     if sequence is not None:
         pending.sequence = sequence
     return pending
+
+
+def _rows(metadata: ModelMetadata, arrays: dict[str, Array], method: str, per_request: bool) -> int:
+    """The rows a request counts for in a batch (0: it batches with no other).
+
+    Raises:
+        BadRequest: its inputs disagree on the rows, or it has more than the model
+            takes at once where it cannot be cut into pieces.
+    """
+    batch = metadata.max_batch_size
+    if batch <= 0:
+        return 0
+    if metadata.inputs is None:
+        # A model that declares no tensors and takes its requests one by one (an
+        # MLServer runtime) counts requests, not rows, as MLServer's batcher does.
+        return 1 if per_request else 0
+    rows = _batch_rows(metadata, arrays)
+    if rows > batch and per_request:
+        # Its execute sees requests whole, so a request is not cut into
+        # pieces: refused, as Triton refuses it.
+        raise BadRequest(
+            f"inference request batch-size must be <= {batch} for "
+            f"'{metadata.name}' (this request has {rows} rows)"
+        )
+    if rows > batch and method != PREDICT:
+        raise BadRequest(
+            f"model {metadata.name}: a {method} request of {rows} rows exceeds its "
+            f"max_batch_size of {batch} (only predictions are split into batches); send "
+            "at most that many rows"
+        )
+    return rows
 
 
 def _check_output_names(metadata: ModelMetadata, names: list[str]) -> None:
@@ -315,7 +331,7 @@ def split_outputs(
             "of output names to arrays"
         )
     arrays = check_outputs(metadata, produced)
-    if len(batch) == 1 and batch[0].key is None:
+    if len(batch) == 1 and (batch[0].key is None or metadata.outputs is None):
         return [_select(arrays, batch[0].outputs)]
     total = sum(item.rows for item in batch)
     for name, array in arrays.items():

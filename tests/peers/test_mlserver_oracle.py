@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -269,3 +270,36 @@ def test_a_model_that_fails_to_load_is_reported_and_the_rest_serve(
         assert (kind, status) in (("error", "503"), ("error", "StatusCode.UNAVAILABLE")), name
         assert reasons[name] in message
     assert answer(module, url(appliance, transport), CALLS["svm predict"])[0] == "ok"
+
+
+def batched_answers(http_url: str) -> list[tuple[list[float], int]]:
+    """adaptive's answers to four requests sent at once: doubled, and how many rows the
+    predict call that answered each was given."""
+    answers: list[tuple[list[float], int]] = [([], 0)] * 4
+
+    def one(n: int) -> None:
+        client = httpclient.InferenceServerClient(http_url)
+        x = httpclient.InferInput("x", [1, 2], "FP32")
+        x.set_data_from_numpy(np.full((1, 2), n, np.float32), binary_data=False)
+        result = client.infer("adaptive", [x])
+        answers[n] = (result.as_numpy("doubled").tolist()[0], int(result.as_numpy("rows")[0][0]))
+        client.close()
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return answers
+
+
+def test_adaptive_batching_merges_requests_into_one_predict_as_mlserver_does(
+    mlserver: PeerServer, appliance: Appliance
+) -> None:
+    theirs = batched_answers(url(mlserver, "http"))
+    ours = batched_answers(url(appliance, "http"))
+    # Each request gets its own rows back, from a predict given more than its own.
+    assert [doubled for doubled, _ in ours] == [doubled for doubled, _ in theirs]
+    assert [doubled for doubled, _ in theirs] == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0], [6.0, 6.0]]
+    assert max(rows for _, rows in theirs) > 1
+    assert max(rows for _, rows in ours) > 1

@@ -131,6 +131,8 @@ def test_what_the_appliance_does_not_do_is_noted_for_the_log(tmp_path: Path) -> 
     (entry,) = repository.scan(tmp_path)
     notes = entry["options"]["config_notes"]
     assert [note.split(":")[1].strip() for note in notes] == [
-        "adaptive batching (max_batch_size 8, max_batch_time 0.01) is not applied",
         "parameters.environment_tarball is not used",
     ]
+    # Adaptive batching is the batcher's: up to 8 requests, waiting 10 ms at most.
+    assert (entry["max_batch_size"], entry["max_queue_delay_ms"]) == (8, 10.0)
+    assert entry["options"]["adaptive_batching"] is True
