@@ -10,7 +10,6 @@ same answers. What the appliance answers otherwise on purpose is named in
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -29,11 +28,11 @@ from tritonclient.utils import InferenceServerException
 from bench.servers import PeerServer
 from tests.peers.conftest import triton_serving
 from tests.peers.oracle import Call, answers, differences, outputs, tensor, transports
-from tests.system.harness import ROOT, Appliance, make_config, new_run_dir, serving
+from tests.system.harness import Appliance, make_config, new_run_dir, serving
+from tests.triton_config_repository import copy_to
 
 pytestmark = pytest.mark.peers
 
-MODELS = ROOT / "tests" / "data" / "triton_config_models"
 A = np.ones((2, 2), dtype=np.float32)
 
 
@@ -152,8 +151,7 @@ ON_PURPOSE_CALLS = [
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("config-oracle")
-    shutil.copytree(MODELS, root, dirs_exist_ok=True)
-    (root / "README.md").unlink()
+    copy_to(root)
     return root
 
 

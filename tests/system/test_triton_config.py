@@ -10,7 +10,6 @@ tests/peers/test_triton_config_oracle.py.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.system.harness import ROOT, Appliance, demo_models, make_config, new_run_dir, serving
-
-MODELS = ROOT / "tests" / "data" / "triton_config_models"
+from tests.system.harness import Appliance, demo_models, make_config, new_run_dir, serving
+from tests.triton_config_repository import copy_to
 
 RAISES_ON_ZEROS = """
 import numpy as np
@@ -71,8 +69,7 @@ def zeros_sample(dtype: str, rows: int, count: int = 1) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
     root = tmp_path_factory.mktemp("triton-config")
-    shutil.copytree(MODELS, root, dirs_exist_ok=True)
-    (root / "README.md").unlink()
+    copy_to(root)
     warm_model(root, "warm_missing_file", sample("from a file", "nope.bin"))
     warm_model(root, "warm_raises", sample("zeros", "zero"))
     warm_model(root, "warm_too_big", sample("zeros", "zero", batch_size=9))
