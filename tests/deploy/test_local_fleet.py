@@ -122,6 +122,7 @@ def simple_call(module: Any, url: str) -> Callable[[], Any]:
     return call
 
 
+@pytest.mark.long
 def test_the_readme_fleet_rolls_over_without_failing_a_request() -> None:
     fleet = Fleet()
     loads: list[Load] = []

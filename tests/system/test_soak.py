@@ -11,11 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.system.harness import ROOT
 
 MINUTES = 0.75
 
 
+@pytest.mark.long
 def test_a_short_soak_grows_nothing(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     command = [sys.executable, "bench/soak.py", "--minutes", str(MINUTES), "--out", str(out)]

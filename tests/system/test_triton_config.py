@@ -10,6 +10,7 @@ tests/peers/test_triton_config_oracle.py.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,13 @@ def test_warmup_samples_reach_the_model_before_its_first_request(
     seen = json.loads(client.infer("warm", [tensor("X", x)]).as_numpy("SEEN")[0][0])
     # zeros: 2 runs of 2 requests; noise: 1 of 1 (random); from a file: 1 of 3.
     assert seen == [[1, [3], [0.0] * 3]] * 4 + [[1, [3], None]] + [[1, [3], [1.0, 2.0, 3.0]]] * 3
-    statistics = client.get_inference_statistics("warm")["model_stats"][0]
+    # A worker adds its counts to the statistics once idle: wait for this request's.
+    deadline = time.monotonic() + 10
+    while True:
+        statistics = client.get_inference_statistics("warm")["model_stats"][0]
+        if statistics["inference_count"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert statistics["inference_count"] == 1, "warmup runs are not counted as requests"
 
 
