@@ -12,7 +12,7 @@ the fault), which Triton's names as well.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -92,3 +92,37 @@ def transports(urls: dict[str, str]) -> list[tuple[ModuleType, str]]:
     import tritonclient.http as httpclient
 
     return [(httpclient, urls["http"]), (grpcclient, urls["grpc"])]
+
+
+def urls_of(appliance: Any) -> dict[str, str]:
+    """A test appliance's (tests/system/harness.py) HTTP and gRPC addresses."""
+    return {kind: f"127.0.0.1:{appliance.ports[kind]}" for kind in ("http", "grpc")}
+
+
+def both(
+    triton_urls: dict[str, str], appliance_urls: dict[str, str], transport: str, calls: list[Call]
+) -> tuple[dict[str, Answer], dict[str, Answer]]:
+    """Triton's answers and the appliance's to ``calls`` over ``transport`` (http or grpc)."""
+    index = 0 if transport == "http" else 1
+    module, triton_url = transports(triton_urls)[index]
+    _, appliance_url = transports(appliance_urls)[index]
+    return answers(module, triton_url, calls), answers(module, appliance_url, calls)
+
+
+def assert_on_purpose(
+    theirs: dict[str, Answer],
+    ours: dict[str, Answer],
+    calls: list[Call],
+    on_purpose: dict[str, tuple[str, str, str]],
+    transport: str,
+    triton_answers: Collection[str] = (),
+) -> None:
+    """Each call the appliance answers otherwise on purpose: Triton still answers as it
+    did (an error, or an answer for those in ``triton_answers``), and the appliance with
+    its own status (REST, gRPC) and a message that names the call's words."""
+    for call in calls:
+        rest, grpc, why = on_purpose[call.name]
+        kind = "ok" if call.name in triton_answers else "error"
+        assert theirs[call.name][0] == kind, f"{call.name}: Triton now answers {theirs}"
+        assert ours[call.name][:2] == ("error", rest if transport == "http" else grpc), why
+        assert all(word in ours[call.name][2] for word in call.words), ours

@@ -33,7 +33,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.servers import PeerServer
 from tests.batch_probe import REQUESTS, batch_answers
 from tests.peers.conftest import triton_serving
-from tests.peers.oracle import Call, answers, differences, outputs, tensor, transports
+from tests.peers.oracle import (
+    Call,
+    assert_on_purpose,
+    differences,
+    outputs,
+    tensor,
+    urls_of,
+)
+from tests.peers.oracle import both as oracle_both
 from tests.system.harness import ROOT, Appliance, serving_repository
 
 pytestmark = pytest.mark.peers
@@ -271,18 +279,10 @@ def appliance(repository: Path) -> Iterator[Appliance]:
         yield started
 
 
-def urls_of(app: Appliance) -> dict[str, str]:
-    return {kind: f"127.0.0.1:{app.ports[kind]}" for kind in ("http", "grpc")}
-
-
 def both(
     triton: PeerServer, appliance: Appliance, transport: str, calls: list[Call]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Triton's answers and the appliance's to ``calls`` over ``transport``."""
-    index = 0 if transport == "http" else 1
-    module, triton_url = transports(triton.urls)[index]
-    _, appliance_url = transports(urls_of(appliance))[index]
-    return answers(module, triton_url, calls), answers(module, appliance_url, calls)
+    return oracle_both(triton.urls, urls_of(appliance), transport, calls)
 
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])
@@ -299,11 +299,7 @@ def test_where_the_appliance_answers_otherwise_it_is_on_purpose(
     triton: PeerServer, appliance: Appliance, transport: str
 ) -> None:
     theirs, ours = both(triton, appliance, transport, ON_PURPOSE_CALLS)
-    for call in ON_PURPOSE_CALLS:
-        rest, grpc, why = ON_PURPOSE[call.name]
-        assert theirs[call.name][0] == "error", f"{call.name}: Triton now answers {theirs}"
-        assert ours[call.name][:2] == ("error", rest if transport == "http" else grpc), why
-        assert all(word in ours[call.name][2] for word in call.words), ours
+    assert_on_purpose(theirs, ours, ON_PURPOSE_CALLS, ON_PURPOSE, transport)
 
 
 def test_concurrent_requests_reach_execute_as_triton_batches_them(

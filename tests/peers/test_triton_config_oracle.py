@@ -27,7 +27,15 @@ from tritonclient.utils import InferenceServerException
 
 from bench.servers import PeerServer
 from tests.peers.conftest import triton_serving
-from tests.peers.oracle import Call, answers, differences, outputs, tensor, transports
+from tests.peers.oracle import (
+    Call,
+    assert_on_purpose,
+    differences,
+    outputs,
+    tensor,
+    urls_of,
+)
+from tests.peers.oracle import both as oracle_both
 from tests.system.harness import Appliance, make_config, new_run_dir, serving
 from tests.triton_config_repository import copy_to
 
@@ -178,11 +186,7 @@ def appliance(repository: Path) -> Iterator[Appliance]:
 def both(
     triton: PeerServer, appliance: Appliance, transport: str, calls: list[Call]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    index = 0 if transport == "http" else 1
-    module, triton_url = transports(triton.urls)[index]
-    ours = {kind: f"127.0.0.1:{appliance.ports[kind]}" for kind in ("http", "grpc")}
-    _, appliance_url = transports(ours)[index]
-    return answers(module, triton_url, calls), answers(module, appliance_url, calls)
+    return oracle_both(triton.urls, urls_of(appliance), transport, calls)
 
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])
@@ -199,12 +203,7 @@ def test_where_the_appliance_answers_otherwise_it_is_on_purpose(
     triton: PeerServer, appliance: Appliance, transport: str
 ) -> None:
     theirs, ours = both(triton, appliance, transport, ON_PURPOSE_CALLS)
-    for call in ON_PURPOSE_CALLS:
-        rest, grpc, why = ON_PURPOSE[call.name]
-        kind = "ok" if call.name in TRITON_ANSWERS else "error"
-        assert theirs[call.name][0] == kind, f"{call.name}: Triton now answers {theirs}"
-        assert ours[call.name][:2] == ("error", rest if transport == "http" else grpc), why
-        assert all(word in ours[call.name][2] for word in call.words), ours
+    assert_on_purpose(theirs, ours, ON_PURPOSE_CALLS, ON_PURPOSE, transport, TRITON_ANSWERS)
 
 
 # Requests sent one after another to a model that runs one at a time: (tag, the
@@ -283,7 +282,7 @@ def test_priorities_and_queue_policies_order_and_refuse_as_triton_does(
     triton: PeerServer, appliance: Appliance
 ) -> None:
     theirs = scheduled(triton.urls["http"])
-    url = f"127.0.0.1:{appliance.ports['http']}"
+    url = urls_of(appliance)["http"]
     ours = scheduled(url)
     assert ours == theirs
     counted, triton_counted = failures(url), failures(triton.urls["metrics"])
@@ -341,7 +340,7 @@ def test_a_repeated_request_is_answered_from_the_cache_as_triton_answers_it(
     triton: PeerServer, appliance: Appliance
 ) -> None:
     theirs = cache_seen(triton.urls["http"], triton.urls["metrics"])
-    url = f"127.0.0.1:{appliance.ports['http']}"
+    url = urls_of(appliance)["http"]
     ours = cache_seen(url, url)
     assert ours == theirs
     assert theirs["runs"] == [1, 1, 2, 1]
