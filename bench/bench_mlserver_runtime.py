@@ -34,10 +34,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.loadgen import ClientPool, ProcessTree, median_row, write_results  # noqa: E402
+from bench.loadgen import (  # noqa: E402
+    ClientPool,
+    ProcessTree,
+    appliance_serving,
+    median_row,
+    round_arguments,
+    write_results,
+)
 from bench.servers import PeerUnavailable, mlserver_folder  # noqa: E402
 from tests.mlserver_models import write_folder  # noqa: E402
-from tests.system.harness import make_config, new_run_dir, serving  # noqa: E402
+from tests.system.harness import make_config, new_run_dir  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "mlserver_runtime.json"
 MODEL = "mnist-svm"
@@ -83,13 +90,10 @@ def folder() -> Iterator[Path]:
         yield root
 
 
-@contextlib.contextmanager
-def appliance(models: Path) -> Iterator[dict[str, Any]]:
+def appliance(models: Path) -> contextlib.AbstractContextManager[dict[str, Any]]:
     config = make_config(new_run_dir(), [])
     config["repositories"] = [{"path": str(models)}]
-    with serving(config) as served:
-        urls = {kind: f"127.0.0.1:{served.ports[kind]}" for kind in ("http", "grpc")}
-        yield {"urls": urls, "pid": served.process.pid}
+    return appliance_serving(config)
 
 
 Runs = dict[str, dict[str, list[dict[str, Any]]]]
@@ -125,13 +129,7 @@ def report(table: dict[str, dict[str, dict[str, Any]]]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="per cell")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="a short smoke run")
-    args = parser.parse_args()
-    if args.quick:
-        args.seconds, args.rounds = 1.0, 1
+    args = round_arguments(__doc__.split("\n")[0], 1.0)
     with contextlib.ExitStack() as stack:
         models = stack.enter_context(folder())
         servers = {"appliance": stack.enter_context(appliance(models))}

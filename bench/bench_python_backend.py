@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import statistics
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import callers  # noqa: E402
-from bench.loadgen import ClientPool, ProcessTree, median_row, write_results  # noqa: E402
+from bench.loadgen import (  # noqa: E402
+    ClientPool,
+    ProcessTree,
+    appliance_serving,
+    median_row,
+    round_arguments,
+    write_results,
+)
 from bench.servers import PeerUnavailable  # noqa: E402
 from bench.triton_peer import VERSION, bench_repository, tritonserver  # noqa: E402
-from tests.system.harness import make_config, new_run_dir, serving  # noqa: E402
+from tests.system.harness import make_config, new_run_dir  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "python_backend.json"
 # server -> model -> the name it is served as
@@ -56,8 +62,7 @@ CLIENTS = (1, 8)
 TARGET = 1.1
 
 
-@contextlib.contextmanager
-def appliance(models: Path) -> Iterator[dict[str, Any]]:
+def appliance(models: Path) -> contextlib.AbstractContextManager[dict[str, Any]]:
     """The appliance with the native classes and the Python-backend repository."""
     native = [
         {"name": "identity", "class": "appliance.demos.identity:Identity"},
@@ -65,19 +70,11 @@ def appliance(models: Path) -> Iterator[dict[str, Any]]:
     ]
     config = make_config(new_run_dir(), native)
     config["repositories"] = [{"path": str(models)}]
-    with serving(config) as served:
-        urls = {kind: f"127.0.0.1:{served.ports[kind]}" for kind in ("http", "grpc")}
-        yield {"urls": urls, "pid": served.process.pid}
+    return appliance_serving(config)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="per cell")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="a short smoke run")
-    args = parser.parse_args()
-    if args.quick:
-        args.seconds, args.rounds = 0.5, 1
+    args = round_arguments(__doc__.split("\n")[0], 0.5)
     with contextlib.ExitStack() as stack:
         models = stack.enter_context(bench_repository())
         ours = stack.enter_context(appliance(models))

@@ -21,6 +21,7 @@ Rows are plain dicts (``requests``, ``rps``, ``p50_ms``/``p99_ms`` or the
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import multiprocessing as mp
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -403,3 +404,27 @@ def _row(
     row["server_cores"] = server_cpu[0] / server_cpu[1]
     row["client_cpu_us"] = client_cpu_s / done * 1e6
     return row
+
+
+def round_arguments(description: str, quick_seconds: float) -> argparse.Namespace:
+    """The command line of a benchmark run in interleaved rounds: ``--seconds`` a cell,
+    ``--rounds``, and ``--quick`` (``quick_seconds`` a cell, one round)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--seconds", type=float, default=3.0, help="per cell")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.rounds = quick_seconds, 1
+    return args
+
+
+@contextlib.contextmanager
+def appliance_serving(config: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The appliance with ``config`` (tests/system/harness.py's), as a benchmark's
+    server: its KServe addresses and its pid (whose process tree is measured)."""
+    from tests.system.harness import serving
+
+    with serving(config) as served:
+        urls = {kind: f"127.0.0.1:{served.ports[kind]}" for kind in ("http", "grpc")}
+        yield {"urls": urls, "pid": served.process.pid}
