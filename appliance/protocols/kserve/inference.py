@@ -9,7 +9,6 @@ RPC library.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -150,11 +149,18 @@ def parse_shape(shape: object, what: str) -> tuple[int, ...]:
     if not isinstance(shape, list | tuple) or len(shape) > MAX_RANK:
         raise DecodeError(f"{what}: shape must be a list of at most {MAX_RANK} integers")
     dims = []
+    claimed = 1
     for dim in shape:
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+        if type(dim) is not int:  # PERF: the common case, one check (bool is not int here)
+            if isinstance(dim, bool) or not isinstance(dim, int):
+                raise DecodeError(f"{what}: shape {list(shape)} must hold integers >= 0")
+            dim = int(dim)
+        if dim < 0:
             raise DecodeError(f"{what}: shape {list(shape)} must hold integers >= 0")
-        dims.append(int(dim))
-    if math.prod(max(dim, 1) for dim in dims) > MAX_ELEMENTS:
+        dims.append(dim)
+        if dim > 1:
+            claimed *= dim
+    if claimed > MAX_ELEMENTS:
         raise DecodeError(
             f"{what}: shape {dims} claims more than {MAX_ELEMENTS} elements "
             "(zero dims aside), more than any tensor can hold"
