@@ -21,7 +21,9 @@ and on this machine kind each costs more than the bytes it carries.
 host), 0 for none. ``code`` is an :class:`~appliance.errors.ErrorCode`; a
 non-zero code carries ``{"message": ...}`` as its body.
 
-In a body, each tensor is ``[name, dtype, shape, place]`` where ``place`` is
+In a body, each tensor is ``[name, dtype, shape, place]``, or
+``[name, dtype, shape, place, parameters]`` for a reply's output the model
+gave parameters (see :mod:`appliance.core.output_parameters`), where ``place`` is
 an int (the index of its inline payload; the body's ``"inline"`` lists the
 payloads' lengths), ``[segment, offset, nbytes]`` (its bytes in a
 shared-memory segment) or ``{"cuda": [...]}`` (in a client's GPU memory; see
@@ -54,6 +56,7 @@ import orjson
 from appliance.core.client_memory import ClientTensor
 from appliance.core.device_tensors import CudaPlace, DeviceTensor, empty_like, is_cuda_place
 from appliance.core.dtypes import DType, to_numpy
+from appliance.core.output_parameters import parameters_of
 from appliance.core.ring import Block
 from appliance.core.tensor import Tensor
 from appliance.errors import BadRequest, ErrorCode
@@ -192,7 +195,8 @@ def place_tensors(
 ) -> list[list[Any]]:
     """Write tensors into a message: small ones inline, the rest into ``ring``.
 
-    Appends inline payloads to ``payloads`` and the ring blocks used to
+    Outputs a model gave parameters (an OutputsWithParameters) carry them
+    in their entries. Appends inline payloads to ``payloads`` and the ring blocks used to
     ``blocks`` (the caller releases them when the peer is done). A tensor in
     a client's file is read straight into its block (or payload): its one copy.
 
@@ -226,6 +230,11 @@ def place_tensors(
             ring.view(block)[:] = raw
             place = [block.segment, block.offset, block.nbytes]
         entries.append([name, tensor.dtype.value, list(tensor.shape), place])
+    described = parameters_of(tensors)
+    if described:
+        for entry in entries:
+            if entry[0] in described:
+                entry.append(described[entry[0]])
     return entries
 
 
@@ -323,7 +332,8 @@ def read_tensors(
     tensors: dict[str, Tensor] = {}
     for entry in entries:
         try:
-            name, dtype_name, shape, place = entry
+            # A reply's output may carry its parameters fifth (see place_tensors).
+            name, dtype_name, shape, place = entry if len(entry) == 4 else entry[:4]
             dtype = _DTYPES[dtype_name]
             if type(place) is int:
                 if place < 0:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from appliance.core.metadata import ModelMetadata
+from appliance.core.output_parameters import carried
 from appliance.core.tensor import Tensor
 from appliance.errors import BadRequest, ModelFailed, Unsupported
 from appliance.model import Model
@@ -72,7 +73,8 @@ def _vector(arrays: Mapping[str, Any], name: str) -> Any:
 
 
 def stream_part(metadata: ModelMetadata, part: Any) -> dict[str, Tensor]:
-    """Check one streamed part: any subset of the declared outputs.
+    """Check one streamed part: any subset of the declared outputs (and their
+    parameters, from an OutputsWithParameters).
 
     Raises:
         ModelFailed: the part is not a mapping or holds an unknown output.
@@ -92,4 +94,4 @@ def stream_part(metadata: ModelMetadata, part: Any) -> dict[str, Tensor]:
         else:
             array = conform(metadata.name, spec, value)
         tensors[str(name)] = Tensor.from_array(array)
-    return tensors
+    return carried(part, tensors)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from appliance.core.metadata import ModelMetadata
+from appliance.core.output_parameters import carried
 from appliance.core.tensor import Tensor
 from appliance.errors import ApplianceError, ModelFailed
 from appliance.model import Model, Request
@@ -57,6 +58,6 @@ def _checked(
     metadata: ModelMetadata, outputs: Mapping[str, Any], pending: Pending
 ) -> dict[str, Tensor] | ApplianceError:
     try:
-        return split_outputs(metadata, outputs, [pending])[0]
+        return carried(outputs, split_outputs(metadata, outputs, [pending])[0])
     except ApplianceError as ex:
         return ex

@@ -23,6 +23,7 @@ from appliance.core.descriptor import (
     to_frame,
 )
 from appliance.core.dtypes import DType, to_numpy
+from appliance.core.output_parameters import OutputsWithParameters, from_body
 from appliance.core.ring import Ring
 from appliance.core.segment import Segment
 from appliance.core.tensor import Tensor
@@ -115,3 +116,17 @@ def test_corrupted_real_frames_decode_or_raise_descriptor_error(noise: bytes) ->
         frame[(index * 7) % len(frame)] = value
     with contextlib.suppress(DescriptorError):
         from_frame(bytes(frame))
+
+
+def test_outputs_with_parameters_carry_them_in_their_entries(ring: Ring) -> None:
+    outputs = OutputsWithParameters(
+        {"y": Tensor.from_array(np.ones(3, np.float32)), "z": Tensor.from_array(np.zeros(1))},
+        {"y": {"content_type": "np", "dropped": object()}, "nope": {"a": 1}},
+    )
+    payloads: list[object] = []
+    entries = place_tensors(outputs, ring, 8, payloads, [])  # type: ignore[arg-type]
+    body = from_frame(to_frame(Message(Kind.REPLY, 1, 1, {"tensors": entries}, payloads))).body
+    assert from_body(body) == {"y": {"content_type": "np"}}
+    read = read_tensors(body["tensors"], payloads, SegmentReader(Segment.attach))
+    assert read["y"].array().tolist() == [1.0, 1.0, 1.0]
+    assert from_body({"tensors": place_tensors({"y": outputs["y"]}, ring, 64, [], [])}) == {}

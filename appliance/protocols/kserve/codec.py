@@ -318,11 +318,16 @@ def encode_infer_response(
             "datatype": tensor.dtype.value,
             "shape": list(tensor.shape),
         }
+        if output.parameters:
+            entry["parameters"] = dict(output.parameters)  # the model's (MLServer's content_type)
         if output.shm is not None:
             pass  # SPEC: §2.4 — the data is in the client's region, not the body.
         elif output.binary:
             raw = tensor.raw()
-            entry["parameters"] = {"binary_data_size": raw.nbytes}
+            if output.parameters:
+                entry["parameters"]["binary_data_size"] = raw.nbytes
+            else:
+                entry["parameters"] = {"binary_data_size": raw.nbytes}
             blobs.append(raw)
         else:
             entry["data"] = json_data(output.name, tensor)

@@ -119,13 +119,16 @@ class OutputData:
 
     ``tensor`` is a view into shared memory, valid only while the result
     that produced it is held. For an output written into a client's region
-    (``shm`` set), only its name, datatype and shape are sent back.
+    (``shm`` set), only its name, datatype, shape and parameters are sent back.
     """
 
     name: str
     tensor: Tensor
     binary: bool
     shm: ShmRef | None = None
+    # What the model said of this output (core/output_parameters.py): the
+    # response's "parameters" of it, beside the protocol's own.
+    parameters: Mapping[str, Any] | None = None
 
 
 def parse_dtype(name: object, what: str) -> DType:
