@@ -37,10 +37,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from appliance.core.output_parameters import OutputsWithParameters
 from appliance.core.sequences import Control, State, state
 from appliance.core.tensor import TensorSpec, spec
 
-__all__ = ["Arrays", "Model", "Outputs", "Request", "State", "TensorSpec", "spec", "state"]
+__all__ = [
+    "Arrays",
+    "Model",
+    "Outputs",
+    "OutputsWithParameters",
+    "Request",
+    "State",
+    "TensorSpec",
+    "spec",
+    "state",
+]
 
 Arrays = dict[str, npt.NDArray[Any]]
 Outputs = Mapping[str, npt.ArrayLike]
@@ -119,6 +130,12 @@ class Model:
     # True: the worker calls predict_requests with the batch's requests one by
     # one (Triton's Python backend), never predict with them concatenated.
     per_request: bool = False
+    # What KServe model metadata lists for a model that takes any tensors
+    # (inputs/outputs None) yet names some, as MLServer's model-settings.json
+    # does: {"inputs": [...], "outputs": [...]} of {"name", "datatype",
+    # "shape", "parameters"} and a model-level "parameters". Shown as they
+    # are, never checked against requests.
+    listed_metadata: Mapping[str, Any] = {}
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         """Keep the config's ``options`` table; do heavy work in :meth:`load`."""
@@ -137,6 +154,9 @@ class Model:
         Returns:
             A mapping of output name to array; for a batched model each
             output's first dimension equals the inputs' first dimension.
+            An :class:`OutputsWithParameters` gives each output parameters
+            too, which KServe responses carry (every request of the batch
+            gets them).
 
         Raises:
             Exception: any error fails the request (or batch) with its message.

@@ -75,6 +75,29 @@ class Batched(MLModel):
         return InferenceResponse(model_name=self.name, outputs=outputs)
 
 
+class Words(MLModel):
+    # predict: every word at once; predict_stream (MLServer >= 1.5): a response per word.
+    async def load(self) -> bool:
+        return True
+
+    def _words(self, payload: InferenceRequest) -> list:
+        text = self.decode(payload.inputs[0], default_codec=StringCodec)
+        return " ".join(text).split()
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        outputs = [StringCodec.encode_output("word", self._words(payload))]
+        return InferenceResponse(model_name=self.name, outputs=outputs)
+
+    async def predict_stream(self, payloads):
+        async for payload in payloads:
+            for word in self._words(payload):
+                if word == "boom":
+                    raise InferenceError("the word boom is not streamed")
+                length = NumpyCodec.encode_output("length", np.array([len(word)], np.int64))
+                outputs = [StringCodec.encode_output("word", [word]), length]
+                yield InferenceResponse(model_name=self.name, outputs=outputs)
+
+
 class FailsToLoad(MLModel):
     async def load(self) -> bool:
         raise ValueError("weights are missing on purpose")
@@ -226,6 +249,40 @@ def write_folder(root: Path, only: Collection[str] | None = None) -> list[str]:
         },
     )
     (folder / "models.py").write_text(CUSTOM)
+    # Declared outputs, with content types, for the metadata endpoint; a custom codec's
+    # content type at the model's level.
+    folder = root / "custom-declared"
+    _settings(
+        folder,
+        {
+            "name": "custom-declared",
+            "implementation": "models.Echo",
+            "inputs": [
+                {
+                    "name": "text",
+                    "datatype": "BYTES",
+                    "shape": [-1],
+                    "parameters": {"content_type": "str"},
+                },
+                {"name": "x", "datatype": "FP32", "shape": [-1, 2]},
+            ],
+            "outputs": [
+                {"name": "upper", "datatype": "BYTES", "shape": [-1, 1]},
+                {
+                    "name": "scaled",
+                    "datatype": "FP32",
+                    "shape": [-1, 2],
+                    "parameters": {"content_type": "np"},
+                },
+            ],
+            "parameters": {"content_type": "np"},
+        },
+    )
+    (folder / "models.py").write_text(CUSTOM)
+    # predict_stream: a response per word.
+    folder = root / "words"
+    _settings(folder, {"name": "words", "implementation": "models.Words"})
+    (folder / "models.py").write_text(CUSTOM)
     # MLServer's adaptive batching: up to 4 requests, waiting at most 0.5 s for them.
     folder = root / "adaptive"
     _settings(
@@ -240,7 +297,7 @@ def write_folder(root: Path, only: Collection[str] | None = None) -> list[str]:
     (folder / "models.py").write_text(CUSTOM)
     _settings(root / "fails-to-load", {"implementation": "failing.FailsToLoad"})
     (root / "fails-to-load" / "failing.py").write_text(CUSTOM)
-    written += ["custom", "custom-typed", "adaptive", "fails-to-load"]
+    written += ["custom", "custom-typed", "custom-declared", "words", "adaptive", "fails-to-load"]
     return written
 
 

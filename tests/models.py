@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from appliance.demos.sequence import SimpleSequence
-from appliance.model import Arrays, Model, Outputs, spec
+from appliance.model import Arrays, Model, Outputs, OutputsWithParameters, spec
 
 
 class BatchProbe(Model):
@@ -97,6 +97,21 @@ class Tagged(Model):
         time.sleep(float(self.options.get("delay_s", 0.0)))
         tag = np.array([str(self.options.get("tag", ""))], dtype=object)
         return {"y": inputs["x"], "tag": tag}
+
+
+class Described(Model):
+    """Return ``x`` doubled, with parameters of the output (a batched model: every
+    request of a batch gets them); a list value has no place in gRPC's map."""
+
+    inputs = [spec("x", "FP32", [-1, 2])]
+    outputs = [spec("y", "FP32", [-1, 2]), spec("n", "INT32", [-1, 1])]
+    max_batch_size = 8
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        x = inputs["x"]
+        y = {"content_type": "np", "scale": 2, "exact": True, "ratio": 0.5, "axes": [0, 1]}
+        rows = np.full((len(x), 1), len(x), np.int32)
+        return OutputsWithParameters({"y": x * 2, "n": rows}, {"y": y, "nope": {"a": 1}})
 
 
 class ParameterEcho(Model):

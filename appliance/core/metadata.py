@@ -37,6 +37,8 @@ class ModelMetadata:
     # A sequence model's control inputs and implicit state, in Triton's
     # model-config form (see worker/sequences.py); None for other models.
     sequence: dict[str, Any] | None = None
+    # What KServe metadata lists beside the declared tensors (Model.listed_metadata).
+    listed: dict[str, Any] = field(default_factory=dict)
 
     def input(self, name: str) -> TensorSpec | None:
         return _find(self.inputs, name)
@@ -55,6 +57,7 @@ class ModelMetadata:
             "supports": dict(self.supports),
             "description": self.description,
             "sequence": self.sequence,
+            "listed": self.listed,
         }
 
     @classmethod
@@ -69,6 +72,7 @@ class ModelMetadata:
             supports={str(k): bool(v) for k, v in data.get("supports", {}).items()},
             description=str(data.get("description", "")),
             sequence=data.get("sequence"),
+            listed=dict(data.get("listed") or {}),
         )
 
     def write(self, path: Path) -> None:

@@ -16,7 +16,13 @@ The worker drives it as MLServer does:
   gives them, or bytes where they are not UTF-8, as its gRPC server; the request's
   parameters and each input's, so ``content_type`` picks MLServer's codec), the
   model's ``predict`` answers with an ``InferenceResponse``, and each output
-  is read back into an array by its datatype and shape.
+  is read back into an array by its datatype and shape, with its parameters
+  (its ``content_type``), which KServe responses carry.
+- a class with its own ``predict_stream`` streams: one request is its
+  payloads, each InferenceResponse it yields a part (KServe gRPC
+  ModelStreamInfer's responses).
+- metadata: the model's ``metadata()`` (the settings' inputs and outputs and
+  their content types) is listed by KServe's metadata, never checked.
 - errors: worded as MLServer's inference pool words them ("<module>.<class>:
   <message>", after the model's name); an ``MLServerError`` keeps its kind
   (400 -> BadRequest, 404 -> ModelNotFound, others -> ModelFailed), any other
@@ -34,7 +40,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,7 +49,7 @@ from appliance.core import dtypes
 from appliance.core.dtypes import DType
 from appliance.errors import ApplianceError, BadRequest, ModelFailed, ModelNotFound
 from appliance.mlserver_settings import ADAPTIVE
-from appliance.model import Arrays, Outputs, Request
+from appliance.model import Arrays, Outputs, OutputsWithParameters, Request
 from appliance.runtimes.interface import ModelFileError, RuntimeModel
 
 log = logging.getLogger("appliance.worker")
@@ -114,7 +120,28 @@ class MLServerModel(RuntimeModel):
             raise ModelFileError(f"{self.file_name}: {cls.__name__}.load returned False")
         model.ready = True
         self._model = model
+        self.listed_metadata = self._metadata()
         self.description = f"MLServer {settings.implementation_} ({self.file_name})"
+
+    def _metadata(self) -> dict[str, Any]:
+        """What MLServer's metadata endpoint lists of the model (its ``metadata()``: the
+        settings' inputs and outputs, and their content types), for KServe's metadata."""
+        assert self._loop is not None
+        try:
+            with self._context(self._model.settings):
+                found = self._loop.run_until_complete(self._model.metadata()).model_dump()
+        except Exception as ex:
+            log.error("model %s: metadata() raised %s", self.model_name, _last(ex))
+            return {}
+        return {key: found[key] for key in ("inputs", "outputs", "parameters") if key in found}
+
+    def supported(self) -> dict[str, bool]:
+        """``predict_stream`` is served where the runtime's class defines its own."""
+        streams = False
+        if self._model is not None:
+            mlmodel = importlib.import_module("mlserver").MLModel
+            streams = type(self._model).predict_stream is not mlmodel.predict_stream
+        return {**self.supports(), "predict_stream": streams}
 
     def _short(self, message: str) -> str:
         """A message with the repository's path left out: a status note holds 256 bytes."""
@@ -148,6 +175,46 @@ class MLServerModel(RuntimeModel):
         if isinstance(result, ApplianceError):
             raise result
         return result
+
+    def predict_stream(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Iterator[Outputs]:
+        """The runtime's ``predict_stream`` over this one request: each InferenceResponse
+        it yields is a part (KServe gRPC ModelStreamInfer sends one response per part).
+
+        Raises:
+            BadRequest: a parameter of the wrong type (before the stream opens).
+        """
+        try:
+            payload = self._payload(Request(inputs, parameters, None))
+        except ValueError as ex:
+            raise BadRequest(f"model {self.model_name}: {_first_line(ex)}") from None
+        return self._stream(payload)
+
+    def _stream(self, payload: Any) -> Iterator[Outputs]:
+        loop = self._loop
+        assert loop is not None
+
+        async def payloads() -> AsyncIterator[Any]:
+            yield payload
+
+        responses = self._model.predict_stream(payloads())
+        try:
+            while True:
+                try:
+                    with self._context(self._model.settings):
+                        response = loop.run_until_complete(anext(responses))
+                except StopAsyncIteration:
+                    return
+                except Exception as ex:
+                    raise self._error(ex) from None
+                outputs = self._outputs(response, "predict_stream must yield")
+                if isinstance(outputs, ApplianceError):
+                    raise outputs
+                yield outputs
+        finally:
+            # The client went away or the stream ended: let the runtime clean up.
+            if not loop.is_closed():
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(responses.aclose())
 
     def predict_requests(self, requests: Sequence[Request]) -> list[Outputs | ApplianceError]:
         """Answer each request with the model's ``predict``; an error fails it alone.
@@ -201,12 +268,22 @@ class MLServerModel(RuntimeModel):
             )
         return response
 
-    def _outputs(self, response: Any) -> Outputs | ApplianceError:
+    def _outputs(
+        self, response: Any, what: str = "predict must return"
+    ) -> Outputs | ApplianceError:
+        """The response's outputs as arrays, with each output's parameters (its
+        ``content_type``, ...), which the KServe responses carry as MLServer's do."""
         try:
-            return {output.name: _array(output) for output in response.outputs}
+            arrays = {output.name: _array(output) for output in response.outputs}
+            parameters = {
+                output.name: output.parameters.model_dump()
+                for output in response.outputs
+                if output.parameters is not None
+            }
+            return OutputsWithParameters(arrays, parameters) if parameters else arrays
         except (AttributeError, ValueError, TypeError, KeyError) as ex:
             return ModelFailed(
-                f"model {self.model_name}: predict must return an InferenceResponse whose "
+                f"model {self.model_name}: {what} an InferenceResponse whose "
                 f"outputs fit their datatype and shape: {_last(ex)}"
             )
 

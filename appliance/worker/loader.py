@@ -92,6 +92,7 @@ def load_model(
         max_batch_size=max_batch,
         supports=model.supported(),
         description=model.description or (cls.__doc__ or "").strip().split("\n")[0],
+        listed=dict(model.listed_metadata),
     )
     return Loaded(model, metadata)
 

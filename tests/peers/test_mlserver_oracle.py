@@ -23,11 +23,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from bench.servers import PeerServer, PeerUnavailable, mlserver_folder
 from tests.mlserver_models import write_folder
@@ -90,21 +93,30 @@ def infer(
         )
         response = result.get_response(as_json=True) if module is grpcclient else None
         response = response or result.get_response()
-        plain = {}
-        for output in response["outputs"]:
-            array = result.as_numpy(output["name"])
-            if array.dtype == object:
-                array = np.vectorize(lambda b: b.decode() if isinstance(b, bytes) else b)(array)
-            plain[output["name"]] = (
-                output["datatype"],
-                [int(d) for d in output["shape"]],
-                np.round(array.astype(float), 6).tolist()
-                if array.dtype.kind == "f"
-                else array.tolist(),
-            )
-        return plain
+        return plain_outputs(response, result)
 
     return call
+
+
+def plain_outputs(response: dict[str, Any], result: Any) -> dict[str, Any]:
+    """Each output's datatype, shape, elements (floats to 6 places) and parameters
+    (the model's: its content_type; tritonclient's binary_data_size left out)."""
+    plain = {}
+    for output in response["outputs"]:
+        array = result.as_numpy(output["name"])
+        if array.dtype == object:
+            array = np.vectorize(lambda b: b.decode() if isinstance(b, bytes) else b)(array)
+        parameters = dict(output.get("parameters") or {})
+        parameters.pop("binary_data_size", None)
+        plain[output["name"]] = (
+            output["datatype"],
+            [int(d) for d in output["shape"]],
+            np.round(array.astype(float), 6).tolist()
+            if array.dtype.kind == "f"
+            else array.tolist(),
+            parameters,
+        )
+    return plain
 
 
 def metadata(model: str, version: str = "") -> Any:
@@ -118,7 +130,15 @@ def metadata(model: str, version: str = "") -> Any:
     return call
 
 
-METADATA_KEYS: dict[str, Any] = {"name": "", "platform": "", "inputs": [], "outputs": []}
+# Tensors with their parameters (MLServer's content types), over REST the model's own
+# parameters too (tritonclient's gRPC proto has no place for them and drops them).
+METADATA_KEYS: dict[str, Any] = {
+    "name": "",
+    "platform": "",
+    "inputs": [],
+    "outputs": [],
+    "parameters": {},
+}
 TEXT = np.array(["hello", "world"], dtype=object)
 BOOM = np.array(["boom"], dtype=object)
 B64 = np.array([b"aGVsbG8=", b"d29ybGQ="], dtype=object)
@@ -166,6 +186,12 @@ CALLS: dict[str, Any] = {
     "unknown model": infer("nope", {"x": ROWS}),
     "metadata svm": metadata("mnist-svm"),
     "metadata custom": metadata("custom"),
+    "metadata inputs with content types": metadata("custom-typed"),
+    "metadata inputs, outputs and the model's content type": metadata("custom-declared"),
+    "declared tensors are not checked": infer(
+        "custom-declared", {"x": np.arange(3, dtype=np.float32)}
+    ),
+    "a streaming model's predict": infer("words", {"text": np.array(["hi there"], dtype=object)}),
 }
 # Errors the appliance's KServe protocol words (the same status, its own message).
 WORDED_BY_THE_PROTOCOL = {"unknown model", "svm no version 9"}
@@ -303,3 +329,113 @@ def test_adaptive_batching_merges_requests_into_one_predict_as_mlserver_does(
     assert [doubled for doubled, _ in theirs] == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0], [6.0, 6.0]]
     assert max(rows for _, rows in theirs) > 1
     assert max(rows for _, rows in ours) > 1
+
+
+@pytest.fixture(scope="module")
+def mlserver_streaming(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerServer]:
+    """MLServer serving the streaming model with ``parallel_workers`` 0: its inference
+    pool's model has no predict_stream, so MLServer calls a runtime's own only then
+    (with workers it answers a stream with predict's one response)."""
+    root = tmp_path_factory.mktemp("mlserver-streaming")
+    for name in write_folder(root, only=("custom",)):
+        if name != "words":
+            shutil.rmtree(root / name)
+    try:
+        with mlserver_folder(root, parallel_workers=0) as server:
+            yield server
+    except PeerUnavailable as ex:
+        pytest.skip(f"MLServer is not available here: {ex}")
+
+
+def words_request(text: str) -> Any:
+    """A ModelInferRequest to words, its input in raw_input_contents as tritonclient sends it."""
+    request = pb.ModelInferRequest(model_name="words")
+    request.inputs.add(name="text", datatype="BYTES", shape=[1])
+    raw = serialize_byte_tensor(np.array([text.encode()], object))
+    request.raw_input_contents.append(raw.item())
+    return request
+
+
+def plain_response(response: Any) -> Answer:
+    """A ModelInferResponse's outputs: name, datatype, shape, parameters and raw bytes."""
+    found = json_format.MessageToDict(response)
+    outputs = [
+        (o.get("name"), o.get("datatype"), o.get("shape"), o.get("parameters", {}))
+        for o in found.get("outputs", [])
+    ]
+    return ("ok", outputs, list(response.raw_output_contents))
+
+
+def streamed(grpc_url: str, text: str, form: str) -> list[Answer]:
+    """Every response of one ModelStreamInfer call to words: its outputs, or its error.
+
+    ``form`` is the stream's wire form: MLServer's ("mlserver", a stream of
+    ModelInferResponse; an error ends the call with its status) or Triton's
+    ("triton", of ModelStreamInferResponse, each an infer_response or an
+    error_message), which the appliance serves and tritonclient reads.
+    """
+    answers: list[Answer] = []
+    reply = pb.ModelInferResponse if form == "mlserver" else pb.ModelStreamInferResponse
+    with grpc.insecure_channel(grpc_url) as channel:
+        call = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=reply.FromString,
+        )
+        try:
+            for response in call(iter([words_request(text)]), timeout=60):
+                if form == "mlserver":
+                    answers.append(plain_response(response))
+                elif response.error_message:
+                    answers.append(("error", response.error_message))
+                else:
+                    answers.append(plain_response(response.infer_response))
+        except grpc.RpcError as ex:
+            answers.append(("error", ex.details()))
+    return answers
+
+
+def test_predict_stream_answers_a_grpc_stream_response_by_response_as_mlserver_does(
+    mlserver_streaming: PeerServer, appliance: Appliance
+) -> None:
+    theirs = streamed(url(mlserver_streaming, "grpc"), "hello big world", "mlserver")
+    ours = streamed(url(appliance, "grpc"), "hello big world", "triton")
+    assert ours == theirs
+    assert len(ours) == 3
+    assert ours[0][1][0] == ("word", "BYTES", ["1", "1"], {"content_type": {"stringParam": "str"}})
+
+
+def test_tritonclient_reads_every_response_of_the_appliance_s_stream(
+    appliance: Appliance,
+) -> None:
+    """tritonclient reads Triton's form only: MLServer's stream of ModelInferResponse
+    reaches its callback as errors (each response's model_name read as error_message)."""
+    got: list[Any] = []
+    client = grpcclient.InferenceServerClient(url(appliance, "grpc"))
+    try:
+        client.start_stream(callback=lambda result, error: got.append(error or result))
+        words = grpcclient.InferInput("text", [1], "BYTES")
+        words.set_data_from_numpy(np.array([b"hello big world"], dtype=object))
+        client.async_stream_infer("words", [words])
+        client.stop_stream()  # waits for the stream's last response
+    finally:
+        client.close()
+    assert [r.as_numpy("word").reshape(-1).tolist() for r in got] == [
+        [b"hello"],
+        [b"big"],
+        [b"world"],
+    ]
+    assert [r.as_numpy("length").reshape(-1).tolist() for r in got] == [[5], [3], [5]]
+
+
+def test_a_stream_s_error_follows_the_responses_before_it_with_mlserver_s_message(
+    mlserver_streaming: PeerServer, appliance: Appliance
+) -> None:
+    """MLServer ends the call with the error's status; the appliance sends it as the
+    stream's error response (Triton's form)."""
+    theirs = streamed(url(mlserver_streaming, "grpc"), "a boom b", "mlserver")
+    ours = streamed(url(appliance, "grpc"), "a boom b", "triton")
+    assert [answer[0] for answer in ours] == [answer[0] for answer in theirs] == ["ok", "error"]
+    assert ours[0] == theirs[0]
+    assert "the word boom is not streamed" in theirs[1][1]
+    assert theirs[1][1] in ours[1][1]

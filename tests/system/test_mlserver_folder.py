@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("mlserver") is None,
     reason="the mlserver extra is not installed (pip install 'appliance[mlserver]')",
 )
-KEEP = ("custom",)
+KEEP = ("custom", "custom-declared", "words")
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,15 @@ def test_a_custom_model_answers_over_rest_and_its_errors_keep_mlserver_s_message
     base = f"http://127.0.0.1:{appliance.ports['http']}/v2/models/custom"
     words = {"name": "text", "shape": [2], "datatype": "BYTES", "data": ["ab", "cd"]}
     reply = requests.post(f"{base}/infer", json={"inputs": [words]}, timeout=30).json()
+    # Each output's parameters are the runtime's (StringCodec's content type), as MLServer's.
     assert reply["outputs"] == [
-        {"name": "upper", "datatype": "BYTES", "shape": [2, 1], "data": ["AB", "CD"]}
+        {
+            "name": "upper",
+            "datatype": "BYTES",
+            "shape": [2, 1],
+            "parameters": {"content_type": "str"},
+            "data": ["AB", "CD"],
+        }
     ]
     words["data"] = ["ab", "boom"]
     refused = requests.post(f"{base}/infer", json={"inputs": [words]}, timeout=30)
@@ -83,4 +91,54 @@ def test_the_folder_is_found_as_mlserver_finds_it(appliance: Appliance) -> None:
         f"http://127.0.0.1:{appliance.ports['http']}/v2/repository/index", json={}, timeout=30
     ).json()
     states = {entry["name"]: entry["state"] for entry in index}
-    assert states == {"custom": "READY"}
+    assert states == {"custom": "READY", "custom-declared": "READY", "words": "READY"}
+
+
+def test_metadata_lists_the_settings_tensors_and_requests_are_not_checked_against_them(
+    appliance: Appliance,
+) -> None:
+    base = f"http://127.0.0.1:{appliance.ports['http']}/v2/models/custom-declared"
+    found = requests.get(base, timeout=30).json()
+    assert found["inputs"][0] == {
+        "name": "text",
+        "datatype": "BYTES",
+        "shape": [-1],
+        "parameters": {"content_type": "str"},
+    }
+    assert [o["name"] for o in found["outputs"]] == ["upper", "scaled"]
+    assert found["parameters"] == {"content_type": "np"}
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    try:
+        listed = client.get_model_metadata("custom-declared")
+        assert [(t.name, t.datatype, list(t.shape)) for t in listed.inputs] == [
+            ("text", "BYTES", [-1]),
+            ("x", "FP32", [-1, 2]),
+        ]
+        # x is declared [-1, 2]; MLServer takes any shape, and so does the appliance.
+        x = grpcclient.InferInput("x", [3], "FP32")
+        x.set_data_from_numpy(np.arange(3, dtype=np.float32))
+        result = client.infer("custom-declared", [x])
+        assert result.as_numpy("scaled").reshape(-1).tolist() == [0.0, 1.0, 2.0]
+    finally:
+        client.close()
+
+
+def test_predict_stream_answers_a_grpc_stream_with_a_response_per_part(
+    appliance: Appliance,
+) -> None:
+    got: list[Any] = []
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    try:
+        client.start_stream(callback=lambda result, error: got.append(error or result))
+        words = grpcclient.InferInput("text", [1], "BYTES")
+        words.set_data_from_numpy(np.array([b"one two"], dtype=object))
+        client.async_stream_infer("words", [words])
+        client.stop_stream()  # waits for the stream's last response
+        assert [r.as_numpy("word").reshape(-1).tolist() for r in got] == [[b"one"], [b"two"]]
+        response = got[0].get_response(as_json=True)
+        assert response["outputs"][0]["parameters"] == {"content_type": {"string_param": "str"}}
+        # Its predict still answers a single inference.
+        single = client.infer("words", [words]).as_numpy("word").reshape(-1).tolist()
+        assert single == [b"one", b"two"]
+    finally:
+        client.close()

@@ -112,7 +112,7 @@ class InferenceServicer:
     @rpc
     def ModelMetadata(self, request: Any, context: Context) -> Any:
         metadata = service.model_metadata(self.client, request.name, request.version)
-        return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
+        return pbcodec.encode_model_metadata(metadata)
 
     @rpc
     def ModelConfig(self, request: Any, context: Context) -> Any:

@@ -214,7 +214,11 @@ def encode_infer_response(
     header = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
     for output in outputs:
         tensor = output.tensor
-        header.outputs.add(name=output.name, datatype=tensor.dtype.value, shape=list(tensor.shape))
+        added = header.outputs.add(
+            name=output.name, datatype=tensor.dtype.value, shape=list(tensor.shape)
+        )
+        if output.parameters:
+            encode_parameters(added.parameters, _scalars(output.parameters))
     if parameters:
         encode_parameters(header.parameters, parameters)
     parts: list[bytes | memoryview] = [header.SerializeToString()]
@@ -222,6 +226,34 @@ def encode_infer_response(
         raw = memoryview(b"") if output.shm is not None else output.tensor.raw()
         parts += [_RAW_OUTPUT_TAG, _varint(raw.nbytes), raw]
     return b"".join(parts)
+
+
+def encode_model_metadata(metadata: Mapping[str, Any]) -> Any:
+    """A ModelMetadataResponse of service.model_metadata's dict: its parameters (the
+    model's and each tensor's) as InferParameter maps, as MLServer's server sends them."""
+    response = pb.ModelMetadataResponse(
+        name=metadata["name"],
+        versions=metadata["versions"],
+        platform=metadata["platform"],
+    )
+    for field in ("inputs", "outputs"):
+        for tensor in metadata[field]:
+            added = getattr(response, field).add(
+                name=str(tensor.get("name", "")),
+                datatype=str(tensor.get("datatype", "")),
+                shape=[int(dim) for dim in tensor.get("shape", ())],
+            )
+            if isinstance(tensor.get("parameters"), Mapping):
+                encode_parameters(added.parameters, _scalars(tensor["parameters"]))
+    if isinstance(metadata.get("parameters"), Mapping):
+        encode_parameters(response.parameters, _scalars(metadata["parameters"]))
+    return response
+
+
+def _scalars(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters an InferParameter can hold: lists and objects have no place there
+    (MLServer's gRPC server leaves them out too)."""
+    return {key: value for key, value in values.items() if not isinstance(value, list | dict)}
 
 
 def encode_stream_response(infer_response: bytes) -> bytes:

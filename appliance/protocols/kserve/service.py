@@ -9,7 +9,7 @@ both transports answer the same thing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from appliance.core.client_memory import ClientSpan, ClientTensor
 from appliance.core.device_tensors import CudaPlace, DeviceTensor
 from appliance.core.dtypes import DType
 from appliance.core.metadata import ModelMetadata
+from appliance.core.output_parameters import from_body
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Unsupported
@@ -155,15 +156,28 @@ def model_ready(client: ModelClient, model: str, version: str) -> bool:
 
 
 def model_metadata(client: ModelClient, model: str, version: str) -> dict[str, Any]:
+    """The model's KServe metadata: its declared tensors, or for a model that takes
+    any tensors, those it lists (Model.listed_metadata: MLServer's settings' tensors,
+    with their parameters) and its model-level parameters."""
     _, metadata = resolve(client, model, version)
     versions = [version] if version else all_versions(client, model, metadata.versions)
-    return {
+    listed = metadata.listed
+    found: dict[str, Any] = {
         "name": model,
         "versions": versions,
         "platform": metadata.platform,
-        "inputs": [spec.to_dict() for spec in metadata.inputs or ()],
-        "outputs": [spec.to_dict() for spec in metadata.outputs or ()],
+        "inputs": _tensor_metadata(metadata.inputs, listed.get("inputs")),
+        "outputs": _tensor_metadata(metadata.outputs, listed.get("outputs")),
     }
+    if isinstance(listed.get("parameters"), dict):
+        found["parameters"] = listed["parameters"]
+    return found
+
+
+def _tensor_metadata(declared: Sequence[TensorSpec] | None, listed: Any) -> list[dict[str, Any]]:
+    if declared is None and isinstance(listed, list):
+        return [dict(item) for item in listed if isinstance(item, dict)]
+    return [spec.to_dict() for spec in declared or ()]
 
 
 def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any]:
@@ -317,7 +331,7 @@ async def infer_async(
         request_id=request.id,
     )
     with result:
-        yield _outputs(request, result.outputs, call.targets)
+        yield _outputs(request, result.outputs, call.targets, from_body(result.body))
 
 
 @dataclass(slots=True)
@@ -364,7 +378,7 @@ async def stream_async(
     stream = client.stream_async(call.model, call.inputs, call.names, call.parameters, timeout_s)
     async with contextlib.aclosing(stream) as parts:
         async for part in parts:
-            yield _outputs(request, part.outputs, {})
+            yield _outputs(request, part.outputs, {}, from_body(part.body))
 
 
 def decoupled(client: ModelClient, model: str) -> bool:
@@ -443,8 +457,13 @@ def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, Ta
 
 
 def _outputs(
-    request: InferRequest, produced: dict[str, Tensor], targets: dict[str, Target | CudaPlace]
+    request: InferRequest,
+    produced: dict[str, Tensor],
+    targets: dict[str, Target | CudaPlace],
+    parameters: Mapping[str, dict[str, Any]],
 ) -> list[OutputData]:
+    """The outputs to encode, as the request asked for them, with the model's
+    parameters of each (``parameters``, by name)."""
     wanted = request.outputs
     if wanted is None:
         wanted = [RequestedOutput(name) for name in produced]
@@ -458,7 +477,8 @@ def _outputs(
             if isinstance(target, Target):  # else the model worker has written it
                 _write(output, tensor, target)
         binary = request.binary_output if output.binary is None else output.binary
-        outputs.append(OutputData(output.name, tensor, binary, output.shm))
+        given = parameters.get(output.name) if parameters else None
+        outputs.append(OutputData(output.name, tensor, binary, output.shm, given))
     return outputs
 
 
