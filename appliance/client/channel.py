@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar, cast
 import zmq
 
 from appliance.client.routing import Router, Target, lost_sequence
-from appliance.core.descriptor import DescriptorError, Kind, Message, from_frame, to_frame
+from appliance.core.descriptor import DescriptorError, Kind, Message, from_frames, to_frame
 from appliance.errors import DeadlineExceeded, WorkerLost
 
 SLICE_MS = 50
@@ -154,14 +154,16 @@ class ReplySockets(Generic[BoxT]):
 
     def _route(self, frame: bytes) -> None:
         try:
-            message = from_frame(frame)
+            messages = from_frames(frame)
         except DescriptorError:
             return
-        box = self._inbox.get(message.request_id)
-        if box is not None:
-            box.append(message)
-        else:
-            self._on_stray(message)
+        inbox = self._inbox
+        for message in messages:
+            box = inbox.get(message.request_id)
+            if box is not None:
+                box.append(message)
+            else:
+                self._on_stray(message)
 
     def close(self) -> None:
         """Tell every worker this channel used to forget it, then close."""

@@ -15,7 +15,11 @@ its replies go (see :mod:`appliance.core.tree`), a worker's pid says which
 instance answered.
 
 One frame, not one per part: every frame is a separate call into libzmq,
-and on this machine kind each costs more than the bytes it carries.
+and on this machine kind each costs more than the bytes it carries. For the
+same reason a frame may carry several messages back to back (each message's
+header and body say where it ends): an event loop's requests to one
+instance made in the same loop turn, or a worker's replies to one channel,
+go as one frame, one send and one wake-up of each side's I/O thread.
 
 ``deadline`` is CLOCK_MONOTONIC seconds (the same clock in every process on a
 host), 0 for none. ``code`` is an :class:`~appliance.errors.ErrorCode`; a
@@ -126,24 +130,57 @@ def to_frame(message: Message) -> bytes:
 _KINDS = {int(kind): kind for kind in Kind}
 
 
-def from_frame(frame: bytes) -> Message:
-    """Decode a frame received with ``recv``.
+def from_frame(frame: bytes | memoryview) -> Message:
+    """Decode a frame that holds exactly one message.
 
     Raises:
         DescriptorError: the frame is not a message of this version.
     """
-    if len(frame) < HEADER.size:
-        raise DescriptorError(f"a message needs {HEADER.size} header bytes, got {len(frame)}")
+    message, end = _decode(memoryview(frame), 0)
+    if end != len(frame):
+        raise DescriptorError(f"descriptor frame has {len(frame) - end} stray bytes")
+    return message
+
+
+def from_frames(frame: bytes) -> list[Message]:
+    """Decode every message of a frame received with ``recv`` (see :func:`join_frames`).
+
+    Raises:
+        DescriptorError: a message in it is not a message of this version;
+            the frame's other messages are lost with it.
+    """
+    view = memoryview(frame)
+    message, end = _decode(view, 0)
+    messages = [message]
+    while end < len(view):
+        message, end = _decode(view, end)
+        messages.append(message)
+    return messages
+
+
+def join_frames(frames: Sequence[bytes]) -> bytes:
+    """One frame that carries the messages of ``frames``, in order."""
+    return frames[0] if len(frames) == 1 else b"".join(frames)
+
+
+def _decode(view: memoryview, start: int) -> tuple[Message, int]:
+    """The message that starts at ``start`` of ``view``, and where it ends."""
+    if len(view) - start < HEADER.size:
+        raise DescriptorError(
+            f"a message needs {HEADER.size} header bytes, got {len(view) - start}"
+        )
     magic, version, kind, code, channel, pid, request_id, deadline, length = HEADER.unpack_from(
-        frame
+        view, start
     )
     message_kind = _KINDS.get(kind)
     if magic != MAGIC or version != VERSION or message_kind is None:
         raise DescriptorError(f"unknown descriptor {magic!r} version {version} kind {kind}")
-    end = HEADER.size + length
-    view = memoryview(frame)
+    begin = start + HEADER.size
+    end = begin + length
+    if end > len(view):
+        raise DescriptorError(f"a descriptor body of {length} bytes runs past its frame")
     try:
-        body = orjson.loads(view[HEADER.size : end])
+        body = orjson.loads(view[begin:end])
         payloads: list[Any] = []
         for size in body.pop("inline", None) or ():
             # A negative size would slice backwards over the header.
@@ -153,9 +190,9 @@ def from_frame(frame: bytes) -> Message:
             end += size
     except (orjson.JSONDecodeError, TypeError, AttributeError) as ex:
         raise DescriptorError(f"bad descriptor body: {ex}") from None
-    if end != len(frame):
-        raise DescriptorError(f"descriptor frame has {len(frame) - end} stray bytes")
-    return Message(message_kind, request_id, pid, body, payloads, code, deadline, channel)
+    if end > len(view):
+        raise DescriptorError(f"inline payloads run {end - len(view)} bytes past their frame")
+    return Message(message_kind, request_id, pid, body, payloads, code, deadline, channel), end
 
 
 def error_message(kind: Kind, request_id: int, pid: int, code: ErrorCode, text: str) -> Message:

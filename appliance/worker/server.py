@@ -30,7 +30,7 @@ from appliance.core.descriptor import (
     Message,
     blocks_from,
     error_message,
-    from_frame,
+    from_frames,
     place_tensors,
     read_tensors,
     ring_blocks,
@@ -183,6 +183,8 @@ class WorkerServer:
             if batch:
                 self._run(batch)
             self._step_streams()
+            # One frame per channel for this turn's replies (outbox.py).
+            self.outbox.flush()
             self._tick()
 
     def stop(self) -> None:
@@ -261,18 +263,22 @@ class WorkerServer:
             except zmq.Again:
                 return
             try:
-                message = from_frame(frame)
+                messages = from_frames(frame)
             except ValueError as ex:
                 log.warning("dropped a malformed message: %s", ex)
                 continue
-            if message.kind is Kind.INFER:
-                self._accept(message)
-            elif message.kind is Kind.RELEASE:
-                self.outbox.release(message.pid, blocks_from(message.body.get("blocks", [])))
-            elif message.kind is Kind.CANCEL:
-                self._cancel(message.pid, message.request_id)
-            elif message.kind is Kind.GOODBYE:
-                self.outbox.forget_channel((message.pid, message.channel))
+            for message in messages:
+                self._take(message)
+
+    def _take(self, message: Message) -> None:
+        if message.kind is Kind.INFER:
+            self._accept(message)
+        elif message.kind is Kind.RELEASE:
+            self.outbox.release(message.pid, blocks_from(message.body.get("blocks", [])))
+        elif message.kind is Kind.CANCEL:
+            self._cancel(message.pid, message.request_id)
+        elif message.kind is Kind.GOODBYE:
+            self.outbox.forget_channel((message.pid, message.channel))
 
     def _accept(self, message: Message) -> None:
         if len(self.batcher) >= self.max_queue:

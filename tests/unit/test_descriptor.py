@@ -18,6 +18,8 @@ from appliance.core.descriptor import (
     Message,
     SegmentReader,
     from_frame,
+    from_frames,
+    join_frames,
     place_tensors,
     read_tensors,
     to_frame,
@@ -103,10 +105,38 @@ def test_the_inline_threshold_cannot_exceed_64_kib() -> None:
         from_dict({"shm": {"inline_threshold_bytes": MAX_INLINE_BYTES + 1}}, "t.toml")
 
 
+def test_one_frame_carries_several_messages_in_order() -> None:
+    sent = [
+        Message(Kind.INFER, 1, 9, {"model": "m", "tensors": []}, [b"abc"], deadline=2.0, channel=3),
+        Message(Kind.RELEASE, 0, 9, {"blocks": [["seg", 0, 64]]}),
+        Message(Kind.INFER, 2, 9, {"model": "m"}, [b"", b"xyz" * 5], channel=3),
+    ]
+    frame = join_frames([to_frame(message) for message in sent])
+    got = from_frames(frame)
+    assert [(m.kind, m.request_id, m.channel, m.deadline) for m in got] == [
+        (m.kind, m.request_id, m.channel, m.deadline) for m in sent
+    ]
+    assert [[bytes(p) for p in m.payloads] for m in got] == [[b"abc"], [], [b"", b"xyz" * 5]]
+    assert got[1].body == {"blocks": [["seg", 0, 64]]}
+    # A lone message is sent as it is, and read back alone.
+    assert join_frames([to_frame(sent[1])]) == to_frame(sent[1])
+    assert len(from_frames(to_frame(sent[1]))) == 1
+
+
+def test_a_frame_of_several_refuses_a_bad_message_among_them() -> None:
+    good = to_frame(Message(Kind.REPLY, 1, 9, {"tensors": []}))
+    with pytest.raises(DescriptorError, match="header bytes"):
+        from_frames(good + good[:10])
+    with pytest.raises(DescriptorError, match="stray bytes"):
+        from_frame(good + good)
+
+
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_decode_or_raise_descriptor_error(frame: bytes) -> None:
     with contextlib.suppress(DescriptorError):
         from_frame(frame)
+    with contextlib.suppress(DescriptorError):
+        from_frames(frame)
 
 
 @given(st.binary(max_size=120))
