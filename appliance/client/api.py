@@ -412,19 +412,20 @@ class ModelClient:
             ModelNotFound: no such model is configured.
             ModelNotReady: it has not loaded yet.
         """
-        plan = self._ensembles.get(model)
-        if plan is not None:
-            return plan.metadata  # declared: known before its steps load
-        if model not in self.router.slots:
-            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
         now = time.monotonic()
         generation = self.status.layout_generation
         cached = self._metadata.get(model)
         # PERF: a protocol asks for metadata on every request; the file only
         # changes when a worker (re)loads, so look at it at most once a second,
-        # and at once after a reload swapped instances.
+        # and at once after a reload or a load swapped instances or made the
+        # name an ensemble's (only models are kept here).
         if cached is not None and now - cached[0] < METADATA_RECHECK_S and cached[3] == generation:
             return cached[2]
+        plan = self._ensembles.get(model)
+        if plan is not None:
+            return plan.metadata  # declared: known before its steps load
+        if model not in self.router.slots:
+            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
         path = self.tree.metadata_path(model)
         try:
             mtime = path.stat().st_mtime

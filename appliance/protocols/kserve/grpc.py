@@ -132,7 +132,7 @@ class InferenceServicer:
     async def ModelInfer(self, request: Any, context: Context) -> bytes:
         decoded = pbcodec.decode_infer_request(request)
         limit = timeout_s(context, decoded)
-        async with service.infer_async(self.client, self.regions, decoded, limit) as outputs:
+        with await service.infer_async(self.client, self.regions, decoded, limit) as outputs:
             return self._response(decoded, outputs)
 
     async def ModelStreamInfer(
@@ -156,7 +156,7 @@ class InferenceServicer:
         wants_final = decoded.parameters.get(WANTS_FINAL) is True
         if not service.decoupled(self.client, decoded.model):
             flag = {FINAL_FLAG: True} if wants_final else None
-            async with service.infer_async(self.client, self.regions, decoded, limit) as outputs:
+            with await service.infer_async(self.client, self.regions, decoded, limit) as outputs:
                 response = self._response(decoded, outputs, flag)
             yield pbcodec.encode_stream_response(response)
             return

@@ -143,7 +143,7 @@ class ModelResource(Resource):
         request = codec.decode_infer_request(self.body(req), header_length, model, version)
         timeout_s = request.timeout_s()
         accepted = encoding.choose_encoding(req.get_header("Accept-Encoding"))
-        async with service.infer_async(self.client, self.regions, request, timeout_s) as outputs:
+        with await service.infer_async(self.client, self.regions, request, timeout_s) as outputs:
             served = request.version or service.version_of(self.client, model)
             body, json_length = codec.encode_infer_response(model, served, request.id, outputs)
         if json_length is not None:
