@@ -24,7 +24,8 @@ or gRPC frontend's loop starts several requests in one turn (3.6 a turn at
 16 KServe REST clients); their messages to one instance go as one frame
 (descriptor.join_frames), so the turn costs one send, one wake-up of this
 process's ZeroMQ I/O thread and one of the worker's, where each request
-cost one of each. A lone request waits only for the loop's next turn.
+cost one of each. A request sent while none of the loop's others awaits a
+reply goes at once.
 """
 
 from __future__ import annotations
@@ -83,8 +84,10 @@ class AsyncChannel(ReplySockets[_Box]):
 
     def send(self, target: Target, message: Message, flags: int = 0) -> None:
         """Send ``message`` to ``target`` at the end of this loop turn, with the
-        turn's others to it; ``flags`` (NOBLOCK: a release) sends it now."""
-        if flags:
+        turn's others to it; at once when it is the loop's only request in
+        flight, or ``flags`` (NOBLOCK: a release) is given."""
+        if flags or not (self._waiting or self._outgoing):
+            # A lone request goes at once: nothing would join it this turn.
             super().send(target, message, flags)
             return
         message.channel = self.number

@@ -6,10 +6,11 @@ client's pid, and only that pid may give it back; a client that dies gives
 back all it held (server.py notices, and calls :meth:`Outbox.drop_client`).
 Replies go out on one PUSH socket per client channel, connected on first use.
 
-PERF: replies wait in the outbox until the server flushes it at the end of
-its loop turn (server.py). A turn's replies to one channel (a batch's, say)
-go as one frame (descriptor.join_frames): one send and one wake-up of each
-side's ZeroMQ I/O thread, where each reply cost one of each.
+PERF: replies wait in the outbox until the server flushes it (server.py:
+once a batch's replies are made, and at the end of its loop turn). A batch's
+replies to one channel go as one frame (descriptor.join_frames): one send
+and one wake-up of each side's ZeroMQ I/O thread, where each reply cost one
+of each.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ class WorkerServer:
             if batch:
                 self._run(batch)
             self._step_streams()
-            # One frame per channel for this turn's replies (outbox.py).
+            # The turn's other replies (refusals, stream parts): one frame per channel.
             self.outbox.flush()
             self._tick()
 
@@ -443,6 +443,8 @@ class WorkerServer:
             if joined is not None:
                 self._reply(pending.whole.pending, Kind.REPLY, joined)
                 self._counts[Counter.SUCCESS] += 1
+        # The batch's replies go now, one frame per channel, before the counting.
+        self.outbox.flush()
         self._count(batch, started, compute_ns, failed)
 
     def _results(self, batch: list[Pending]) -> list[dict[str, Tensor] | ApplianceError]:
@@ -477,6 +479,7 @@ class WorkerServer:
         finally:
             self.status.beat(self.slot)
         self._reply(pending, Kind.REPLY, outputs)
+        self.outbox.flush()
         self._count([pending], started, time.perf_counter_ns() - begin)
 
     def _start_stream(self, pending: Pending) -> None:
