@@ -13,8 +13,17 @@ request (CPU of each appliance's whole process tree, psutil). Usage::
 
 ``--a`` and ``--b`` take ``section.key=value`` settings (the value read as
 TOML, a bare word as a string), repeated for more; a side with none runs the
-defaults. Without ``--systems``/``--payloads``/``--clients`` every appliance
-cell of the sweep runs (``--quick``: bench_peers' quick sweep).
+defaults. ``--a-rev``/``--b-rev`` serve that side from the appliance package
+of a git revision (``git archive`` into a temporary directory, the side run
+from there), so two commits compare in one run::
+
+    python bench/ab.py --name hop --a-rev e558e5b --triton \
+        --systems kserve-rest-json,kserve-grpc --payloads 16B --clients 1,16 --repeats 4
+
+``--triton`` measures real Triton (bench/triton_peer.py) on each cell too,
+its counterpart system in the same rounds, and adds each side's ratios to
+it. Without ``--systems``/``--payloads``/``--clients`` every appliance cell
+of the sweep runs (``--quick``: bench_peers' quick sweep).
 
 Not run by ``make bench``. Results: bench/results/ab-NAME.json and ab-NAME.md.
 """
@@ -24,10 +33,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import io
 import os
 import signal
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Sequence
@@ -38,7 +51,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import callers  # noqa: E402
+from bench import callers, triton_peer  # noqa: E402
 from bench.bench_peers import appliance_endpoints  # noqa: E402
 from bench.loadgen import ClientPool, ProcessTree, write_results  # noqa: E402
 from bench.plan import (  # noqa: E402
@@ -46,6 +59,7 @@ from bench.plan import (  # noqa: E402
     FULL_SWEEP,
     PAYLOADS,
     QUICK_SWEEP,
+    SYSTEMS,
     System,
     appliance_models,
     appliance_sections,
@@ -59,10 +73,22 @@ Setup = Callable[[], tuple[list[dict[str, Any]], dict[str, Any]]]
 
 @dataclass(frozen=True)
 class Side:
-    """One appliance of the comparison: its label and what it serves, how."""
+    """One appliance of the comparison: its label, what it serves, how, and where it
+    runs from (the package it imports)."""
 
     label: str
     setup: Setup = field(compare=False)
+    cwd: Path = ROOT
+
+
+# The Triton system that serves what each appliance system serves (bench/plan.py).
+TRITON_OF = {
+    "kserve-rest": "triton rest",
+    "kserve-rest-json": "triton rest-json",
+    "kserve-grpc": "triton grpc",
+    "kserve-shm": "triton shm",
+}
+TRITON = "triton"
 
 
 @dataclass
@@ -123,8 +149,25 @@ def log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def compare(sides: tuple[Side, Side], grid: Grid, name: str, extra: dict[str, Any]) -> str:
-    """Measure every cell on both sides; write the results; return the table."""
+def exported(revision: str, stack: contextlib.ExitStack) -> Path:
+    """A directory holding the appliance package at ``revision``, removed with ``stack``."""
+    where = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ab-rev-")))
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", revision, "appliance"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(where, filter="data")
+    return where
+
+
+def compare(
+    sides: tuple[Side, Side], grid: Grid, name: str, extra: dict[str, Any], triton: bool = False
+) -> str:
+    """Measure every cell on both sides (and Triton's counterpart with ``triton``);
+    write the results; return the table."""
     rows: list[dict[str, Any]] = []
     record: dict[str, Any] = {
         **extra,
@@ -147,20 +190,27 @@ def compare(sides: tuple[Side, Side], grid: Grid, name: str, extra: dict[str, An
             trees: dict[str, ProcessTree] = {}
             for side in sides:
                 models, sections = side.setup()
-                appliance = stack.enter_context(running(models, **sections))
+                appliance = stack.enter_context(running(models, cwd=side.cwd, **sections))
                 where[side.label] = appliance_endpoints(appliance)
                 trees[side.label] = ProcessTree(appliance.process.pid)
                 log(f"{side.label} up")
+            if triton:
+                peer = stack.enter_context(triton_peer.bench_models())
+                where[TRITON], trees[TRITON] = peer.urls, peer.tree
+                log("triton up")
             for repeat in range(grid.repeats):
                 order = sides if repeat % 2 == 0 else sides[::-1]
                 for system, payload, clients in grid.cells:
-                    for side in order:
-                        spec = spec_for(system, payload, {"appliance": where[side.label]})
-                        row = pool.measure(spec, clients, grid.seconds, trees[side.label])
+                    runs = [(side.label, system, "appliance") for side in order]
+                    if triton and system.name in TRITON_OF:
+                        runs.append((TRITON, SYSTEMS[TRITON_OF[system.name]], TRITON))
+                    for label, served, server in runs:
+                        spec = spec_for(served, payload, {server: where[label]})
+                        row = pool.measure(spec, clients, grid.seconds, trees[label])
                         if row["errors"]:
-                            log(f"{side.label} {system.name} {payload}: {row['error']}")
+                            log(f"{label} {served.name} {payload}: {row['error']}")
                         rows.append(
-                            {"variant": side.label, "system": system.name}
+                            {"variant": label, "system": system.name}
                             | {"payload": payload, "repeat": repeat}
                             | row
                         )
@@ -172,6 +222,8 @@ def compare(sides: tuple[Side, Side], grid: Grid, name: str, extra: dict[str, An
     record["elapsed_s"] = time.monotonic() - began
     record["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     record["table"] = table(rows, (sides[0].label, sides[1].label))
+    if triton:
+        record["table"] += "\n" + beside_triton(rows, (sides[0].label, sides[1].label))
     write_results(RESULTS / f"{name}.json", **record)
     (RESULTS / f"{name}.md").write_text(record["table"])
     return str(record["table"])
@@ -193,7 +245,7 @@ def table(rows: list[dict[str, Any]], labels: tuple[str, str]) -> str:
     ]
     ratios: dict[str, list[float]] = {"rps": [], "p50_ms": [], "server_cpu_us": []}
     for (system, payload, clients), by_side in cells.items():
-        if set(by_side) != set(labels):
+        if not set(labels) <= set(by_side):
             continue
         figures = []
         for key in ratios:
@@ -213,6 +265,32 @@ def table(rows: list[dict[str, Any]], labels: tuple[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def beside_triton(rows: list[dict[str, Any]], labels: tuple[str, str]) -> str:
+    """Per cell: Triton's medians, and each side's median over Triton's."""
+    cells: dict[tuple[str, str, int], dict[str, list[dict[str, Any]]]] = {}
+    for row in rows:
+        key = (row["system"], row["payload"], row["concurrency"])
+        cells.setdefault(key, {}).setdefault(row["variant"], []).append(row)
+    lines = [
+        "Beside Triton in the same rounds: Triton's medians, and A and B over Triton's.",
+        "",
+        "| system | payload | clients | Triton req/s | A/T | B/T | Triton p50 ms | A/T | B/T "
+        "| Triton server µs/req | A/T | B/T |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (system, payload, clients), by_side in cells.items():
+        if TRITON not in by_side or not set(labels) <= set(by_side):
+            continue
+        figures = []
+        for key, digits in (("rps", 0), ("p50_ms", 2), ("server_cpu_us", 0)):
+            theirs = statistics.median(r[key] for r in by_side[TRITON])
+            ours = [statistics.median(r[key] for r in by_side[label]) for label in labels]
+            shown = " | ".join(f"{v / theirs:.2f}" if theirs else "n/a" for v in ours)
+            figures.append(f"{theirs:,.{digits}f} | {shown}")
+        lines.append(f"| {system} | {payload} | {clients} | " + " | ".join(figures) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _spread(values: list[float], digits: int) -> str:
     median = statistics.median(values)
     if len(values) < 2:
@@ -229,6 +307,9 @@ def main() -> int:
     parser.add_argument("--name", required=True, help="results go to bench/results/ab-NAME.*")
     parser.add_argument("--a", action="append", default=[], help="A's section.key=value")
     parser.add_argument("--b", action="append", default=[], help="B's section.key=value")
+    parser.add_argument("--a-rev", help="serve A from the appliance package of this revision")
+    parser.add_argument("--b-rev", help="serve B from the appliance package of this revision")
+    parser.add_argument("--triton", action="store_true", help="measure real Triton beside")
     parser.add_argument("--quick", action="store_true", help="bench_peers' quick sweep")
     parser.add_argument("--systems", help="comma-separated bench/plan.py appliance systems")
     parser.add_argument("--payloads", help="comma-separated payloads (16B, 1MiB, ...)")
@@ -244,13 +325,19 @@ def main() -> int:
     )
     if not cells:
         raise SystemExit("no appliance cell matches --systems/--payloads/--clients")
-    sides = (
-        Side(" ".join(args.a) or "defaults", with_settings(args.a)),
-        Side(" ".join(args.b) or "defaults", with_settings(args.b)),
-    )
-    if sides[0].label == sides[1].label:
-        raise SystemExit("A and B are the same settings")
-    print(compare(sides, Grid(cells, args.seconds, args.repeats), f"ab-{args.name}", vars(args)))
+    with contextlib.ExitStack() as exports:
+        sides = tuple(
+            Side(
+                " ".join([*([f"@{rev}"] if rev else []), *settings]) or "defaults",
+                with_settings(settings),
+                exported(rev, exports) if rev else ROOT,
+            )
+            for settings, rev in ((args.a, args.a_rev), (args.b, args.b_rev))
+        )
+        if sides[0].label == sides[1].label:
+            raise SystemExit("A and B are the same settings and revision")
+        grid = Grid(cells, args.seconds, args.repeats)
+        print(compare((sides[0], sides[1]), grid, f"ab-{args.name}", vars(args), args.triton))
     return 0
 
 

@@ -258,11 +258,13 @@ def start(
     ready_timeout_s: float = START_TIMEOUT_S,
     wrap: tuple[str, ...] = (),
     serve_args: tuple[str, ...] = (),
+    cwd: Path = ROOT,
 ) -> Appliance:
     """Start an appliance; ``affinity``: the CPUs its tree may use (as ``taskset``);
     ``wrap``: a command that execs ``appliance serve`` (its arguments follow it);
     ``serve_args``: ``appliance serve``'s arguments in place of ``--config``
-    (``config`` then only says where its run directory will be)."""
+    (``config`` then only says where its run directory will be); ``cwd``: where
+    it runs, and so which ``appliance`` package ``python -m`` finds first."""
     run_dir = Path(config["server"]["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.toml"
@@ -275,7 +277,7 @@ def start(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            cwd=ROOT,
+            cwd=cwd,
             env={**os.environ, **(env or {})},
             preexec_fn=None if affinity is None else lambda: os.sched_setaffinity(0, affinity),
         )
@@ -311,11 +313,12 @@ def running(
     models: list[dict[str, Any]],
     env: dict[str, str] | None = None,
     affinity: set[int] | None = None,
+    cwd: Path = ROOT,
     **sections: Any,
 ) -> Iterator[Appliance]:
-    """Run an appliance for the duration of a ``with`` block."""
+    """Run an appliance for the duration of a ``with`` block (``cwd``: see :func:`start`)."""
     config = make_config(new_run_dir(), models, **sections)
-    with serving(config, env=env, affinity=affinity) as appliance:
+    with serving(config, env=env, affinity=affinity, cwd=cwd) as appliance:
         yield appliance
 
 
@@ -326,13 +329,19 @@ def serving(
     affinity: set[int] | None = None,
     ready_timeout_s: float = START_TIMEOUT_S,
     wrap: tuple[str, ...] = (),
+    cwd: Path = ROOT,
 ) -> Iterator[Appliance]:
     """Run an appliance with ``config`` (from :func:`make_config`) for a ``with`` block;
     afterwards it is stopped, checked clean, and its run directory removed."""
     run_dir = Path(config["server"]["run_dir"])
     try:
         appliance = start(
-            config, env=env, affinity=affinity, ready_timeout_s=ready_timeout_s, wrap=wrap
+            config,
+            env=env,
+            affinity=affinity,
+            ready_timeout_s=ready_timeout_s,
+            wrap=wrap,
+            cwd=cwd,
         )
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
