@@ -37,9 +37,11 @@ QUICK_SWEEP: dict[str, tuple[int, ...]] = {"16B": (1, 16), "1MiB": (16,), "digit
 # --quick measures 1 MiB only where a target needs it, and over shared memory.
 QUICK_1MIB = {
     "triton grpc",
+    "triton rest",
     "triton rest-json",
     "triton shm",
     "kserve-grpc",
+    "kserve-rest",
     "kserve-rest-json",
     "kserve-shm",
     "mlserver-pw1 grpc",

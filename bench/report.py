@@ -177,6 +177,82 @@ def targets(
     out += _digits_latency_targets(get)
     out += _batching_targets(batching)
     out += _shm_target(get)
+    out += _triton_targets(get)
+    return out
+
+
+# The per-request cost beside real Triton (the same identity model, a Python-backend model.py
+# there): appliance system, Triton's, and the floor of the appliance's own stack for it.
+TRITON_PAIRS = (
+    ("kserve-rest", "triton rest", "floor-uvicorn"),
+    ("kserve-grpc", "triton grpc", "floor-grpc-aio"),
+)
+TRITON_LIMIT = 1.5
+# Where the floor alone already costs more than Triton x the limit, the target is the floor + this.
+OVER_FLOOR = {"server_cpu_us": 100.0, "p50_ms": 0.1}
+
+
+def _triton_targets(get: Any) -> list[dict[str, Any]]:
+    """Server CPU per request and p50 within 1.5x Triton's (or the floor + 100 µs where the
+    floor alone is above that), throughput at least 0.67x; 1 MiB throughput at least 1x."""
+    out = []
+    for ours_name, peer, floor_name in TRITON_PAIRS:
+        for clients in (1, 16):
+            for key, what, show in (
+                ("server_cpu_us", "server CPU per request", lambda v: f"{_us(v)} µs"),
+                ("p50_ms", "p50", _ms),
+            ):
+                ours, theirs = get(ours_name, "16B", clients, key), get(peer, "16B", clients, key)
+                floor = get(floor_name, "16B", clients, key)
+                name = f"{clients} client(s), 16 B, {ours_name} {what} vs {peer}"
+                detail = f"{show(ours)} vs {show(theirs)}; the floor ({floor_name}) {show(floor)}"
+                if None not in (floor, theirs) and floor > TRITON_LIMIT * theirs:
+                    over = math.nan if ours is None else ours - floor
+                    unit = "us" if key == "server_cpu_us" else "ms"
+                    out.append(
+                        target(
+                            f"{name} (the floor alone is above {TRITON_LIMIT}x: minus the floor)",
+                            over,
+                            OVER_FLOOR[key],
+                            True,
+                            detail,
+                            unit,
+                        )
+                    )
+                else:
+                    out.append(target(name, ratio(ours, theirs), TRITON_LIMIT, True, detail))
+            ours_rps, theirs_rps = (
+                get(ours_name, "16B", clients, "rps"),
+                get(peer, "16B", clients, "rps"),
+            )
+            out.append(
+                target(
+                    f"{clients} client(s), 16 B, {ours_name} throughput vs {peer}",
+                    ratio(ours_rps, theirs_rps),
+                    0.67,
+                    False,
+                    f"{_rps(ours_rps)} vs {_rps(theirs_rps)} req/s",
+                )
+            )
+    for ours_name, peer, payload, clients in (
+        ("kserve-rest", "triton rest", "1MiB", 16),
+        ("kserve-shm", "triton shm", "1MiB", 16),
+        ("kserve-rest", "triton rest", "16MiB", 4),
+        ("kserve-shm", "triton shm", "16MiB", 4),
+    ):
+        ours_rps, theirs_rps = (
+            get(ours_name, payload, clients, "rps"),
+            get(peer, payload, clients, "rps"),
+        )
+        out.append(
+            target(
+                f"{clients} clients, {payload}, {ours_name} throughput vs {peer}",
+                ratio(ours_rps, theirs_rps),
+                1.0,
+                False,
+                f"{_rps(ours_rps)} vs {_rps(theirs_rps)} req/s",
+            )
+        )
     return out
 
 
