@@ -33,13 +33,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import io
 import os
 import signal
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import tomllib
@@ -53,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import callers, triton_peer  # noqa: E402
 from bench.bench_peers import appliance_endpoints  # noqa: E402
-from bench.loadgen import ClientPool, ProcessTree, write_results  # noqa: E402
+from bench.loadgen import ClientPool, ProcessTree, export_package, write_results  # noqa: E402
 from bench.plan import (  # noqa: E402
     APPLIANCE,
     FULL_SWEEP,
@@ -152,14 +149,7 @@ def log(text: str) -> None:
 def exported(revision: str, stack: contextlib.ExitStack) -> Path:
     """A directory holding the appliance package at ``revision``, removed with ``stack``."""
     where = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ab-rev-")))
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", revision, "appliance"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(where, filter="data")
+    export_package(revision, where)
     return where
 
 

@@ -37,12 +37,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,7 +54,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench import callers  # noqa: E402
 from bench.client_process import Call  # noqa: E402
-from bench.loadgen import ClientPool, ProcessTree, machine, write_results  # noqa: E402
+from bench.loadgen import (  # noqa: E402
+    ClientPool,
+    ProcessTree,
+    export_package,
+    machine,
+    write_results,
+)
 from bench.plan import FULL_SWEEP, MiB, appliance_models, appliance_sections  # noqa: E402
 from tests.system.harness import Appliance, make_config, new_run_dir  # noqa: E402
 
@@ -85,7 +89,7 @@ def main() -> int:
             baseline = git("rev-parse", "--short", args.baseline or default_baseline())
             revisions = {"A": baseline, "B": git("rev-parse", "--short", args.candidate)}
             for side, revision in revisions.items():
-                export(revision, trees / side)
+                export_package(revision, trees / side)
             (trees / "revisions.json").write_bytes(orjson.dumps(revisions))
             if args.export:
                 print(f"exported A ({revisions['A']}) and B ({revisions['B']}) into {trees}")
@@ -149,19 +153,6 @@ def default_baseline() -> str:
     if not added:
         raise SystemExit(f"{INTRODUCED} is not committed yet: name --baseline")
     return git("rev-parse", "--short", f"{added[-1]}^")
-
-
-def export(revision: str, directory: Path) -> None:
-    """Write the appliance package at ``revision`` into ``directory`` (git archive)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", revision, "appliance"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(directory, filter="data")
 
 
 @contextlib.contextmanager

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import math
 import multiprocessing as mp
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tarfile
 import threading
 import time
 from array import array
@@ -428,3 +431,17 @@ def appliance_serving(config: dict[str, Any]) -> Iterator[dict[str, Any]]:
     with serving(config) as served:
         urls = {kind: f"127.0.0.1:{served.ports[kind]}" for kind in ("http", "grpc")}
         yield {"urls": urls, "pid": served.process.pid}
+
+
+def export_package(revision: str, directory: Path) -> None:
+    """Write the appliance package at git ``revision`` into ``directory`` (git archive):
+    an appliance run from there (its cwd) imports that package, for A/B runs of two commits."""
+    directory.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", revision, "appliance"],
+        cwd=Path(__file__).resolve().parents[1],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(directory, filter="data")
