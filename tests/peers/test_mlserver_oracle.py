@@ -16,6 +16,7 @@ Where the appliance answers otherwise on purpose, ``ON_PURPOSE`` says why
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import threading
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from google.protobuf import json_format
@@ -439,3 +441,33 @@ def test_a_stream_s_error_follows_the_responses_before_it_with_mlserver_s_messag
     assert ours[0] == theirs[0]
     assert "the word boom is not streamed" in theirs[1][1]
     assert theirs[1][1] in ours[1][1]
+
+
+def sse(http_url: str, text: str) -> list[Answer]:
+    """Every event of one REST infer_stream call to words: each response's outputs (name,
+    datatype, shape, data, parameters), or its error; and the HTTP status of the call."""
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+    answer = requests.post(f"http://{http_url}/v2/models/words/infer_stream", json=body, timeout=60)
+    found: list[Answer] = [("status", answer.status_code)]
+    for line in answer.text.split("\n"):
+        if not line.startswith("data: "):
+            continue
+        event = json.loads(line[len("data: ") :])
+        if "error" in event:
+            found.append(("error", event["error"]))
+            continue
+        outputs = [
+            (o["name"], o["datatype"], o["shape"], o["data"], o.get("parameters") or {})
+            for o in event["outputs"]
+        ]
+        found.append(("ok", outputs))
+    return found
+
+
+def test_rest_infer_stream_answers_event_by_event_as_mlserver_does(
+    mlserver_streaming: PeerServer, appliance: Appliance
+) -> None:
+    theirs = sse(url(mlserver_streaming, "http"), "hello big world")
+    ours = sse(url(appliance, "http"), "hello big world")
+    assert ours == theirs
+    assert [answer[1][0][3] for answer in ours[1:]] == [["hello"], ["big"], ["world"]]

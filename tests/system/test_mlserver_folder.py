@@ -10,6 +10,7 @@ with MLServer itself, call by call, is tests/peers/test_mlserver_oracle.py.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 from collections.abc import Iterator
 from typing import Any
@@ -142,3 +143,26 @@ def test_predict_stream_answers_a_grpc_stream_with_a_response_per_part(
         assert single == [b"one", b"two"]
     finally:
         client.close()
+
+
+def test_predict_stream_answers_rest_infer_stream_with_an_event_per_part(
+    appliance: Appliance,
+) -> None:
+    url = f"http://127.0.0.1:{appliance.ports['http']}/v2/models/words/infer_stream"
+
+    def events(text: str) -> list[dict[str, Any]]:
+        body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+        answer = requests.post(url, json=body, timeout=30)
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        lines = answer.text.split("\n")
+        return [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ")]
+
+    got = events("one two")
+    assert [e["outputs"][0]["data"] for e in got] == [["one"], ["two"]]
+    assert [e["outputs"][1]["data"] for e in got] == [[3], [3]]
+    assert got[0]["outputs"][0]["parameters"] == {"content_type": "str"}
+    # An error after the first part ends the stream with an event that says it.
+    failed = events("one boom")
+    assert failed[0]["outputs"][0]["data"] == ["one"]
+    assert "the word boom is not streamed" in failed[-1]["error"]

@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
+import functools
 import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import falcon
+import falcon.asgi
 import orjson
 
 from appliance.client.api import ModelClient
@@ -36,6 +40,7 @@ from appliance.errors import ApplianceError, InternalError, Unsupported
 from appliance.protocols.jsonbody import load_object
 from appliance.protocols.kserve import codec, encoding, repository, service
 from appliance.protocols.kserve.errors import DecodeError, http_body, http_status
+from appliance.protocols.kserve.inference import OutputData
 from appliance.protocols.kserve.shm import RegionTable
 from appliance.protocols.web import App, guarded, read_body
 
@@ -153,6 +158,72 @@ class ModelResource(Resource):
             body = encoding.encode_content(body, accepted)
             resp.set_header("Content-Encoding", accepted)
         resp.data = body
+
+    @responder
+    async def on_post_infer_stream(
+        self, req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
+    ) -> None:
+        """MLServer's ``infer_stream``: each response of the model as a server-sent event.
+
+        A decoupled (streaming) model's every part is an event; any other model's one
+        answer is the only event. Errors before the first part are answered as by
+        ``infer``; one after it ends the stream with an event ``{"error": ...}``.
+        """
+        request = codec.decode_infer_request(self.body(req), _header_length(req), model, version)
+        # An event is one line of JSON: no binary outputs.
+        request.binary_output = False
+        if request.outputs:
+            request.outputs = [dataclasses.replace(o, binary=False) for o in request.outputs]
+        timeout_s = request.timeout_s()
+        served = request.version or service.version_of(self.client, model)
+        if not service.decoupled(self.client, request.model):
+            with await service.infer_async(
+                self.client, self.regions, request, timeout_s
+            ) as outputs:
+                body = _encoded(model, served, request.id, outputs)
+            _send_events(resp, _events(body, None))
+            return
+        parts = service.stream_async(self.client, self.regions, request, timeout_s)
+        try:
+            # The first part before the status: a request the model refuses is an error reply.
+            first = await anext(parts, None)
+            answer: bytes | None = None
+            if first is not None:
+                answer = _encoded(model, served, request.id, first)
+        except BaseException:
+            await parts.aclose()
+            raise
+        encode = functools.partial(_encoded, model, served, request.id)
+        _send_events(resp, _events(answer, parts, encode))
+
+
+def _encoded(model: str, served: str, request_id: str, outputs: list[OutputData]) -> bytes:
+    return codec.encode_infer_response(model, served, request_id, outputs)[0]
+
+
+def _send_events(resp: Any, events: AsyncIterator[falcon.asgi.SSEvent]) -> None:
+    resp.sse = events  # falcon's ASGI response streams them as text/event-stream
+
+
+async def _events(
+    first: bytes | None,
+    rest: AsyncGenerator[list[OutputData], None] | None,
+    encode: Callable[[list[OutputData]], bytes] | None = None,
+) -> AsyncIterator[falcon.asgi.SSEvent]:
+    """The events of a stream: the first answer, then each further part's (SSE)."""
+    try:
+        if first is not None:
+            yield falcon.asgi.SSEvent(data=first)
+        if rest is None or encode is None:
+            return
+        try:
+            async for outputs in rest:
+                yield falcon.asgi.SSEvent(data=encode(outputs))
+        except ApplianceError as ex:
+            yield falcon.asgi.SSEvent(data=orjson.dumps({"error": ex.message}))
+    finally:
+        if rest is not None:
+            await rest.aclose()
 
 
 def _header_length(req: falcon.Request) -> int | None:
@@ -281,7 +352,7 @@ def add_routes(app: App, client: ModelClient) -> None:
     app.add_route("/v2/models/stats", model, suffix="stats")
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         app.add_route(base, model)
-        for suffix in ("ready", "config", "stats", "infer"):
+        for suffix in ("ready", "config", "stats", "infer", "infer_stream"):
             app.add_route(f"{base}/{suffix}", model, suffix=suffix)
     trace = TraceResource(client, regions)
     app.add_route("/v2/trace/setting", trace)
