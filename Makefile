@@ -101,10 +101,12 @@ test-image: $(STAMP)
 
 # Differential tests against real Triton and MLServer (tests/peers/), which
 # they install into bench/.peers/ on first use like the benchmarks' peers. The
-# appliance side of the MLServer tests needs the mlserver extras here too.
+# appliance side of the MLServer tests needs the mlserver extras here too, and so
+# does test_mlserver_folder.py, which make test skips where they are not installed.
 test-peers: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS),mlserver,mlserver-xgboost]'
 	$(BIN)/pytest -q -p no:cacheprovider -m peers tests/peers
+	$(BIN)/pytest -q -p no:cacheprovider tests/system/test_mlserver_folder.py
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check appliance tests bench tools deploy
