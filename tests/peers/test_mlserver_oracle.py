@@ -443,11 +443,11 @@ def test_a_stream_s_error_follows_the_responses_before_it_with_mlserver_s_messag
     assert theirs[1][1] in ours[1][1]
 
 
-def sse(http_url: str, text: str) -> list[Answer]:
+def sse(http_url: str, text: str, route: str = "infer_stream") -> list[Answer]:
     """Every event of one REST infer_stream call to words: each response's outputs (name,
     datatype, shape, data, parameters), or its error; and the HTTP status of the call."""
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
-    answer = requests.post(f"http://{http_url}/v2/models/words/infer_stream", json=body, timeout=60)
+    answer = requests.post(f"http://{http_url}/v2/models/words/{route}", json=body, timeout=60)
     found: list[Answer] = [("status", answer.status_code)]
     for line in answer.text.split("\n"):
         if not line.startswith("data: "):
@@ -471,3 +471,30 @@ def test_rest_infer_stream_answers_event_by_event_as_mlserver_does(
     ours = sse(url(appliance, "http"), "hello big world")
     assert ours == theirs
     assert [answer[1][0][3] for answer in ours[1:]] == [["hello"], ["big"], ["world"]]
+
+
+def test_rest_generate_routes_are_infer_s_as_in_mlserver(
+    mlserver_streaming: PeerServer, appliance: Appliance
+) -> None:
+    """MLServer's generate and generate_stream: infer and infer_stream by other names."""
+    theirs = sse(url(mlserver_streaming, "http"), "one two", "generate_stream")
+    ours = sse(url(appliance, "http"), "one two", "generate_stream")
+    assert ours == theirs == sse(url(appliance, "http"), "one two")
+    body = {
+        "id": "w1",
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["one"]}],
+    }
+    answers = [
+        requests.post(
+            f"http://{url(server, 'http')}/v2/models/words/{route}", json=body, timeout=60
+        )
+        for server in (mlserver_streaming, appliance)
+        for route in ("generate", "infer")
+    ]
+    theirs_generate, theirs_infer, ours_generate, ours_infer = [a.json() for a in answers]
+    assert ours_generate == ours_infer
+    assert theirs_generate == theirs_infer
+    # The envelope differs as infer's does (model_version, an empty parameters): the
+    # outputs and the id agree.
+    for key in ("id", "model_name", "outputs"):
+        assert ours_generate[key] == theirs_generate[key]

@@ -476,3 +476,57 @@ def test_each_instance_is_named_as_triton_names_it(
 ) -> None:
     theirs = instance_names(triton.urls["http"])
     assert instance_names(urls_of(appliance)["http"]) == theirs == {"identify_0_0", "identify_0_1"}
+
+
+# Triton's generate extension: (model, route, body, the words an error names).
+GENERATE = [
+    ("add_sub", "generate", {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 1, 1, 1]}, ()),
+    (
+        "add_sub",
+        "generate",
+        {"id": "a1", "INPUT0": [1, 2, 3, 4], "parameters": {"INPUT1": [2] * 4}},
+        (),
+    ),
+    ("square_stream", "generate_stream", {"IN": 3}, ()),
+    ("square_stream", "generate", {"IN": 1}, ()),
+    ("add_sub", "generate", {"INPUT0": [1, 2, 3], "INPUT1": [1, 1, 1, 1]}, ("INPUT0",)),
+    ("nonesuch", "generate", {"X": 1.0}, ("nonesuch",)),
+    ("identify", "generate", {"Y": 1.0}, ("X",)),
+    ("identify", "generate", {"X": 1.0, "stop": [1]}, ("stop",)),
+]
+
+
+def generated(url: str, model: str, route: str, body: Any) -> tuple[int, str, Any]:
+    """Status, content type and the JSON answer (a list of events for a stream)."""
+    answer = requests.post(f"http://{url}/v2/models/{model}/{route}", json=body, timeout=30)
+    kind = answer.headers.get("content-type", "").split(";")[0]
+    if kind == "text/event-stream":
+        lines = answer.text.split("\n")
+        return (
+            answer.status_code,
+            kind,
+            [json.loads(x[6:]) for x in lines if x.startswith("data: ")],
+        )
+    return answer.status_code, kind, answer.json()
+
+
+def test_triton_s_generate_extension_answers_as_triton_does(
+    triton: PeerServer, appliance: Appliance
+) -> None:
+    for model, route, body, words in GENERATE:
+        theirs = generated(triton.urls["http"], model, route, body)
+        ours = generated(urls_of(appliance)["http"], model, route, body)
+        if not words:
+            assert ours == theirs, (model, route, body)
+            continue
+        assert ours[:2] == theirs[:2], (model, body, theirs, ours)
+        for word in words:
+            assert word in theirs[2]["error"], theirs
+            assert word in ours[2]["error"], ours
+    # On purpose: Triton answers a model's several responses to generate with an error
+    # in a 200 answer; the appliance says so with a 400.
+    several = ("square_stream", "generate", {"IN": 3})
+    theirs = generated(triton.urls["http"], *several)
+    ours = generated(urls_of(appliance)["http"], *several)
+    assert (theirs[0], "generate stream" in theirs[2]["error"]) == (200, True)
+    assert (ours[0], "generate_stream" in ours[2]["error"]) == (400, True)

@@ -14,6 +14,9 @@ Routes (``{v}`` parts are optional; the demo models serve version "1")::
     GET  /v2/models/{m}[/versions/{v}]        model metadata
     GET  .../ready | .../config | .../stats   model readiness, config, statistics
     POST .../infer                            inference (JSON and binary tensors)
+    POST .../infer_stream                     the same, each response an SSE event (MLServer's)
+    POST .../generate | .../generate_stream   MLServer's aliases of the two, or Triton's
+                                              generate extension (generate.py)
     GET  /v2/models/stats                     statistics of every model
     POST /v2/repository/index                 POST .../models/{m}/load | unload
     GET  /v2/{system,cuda}sharedmemory[/region/{n}]/status
@@ -36,17 +39,19 @@ import falcon.asgi
 import orjson
 
 from appliance.client.api import ModelClient
-from appliance.errors import ApplianceError, InternalError, Unsupported
+from appliance.errors import ApplianceError, BadRequest, InternalError, Unsupported
 from appliance.protocols.jsonbody import load_object
-from appliance.protocols.kserve import codec, encoding, repository, service
+from appliance.protocols.kserve import codec, encoding, generate, repository, service
 from appliance.protocols.kserve.errors import DecodeError, http_body, http_status
-from appliance.protocols.kserve.inference import OutputData
+from appliance.protocols.kserve.inference import InferRequest, OutputData
 from appliance.protocols.kserve.shm import RegionTable
 from appliance.protocols.web import App, guarded, read_body
 
 log = logging.getLogger("appliance.kserve")
 JSON = "application/json"
 BINARY = "application/octet-stream"
+# What follows /v2/models/{m}[/versions/{v}]/; GET or POST, as each responder says.
+SUFFIXES = ("ready", "config", "stats", "infer", "infer_stream", "generate", "generate_stream")
 
 
 def _render_failure(req: falcon.Request, resp: falcon.Response, error: Exception) -> None:
@@ -144,8 +149,45 @@ class ModelResource(Resource):
     async def on_post_infer(
         self, req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
     ) -> None:
-        header_length = _header_length(req)
-        request = codec.decode_infer_request(self.body(req), header_length, model, version)
+        request = codec.decode_infer_request(self.body(req), _header_length(req), model, version)
+        await self._infer(req, resp, request)
+
+    @responder
+    async def on_post_infer_stream(
+        self, req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
+    ) -> None:
+        request = codec.decode_infer_request(self.body(req), _header_length(req), model, version)
+        await self._infer_stream(resp, request)
+
+    @responder
+    async def on_post_generate(
+        self, req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
+    ) -> None:
+        """MLServer's ``generate``, its alias of ``infer``; Triton's generate extension
+        (the body's keys are the model's inputs) where the body is no inference request."""
+        body, header_length = self.body(req), _header_length(req)
+        if generate.is_inference_request(body, header_length):
+            request = codec.decode_infer_request(body, header_length, model, version)
+            await self._infer(req, resp, request)
+            return
+        await self._generate(resp, body, model, version, stream=False)
+
+    @responder
+    async def on_post_generate_stream(
+        self, req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
+    ) -> None:
+        """MLServer's ``generate_stream`` (``infer_stream``), or Triton's (see ``generate``)."""
+        body, header_length = self.body(req), _header_length(req)
+        if generate.is_inference_request(body, header_length):
+            request = codec.decode_infer_request(body, header_length, model, version)
+            await self._infer_stream(resp, request)
+            return
+        await self._generate(resp, body, model, version, stream=True)
+
+    async def _infer(
+        self, req: falcon.Request, resp: falcon.Response, request: InferRequest
+    ) -> None:
+        model = request.model
         timeout_s = request.timeout_s()
         accepted = encoding.choose_encoding(req.get_header("Accept-Encoding"))
         with await service.infer_async(self.client, self.regions, request, timeout_s) as outputs:
@@ -159,28 +201,58 @@ class ModelResource(Resource):
             resp.set_header("Content-Encoding", accepted)
         resp.data = body
 
-    @responder
-    async def on_post_infer_stream(
-        self, req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
+    async def _infer_stream(self, resp: falcon.Response, request: InferRequest) -> None:
+        """MLServer's ``infer_stream``: each response of the model as a server-sent event."""
+        # An event is one line of JSON: no binary outputs.
+        request.binary_output = False
+        if request.outputs:
+            request.outputs = [dataclasses.replace(o, binary=False) for o in request.outputs]
+        served = request.version or service.version_of(self.client, request.model)
+        await self._stream(resp, request, functools.partial(_encoded, request.model, served))
+
+    async def _generate(
+        self, resp: falcon.Response, body: bytes, model: str, version: str, stream: bool
     ) -> None:
-        """MLServer's ``infer_stream``: each response of the model as a server-sent event.
+        """Triton's generate extension: the model's answer as one flat JSON object, or
+        (``stream``) each of its responses as an event; generate.py has the forms."""
+        metadata = service.model_metadata(self.client, model, version)
+        request = generate.decode_request(body, metadata, model, version)
+        served = request.version or service.version_of(self.client, model)
+        encode = functools.partial(generate.encode_response, model, served)
+        if stream:
+            await self._stream(resp, request, encode)
+            return
+        timeout_s = request.timeout_s()
+        if not service.decoupled(self.client, request.model):
+            with await service.infer_async(
+                self.client, self.regions, request, timeout_s
+            ) as outputs:
+                resp.data = encode(request.id, outputs)
+            resp.content_type = JSON
+            return
+        parts = service.stream_async(self.client, self.regions, request, timeout_s)
+        answers = [encode(request.id, outputs) async for outputs in parts]
+        if len(answers) != 1:
+            raise BadRequest(
+                f"model {model} gave {len(answers)} responses to a generate request, which "
+                "answers exactly one: use generate_stream for a model that streams"
+            )
+        resp.content_type = JSON
+        resp.data = answers[0]
+
+    async def _stream(self, resp: falcon.Response, request: InferRequest, encode: Encode) -> None:
+        """Each response of the model as a server-sent event (``encode(id, outputs)``).
 
         A decoupled (streaming) model's every part is an event; any other model's one
         answer is the only event. Errors before the first part are answered as by
         ``infer``; one after it ends the stream with an event ``{"error": ...}``.
         """
-        request = codec.decode_infer_request(self.body(req), _header_length(req), model, version)
-        # An event is one line of JSON: no binary outputs.
-        request.binary_output = False
-        if request.outputs:
-            request.outputs = [dataclasses.replace(o, binary=False) for o in request.outputs]
         timeout_s = request.timeout_s()
-        served = request.version or service.version_of(self.client, model)
         if not service.decoupled(self.client, request.model):
             with await service.infer_async(
                 self.client, self.regions, request, timeout_s
             ) as outputs:
-                body = _encoded(model, served, request.id, outputs)
+                body = encode(request.id, outputs)
             _send_events(resp, _events(body, None))
             return
         parts = service.stream_async(self.client, self.regions, request, timeout_s)
@@ -189,15 +261,19 @@ class ModelResource(Resource):
             first = await anext(parts, None)
             answer: bytes | None = None
             if first is not None:
-                answer = _encoded(model, served, request.id, first)
+                answer = encode(request.id, first)
         except BaseException:
             await parts.aclose()
             raise
-        encode = functools.partial(_encoded, model, served, request.id)
-        _send_events(resp, _events(answer, parts, encode))
+        _send_events(resp, _events(answer, parts, functools.partial(encode, request.id)))
+
+
+# Encodes a response's outputs, given the request's id.
+Encode = Callable[[str, list[OutputData]], bytes]
 
 
 def _encoded(model: str, served: str, request_id: str, outputs: list[OutputData]) -> bytes:
+    """A KServe response's JSON (no binary outputs)."""
     return codec.encode_infer_response(model, served, request_id, outputs)[0]
 
 
@@ -352,7 +428,7 @@ def add_routes(app: App, client: ModelClient) -> None:
     app.add_route("/v2/models/stats", model, suffix="stats")
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         app.add_route(base, model)
-        for suffix in ("ready", "config", "stats", "infer", "infer_stream"):
+        for suffix in SUFFIXES:
             app.add_route(f"{base}/{suffix}", model, suffix=suffix)
     trace = TraceResource(client, regions)
     app.add_route("/v2/trace/setting", trace)
