@@ -15,6 +15,7 @@ of each.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,8 @@ class Outbox:
         self.leases: dict[Block, int] = {}
         # Replies not sent yet, by channel: their frames and the blocks they lease.
         self._queued: dict[tuple[int, int], tuple[list[bytes], list[Block]]] = {}
+        # When the oldest of them was queued (time.monotonic()); 0.0 when none is.
+        self.holding_since = 0.0
 
     def send(self, message: Message, to: tuple[int, int], blocks: list[Block]) -> None:
         """Queue ``message`` for the channel ``to``, leasing ``blocks`` to its pid;
@@ -57,6 +60,8 @@ class Outbox:
         for block in blocks:
             self.leases[block] = to[0]
         queued = self._queued.get(to)
+        if not self._queued:
+            self.holding_since = time.monotonic()
         if queued is None:
             self._queued[to] = ([to_frame(message)], list(blocks))
         else:
@@ -68,6 +73,7 @@ class Outbox:
         if not self._queued:
             return
         queued, self._queued = self._queued, {}
+        self.holding_since = 0.0
         for to, (frames, blocks) in queued.items():
             try:
                 self._push_to(to).send(join_frames(frames), zmq.NOBLOCK)

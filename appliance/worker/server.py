@@ -24,7 +24,6 @@ from typing import Any, cast
 
 import zmq
 
-from appliance import device as devices
 from appliance.core.descriptor import (
     Kind,
     Message,
@@ -37,7 +36,7 @@ from appliance.core.descriptor import (
 )
 from appliance.core.device_tensors import OPEN_REGION
 from appliance.core.ring import Block, Ring, is_spill
-from appliance.core.status import N_COUNTERS, Counter, SlotState, StatusTable
+from appliance.core.status import Counter, SlotState, StatusTable
 from appliance.core.tensor import Tensor
 from appliance.errors import (
     ApplianceError,
@@ -45,7 +44,7 @@ from appliance.errors import (
     DeadlineExceeded,
     ErrorCode,
 )
-from appliance.metrics import flush_batches, record_batch
+from appliance.metrics import record_batch
 from appliance.process import pid_alive
 from appliance.scheduling import Scheduling
 from appliance.worker import execute, methods, refusals, traces
@@ -59,6 +58,7 @@ from appliance.worker.cuda_regions import CudaRegions
 from appliance.worker.loader import Loaded
 from appliance.worker.mappings import Mappings
 from appliance.worker.outbox import Outbox, reply_to
+from appliance.worker.own_slot import HEARTBEAT_S, OwnSlot
 from appliance.worker.passthrough import borrowed_entries, input_spans
 from appliance.worker.pending import Pending, Whole
 from appliance.worker.pieces import answered, cut
@@ -74,12 +74,11 @@ from appliance.worker.streams import Stream, Streams
 
 log = logging.getLogger("appliance.worker")
 
-HEARTBEAT_S = 0.25
 # A stopping worker still serves requests routed to it just before its slot
 # was marked STOPPING; it exits once it has been idle this long.
 LINGER_S = 0.2
 HOUSEKEEPING_S = 1.0
-COUNTERS_S = 0.1
+REPLY_HOLD_S = 0.0003
 MAX_RECEIVE_PER_TURN = 512
 # PERF: plain ints; pyzmq's flag enums cost microseconds per operation.
 _EVENTS = int(zmq.EVENTS)
@@ -148,13 +147,10 @@ class WorkerServer:
         self.stopping = False
         self._last_message = 0.0
         self.pid = os.getpid()
-        self._depth = -1
-        self._beat_at = 0.0
+        self.own = OwnSlot(status, slot, ring, self.model.device)
         self._housekeeping_at = time.monotonic() + HOUSEKEEPING_S
-        self._counts = [0] * N_COUNTERS
-        self._counts_dirty = False
-        self._counts_at = 0.0
-        self._ring_published = (-1, -1)
+        # How long the last batch computed: what holding replies for the next may cost.
+        self._last_compute_s = 0.0
         self._poller = zmq.Poller()
         self._poller.register(socket, zmq.POLLIN)
 
@@ -184,7 +180,7 @@ class WorkerServer:
                 self._run(batch)
             self._step_streams()
             # The turn's other replies (refusals, stream parts): one frame per channel.
-            self.outbox.flush()
+            self._flush_replies()
             self._tick()
 
     def stop(self) -> None:
@@ -199,45 +195,19 @@ class WorkerServer:
         return time.monotonic() - self._last_message >= LINGER_S
 
     def _tick(self) -> None:
-        depth = len(self.batcher) + len(self.streams)
-        if depth != self._depth:
-            self._depth = depth
-            self.status.set_depth(self.slot, depth)
         now = time.monotonic()
-        if self._counts_dirty and (depth == 0 or now >= self._counts_at):
-            self._flush_counts(now)
-        ring = self.ring
-        # Space comes back with clients' releases too, not only with replies.
-        in_use = (ring.used_bytes, ring.spilled_bytes)
-        if in_use != self._ring_published:
-            self._ring_published = in_use
-            self.status.set_ring(self.slot, ring.used_bytes, ring.capacity, ring.spilled_bytes)
-        if now >= self._beat_at:
-            self.status.beat(self.slot)
-            self._beat_at = now + HEARTBEAT_S
+        self.own.show(len(self.batcher) + len(self.streams), now)
         if now >= self._housekeeping_at:
             self._housekeeping_at = now + HOUSEKEEPING_S
             self._drop_dead_clients()
-            self._publish_device_memory()
+            self.own.show_device_memory()
             if self.cuda is not None:
                 self.cuda.regions.sweep()
             if self.sequences is not None:
                 for sequence in self.sequences.expire(now):
                     log.info("dropped sequence %r: idle past max_sequence_idle_s", sequence)
 
-    def _publish_device_memory(self) -> None:
-        device = self.model.device
-        if devices.is_cuda(device):
-            self.status.set_device_memory(self.slot, devices.memory_in_use(device))
-
     # -- messages -------------------------------------------------------------
-
-    def _flush_counts(self, now: float) -> None:
-        self.status.add_all(self.slot, self._counts)
-        flush_batches()
-        self._counts = [0] * N_COUNTERS
-        self._counts_dirty = False
-        self._counts_at = now + COUNTERS_S
 
     def _receive(self, ready: bool = False) -> None:
         """Take the waiting messages; ``ready``: poll has just seen one.
@@ -400,8 +370,7 @@ class WorkerServer:
             return
         # SAFETY: the running batch counts as queued, or a drain could
         # see an idle worker while this batch still owes its replies.
-        self.status.set_depth(self.slot, len(self.batcher) + len(live) + len(self.streams))
-        self._depth = -1
+        self.own.set_depth_now(len(self.batcher) + len(live) + len(self.streams))
         head = live[0]
         if head.method == STREAM:
             self._start_stream(head)
@@ -414,7 +383,7 @@ class WorkerServer:
         self.mappings.retry()
 
     def _predict(self, batch: list[Pending], started: float) -> None:
-        self.status.beat(self.slot, busy_since=started)
+        self.own.beat(busy_since=started)
         begin = time.perf_counter_ns()
         began_ns = time.time_ns()  # spans are on the wall clock
         try:
@@ -425,8 +394,9 @@ class WorkerServer:
                 self._fail_pending(pending, error)
             return
         finally:
-            self.status.beat(self.slot)
+            self.own.beat()
         compute_ns = time.perf_counter_ns() - begin
+        self._last_compute_s = compute_ns / 1e9
         traces.batch_ran(self.metadata.name, batch, began_ns, began_ns + compute_ns)
         failed = 0
         for pending, outputs in zip(batch, results, strict=True):
@@ -442,9 +412,9 @@ class WorkerServer:
             joined = answered(pending, outputs)
             if joined is not None:
                 self._reply(pending.whole.pending, Kind.REPLY, joined)
-                self._counts[Counter.SUCCESS] += 1
+                self.own.count(Counter.SUCCESS)
         # The batch's replies go now, one frame per channel, before the counting.
-        self.outbox.flush()
+        self._flush_replies()
         self._count(batch, started, compute_ns, failed)
 
     def _results(self, batch: list[Pending]) -> list[dict[str, Tensor] | ApplianceError]:
@@ -457,29 +427,29 @@ class WorkerServer:
     ) -> None:
         waits = [started - p.arrived for p in batch]
         rows = sum(max(p.rows, 1) for p in batch)
-        counts = self._counts
+        counts = self.own.counts
         # A piece of a larger request counts once its whole request is answered.
         counts[Counter.SUCCESS] += sum(1 for p in batch if p.whole is None) - failed
         counts[Counter.BATCHES] += 1
         counts[Counter.BATCH_ROWS] += rows
         counts[Counter.QUEUE_NS] += max(0, int(sum(waits) * 1e9))
         counts[Counter.COMPUTE_NS] += compute_ns
-        self._counts_dirty = True
+        self.own.counted()
         record_batch(self.metadata.name, rows, waits, compute_ns / 1e9)
 
     def _finish(self, pending: Pending, compute: Any) -> None:
         started = time.monotonic()
         begin = time.perf_counter_ns()
-        self.status.beat(self.slot, busy_since=started)  # for the hang watchdog
+        self.own.beat(busy_since=started)  # for the hang watchdog
         try:
             outputs = compute()
         except Exception as ex:
             self._fail_pending(pending, refusals.as_error(self.metadata.name, ex))
             return
         finally:
-            self.status.beat(self.slot)
+            self.own.beat()
         self._reply(pending, Kind.REPLY, outputs)
-        self.outbox.flush()
+        self._flush_replies()
         self._count([pending], started, time.perf_counter_ns() - begin)
 
     def _start_stream(self, pending: Pending) -> None:
@@ -502,12 +472,26 @@ class WorkerServer:
         pending = stream.pending
         if error is None:
             self._reply(pending, Kind.END, {})
-            self._counts[Counter.SUCCESS] += 1
-            self._counts_dirty = True
+            self.own.count(Counter.SUCCESS)
         else:
             self._fail_pending(pending, error, kind=Kind.END)
 
     # -- replies --------------------------------------------------------------
+
+    def _flush_replies(self) -> None:
+        """Send the replies made so far; under load, once the queued work due now is done.
+
+        PERF: with requests waiting, each batch's replies going at once cost a send
+        and a wake-up of both sides' ZeroMQ I/O threads and of the client's loop per
+        batch; held while the next batch is due, a channel's replies go as one frame.
+        REPLY_HOLD_S bounds what the first of them waits, the next batch's compute
+        (guessed from the last one's) included: a model slower than that never holds.
+        """
+        outbox, now = self.outbox, time.monotonic()
+        waited = now - outbox.holding_since + self._last_compute_s
+        if outbox.holding_since and waited < REPLY_HOLD_S and self.batcher.wait_s(now) == 0:
+            return
+        outbox.flush()
 
     def _reply(
         self, pending: Pending, kind: Kind, outputs: dict[str, Tensor], finished: bool = True
@@ -564,8 +548,7 @@ class WorkerServer:
         kind: Kind = Kind.REPLY,
     ) -> None:
         if error.code is not ErrorCode.BAD_REQUEST:
-            self._counts[Counter.FAIL] += 1
-            self._counts_dirty = True
+            self.own.count(Counter.FAIL)
         reply = error_message(kind, request.request_id, self.pid, error.code, error.message)
         self.outbox.send(reply, reply_to(request), [])
 

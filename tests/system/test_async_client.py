@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import time
@@ -40,6 +41,22 @@ def test_infer_async_answers_each_request_and_fails_fast() -> None:
         with pytest.raises(DeadlineExceeded):
             asyncio.run(late())
         assert time.monotonic() - started < 1.0
+
+        async def queued() -> list[float]:
+            begun = time.monotonic()
+
+            async def one() -> float:
+                x = {"x": np.zeros(1, np.float32)}
+                with await client.infer_async("slow", x, parameters={"sleep_s": 0.15}):
+                    return time.monotonic() - begun
+
+            return await asyncio.gather(*(one() for _ in range(3)))
+
+        # Three requests queued for one slow instance: each reply comes as its request
+        # is done, none held back for the next (the worker holds replies only for fast ones).
+        done = sorted(asyncio.run(queued()))
+        gaps = [later - earlier for earlier, later in itertools.pairwise(done)]
+        assert [gap > 0.1 for gap in gaps] == [True, True], done
 
         victim = appliance.pid_of("model[slow#0]")
 

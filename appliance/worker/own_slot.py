@@ -1,0 +1,85 @@
+"""What a model worker shows of itself in the status table, written only as it changes.
+
+Its slot holds the queue depth, the response ring's use, a heartbeat (with
+the start of the batch running, for the hang watchdog), the counters the
+statistics endpoints add up, and the device memory in use. Each is written
+when it changes or falls due, not on every loop turn: a write is shared
+memory the master and every frontend read.
+
+Counters are added up in the process and written at once when the worker
+goes idle or every COUNTERS_S, with the metrics histograms of the batches
+(appliance/metrics.py), so a busy worker does not write them per request.
+"""
+
+from __future__ import annotations
+
+import time
+
+from appliance import device as devices
+from appliance.core.ring import Ring
+from appliance.core.status import N_COUNTERS, Counter, StatusTable
+from appliance.metrics import flush_batches
+
+HEARTBEAT_S = 0.25
+COUNTERS_S = 0.1
+
+
+class OwnSlot:
+    """One instance's slot of the status table, as its worker loop keeps it."""
+
+    def __init__(self, status: StatusTable, slot: int, ring: Ring, device: str) -> None:
+        self.status = status
+        self.slot = slot
+        self._ring = ring
+        self._device = device
+        self.counts = [0] * N_COUNTERS
+        self._dirty = False
+        self._counts_at = 0.0
+        self._depth = -1
+        self._beat_at = 0.0
+        self._ring_shown = (-1, -1)
+
+    def count(self, counter: Counter, amount: int = 1) -> None:
+        self.counts[counter] += amount
+        self._dirty = True
+
+    def counted(self) -> None:
+        """Say that :attr:`counts` was added to directly."""
+        self._dirty = True
+
+    def beat(self, busy_since: float = 0.0) -> None:
+        """The heartbeat; ``busy_since``: when the running batch started (0: none runs)."""
+        self.status.beat(self.slot, busy_since=busy_since)
+
+    def set_depth_now(self, depth: int) -> None:
+        """Write the depth at once; the next :meth:`show` writes it again."""
+        self.status.set_depth(self.slot, depth)
+        self._depth = -1
+
+    def show(self, depth: int, now: float) -> None:
+        """Write what changed since the last call, and the heartbeat when it is due."""
+        if depth != self._depth:
+            self._depth = depth
+            self.status.set_depth(self.slot, depth)
+        if self._dirty and (depth == 0 or now >= self._counts_at):
+            self.flush_counts(now)
+        ring = self._ring
+        # Space comes back with clients' releases too, not only with replies.
+        in_use = (ring.used_bytes, ring.spilled_bytes)
+        if in_use != self._ring_shown:
+            self._ring_shown = in_use
+            self.status.set_ring(self.slot, ring.used_bytes, ring.capacity, ring.spilled_bytes)
+        if now >= self._beat_at:
+            self.status.beat(self.slot)
+            self._beat_at = now + HEARTBEAT_S
+
+    def flush_counts(self, now: float | None = None) -> None:
+        self.status.add_all(self.slot, self.counts)
+        flush_batches()
+        self.counts = [0] * N_COUNTERS
+        self._dirty = False
+        self._counts_at = (time.monotonic() if now is None else now) + COUNTERS_S
+
+    def show_device_memory(self) -> None:
+        if devices.is_cuda(self._device):
+            self.status.set_device_memory(self.slot, devices.memory_in_use(self._device))
