@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,7 +23,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from appliance.client.api import ModelClient
 from tests.gpu import cuda_driver_missing
-from tests.system.harness import Appliance, demo_models, eventually, running
+from tests.system.harness import Appliance, demo_models, eventually, rendezvous, running
 
 MODELS = [
     *demo_models(
@@ -379,19 +380,47 @@ def test_stream_answers_each_request_and_survives_errors(
         got = [answers.get(timeout=30) for _ in range(6)]
     finally:
         client.stop_stream()
-    (first, error0), (_, error1), *parts, (final, error5) = got
-    assert error0 is None
-    assert first.get_response().id == "a"
+    # The requests are answered side by side, as Triton answers a stream's requests:
+    # each one's answers in their order, the requests' in the order they are ready.
+    errors = [error for _, error in got if error is not None]
+    by_id: dict[str, list[Any]] = {}
+    for result, error in got:
+        if error is None:
+            by_id.setdefault(result.get_response().id, []).append(result)
+    assert [error.message() for error in errors] == [
+        "Request for unknown model: 'no_such_model' is not found"
+    ]
+    (first,) = by_id["a"]
     assert np.array_equal(first.as_numpy("OUTPUT0"), SIMPLE_IN0 + SIMPLE_IN1)
-    assert "Request for unknown model: 'no_such_model'" in error1.message()
-    pieces = [result.as_numpy("x") for result, error in parts if error is None]
+    *parts, final = by_id["c"]
+    pieces = [result.as_numpy("x") for result in parts]
     assert np.array_equal(np.concatenate(pieces), np.arange(6, dtype=np.float32))
     flags = [
-        result.get_response().parameters["triton_final_response"].bool_param for result, _ in parts
+        result.get_response().parameters["triton_final_response"].bool_param for result in parts
     ]
     assert flags == [False, False, False]
-    assert error5 is None
     assert final.get_response().parameters["triton_final_response"].bool_param
+    assert final.as_numpy("x") is None
+
+
+def test_a_stream_s_requests_are_answered_side_by_side(tmp_path: Path) -> None:
+    """Two requests on one stream run at once: the rendezvous model answers each only
+    when both its instances run a call at the same time (one after the other, each fails
+    after its wait)."""
+    with running([rendezvous(tmp_path)]) as appliance:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            for name in ("p", "q"):
+                x = [tensor("x", np.ones(1, dtype=np.float64))]
+                client.async_stream_infer("rendezvous", x, request_id=name)
+            got = [answers.get(timeout=60) for _ in range(2)]
+        finally:
+            client.stop_stream()
+            client.close()
+    assert [error for _, error in got] == [None, None]
+    assert sorted(result.get_response().id for result, _ in got) == ["p", "q"]
 
 
 def test_a_cancelled_stream_stops_the_decoupled_model(appliance: Appliance) -> None:

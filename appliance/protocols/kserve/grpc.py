@@ -17,7 +17,7 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable
 from typing import Any
 
 import grpc
@@ -32,6 +32,7 @@ from appliance.protocols.kserve.errors import grpc_status
 from appliance.protocols.kserve.inference import InferRequest, OutputData
 from appliance.protocols.kserve.pbcodec import pb
 from appliance.protocols.kserve.shm import RegionTable
+from appliance.protocols.stream_answers import answer_side_by_side
 from appliance.protocols.threads import Threads
 
 log = logging.getLogger("appliance.kserve")
@@ -65,6 +66,16 @@ def rpc(method: Handler) -> Handler:
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
 
     return wrapper
+
+
+def _sequence_of(request: Any) -> Hashable | None:
+    """The sequence a stream request is a step of (its model and sequence id), if any."""
+    if "sequence_id" not in request.parameters:
+        return None
+    value = request.parameters["sequence_id"]
+    which = value.WhichOneof("parameter_choice")
+    sequence = getattr(value, which) if which else None
+    return (request.model_name, sequence) if sequence else None
 
 
 def timeout_s(context: Context, request: InferRequest) -> float | None:
@@ -138,16 +149,26 @@ class InferenceServicer:
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[bytes]:
-        async for request in requests:
-            try:
-                async for response in self._stream_one(request, context):
-                    yield response
-            except ApplianceError as ex:
-                yield pbcodec.encode_stream_error(request.model_name, request.id, ex.message)
-            except Exception:
-                log.exception("KServe gRPC ModelStreamInfer failed")
-                message = "internal error in the stream"
-                yield pbcodec.encode_stream_error(request.model_name, request.id, message)
+        """Each request of the stream answered as it comes, side by side with the others
+        (a sequence's steps in order): stream_answers.py."""
+
+        def answer(request: Any) -> AsyncIterator[bytes]:
+            return self._answer_one(request, context)
+
+        async for response in answer_side_by_side(requests, answer, _sequence_of):
+            yield response
+
+    async def _answer_one(self, request: Any, context: Context) -> AsyncIterator[bytes]:
+        """One request's responses, or its error as a stream response."""
+        try:
+            async for response in self._stream_one(request, context):
+                yield response
+        except ApplianceError as ex:
+            yield pbcodec.encode_stream_error(request.model_name, request.id, ex.message)
+        except Exception:
+            log.exception("KServe gRPC ModelStreamInfer failed")
+            message = "internal error in the stream"
+            yield pbcodec.encode_stream_error(request.model_name, request.id, message)
 
     async def _stream_one(self, request: Any, context: Context) -> AsyncIterator[bytes]:
         """Answer one request of a stream: one response, or one per part."""
