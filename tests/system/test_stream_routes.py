@@ -151,4 +151,8 @@ def test_generate_errors_name_what_is_wrong(appliance: Appliance) -> None:
             body,
             answer.text,
         )
+    # Nested as deep as a JSON parser allows: refused, not a recursion in the frontend.
+    url = f"http://127.0.0.1:{appliance.ports['http']}/v2/models/identity/generate"
+    deep = requests.post(url, data='{"INPUT0": ' + "[" * 1000 + "1" + "]" * 1000 + "}", timeout=30)
+    assert (deep.status_code, "nested too deeply" in deep.json()["error"]) == (400, True)
     assert post(appliance, "identity", "generate", {"INPUT0": 1}).status_code == 200

@@ -160,7 +160,7 @@ def tensor_from_json(name: str, dtype: DType, shape: tuple[int, ...], data: obje
     what = f"input {name}"
     count = dtypes.element_count(shape)
     if dtype is DType.BYTES:
-        flat = _flatten(data, what)
+        flat = flatten(data, what)
         if len(flat) != count:
             raise DecodeError(_count_message(what, len(flat), shape, count))
         array = np.empty(count, dtype=object)
@@ -175,7 +175,7 @@ def tensor_from_json(name: str, dtype: DType, shape: tuple[int, ...], data: obje
     if target.kind in "iu" and kind in "fO":
         # numpy reads integers beyond int64 as float64 (losing digits) or
         # object: convert the JSON values themselves.
-        array = _exact_integers(what, dtype, _flatten(data, what))
+        array = _exact_integers(what, dtype, flatten(data, what))
     elif array.size and kind not in _JSON_KINDS[target.kind]:
         kinds = "booleans" if target.kind == "b" else "numbers"
         raise DecodeError(f"{what}: {dtype.value} data must be JSON {kinds}")
@@ -229,7 +229,12 @@ def _utf8(what: str, element: object) -> bytes:
     return element.encode()
 
 
-def _flatten(data: object, what: str) -> list[object]:
+def flatten(data: object, what: str) -> list[object]:
+    """JSON ``data``'s elements, row-major: a value, or (nested) lists of them.
+
+    Raises:
+        DecodeError: lists nested too deeply.
+    """
     if not isinstance(data, list):
         return [data]
     flat: list[object] = []

@@ -19,7 +19,6 @@ from typing import Any
 
 import orjson
 
-from appliance.core.dtypes import DType
 from appliance.protocols.jsonbody import load_object
 from appliance.protocols.kserve import codec
 from appliance.protocols.kserve.errors import DecodeError
@@ -94,26 +93,14 @@ def _parameter(key: str, value: object) -> str | int | float | bool:
 
 def _input(name: str, spec: Mapping[str, Any], value: object) -> InputTensor:
     """One input from its JSON value, shaped as its metadata allows."""
-    dtype = parse_dtype(spec.get("datatype"), f"input {name}")
-    values = _flat(name, value)
+    what = f"input {name}"
+    dtype = parse_dtype(spec.get("datatype"), what)
+    values = codec.flatten(value, what)
+    if any(isinstance(item, dict) or item is None for item in values):
+        raise DecodeError(f"{what}: a value is a string, a number or a boolean")
     shape = fit_shape(name, [int(d) for d in spec.get("shape", [])], len(values))
-    if dtype is DType.BYTES and not all(isinstance(item, str) for item in values):
-        raise DecodeError(f"input {name}: {dtype.value} values must be JSON strings")
-    if dtype is not DType.BYTES and any(isinstance(item, str) for item in values):
-        raise DecodeError(f"input {name}: {dtype.value} values must be JSON numbers or booleans")
+    # Each value's kind is checked against the datatype there, as for infer's JSON.
     return InputTensor(name, dtype, shape, codec.tensor_from_json(name, dtype, shape, values))
-
-
-def _flat(name: str, value: object) -> list[object]:
-    """An input's values, row-major: one value, or (nested) lists of them."""
-    if not isinstance(value, list):
-        if isinstance(value, dict) or value is None:
-            raise DecodeError(f"input {name}: a value is a string, a number or a boolean")
-        return [value]
-    flat: list[object] = []
-    for item in value:
-        flat += _flat(name, item)
-    return flat
 
 
 def fit_shape(name: str, dims: list[int], count: int) -> tuple[int, ...]:
