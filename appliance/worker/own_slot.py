@@ -13,8 +13,6 @@ goes idle or every COUNTERS_S, with the metrics histograms of the batches
 
 from __future__ import annotations
 
-import time
-
 from appliance import device as devices
 from appliance.core.ring import Ring
 from appliance.core.status import N_COUNTERS, Counter, StatusTable
@@ -73,12 +71,12 @@ class OwnSlot:
             self.status.beat(self.slot)
             self._beat_at = now + HEARTBEAT_S
 
-    def flush_counts(self, now: float | None = None) -> None:
+    def flush_counts(self, now: float) -> None:
         self.status.add_all(self.slot, self.counts)
         flush_batches()
         self.counts = [0] * N_COUNTERS
         self._dirty = False
-        self._counts_at = (time.monotonic() if now is None else now) + COUNTERS_S
+        self._counts_at = now + COUNTERS_S
 
     def show_device_memory(self) -> None:
         if devices.is_cuda(self._device):

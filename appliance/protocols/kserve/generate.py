@@ -8,7 +8,7 @@ answers a flat object of the outputs (``text_output``). The body tells them
 apart: an inference request is binary (Inference-Header-Content-Length) or
 has ``inputs``, a list of tensor objects.
 
-Pure: bytes and metadata in, an :class:`InferRequest` out; outputs in,
+Pure: the body and metadata in, an :class:`InferRequest` out; outputs in,
 bytes out.
 """
 
@@ -19,44 +19,46 @@ from typing import Any
 
 import orjson
 
-from appliance.protocols.jsonbody import load_object
 from appliance.protocols.kserve import codec
 from appliance.protocols.kserve.errors import DecodeError
 from appliance.protocols.kserve.inference import InferRequest, InputTensor, OutputData, parse_dtype
 
 
-def is_inference_request(body: bytes | memoryview, header_length: int | None) -> bool:
-    """Whether a body is a KServe inference request (MLServer's generate) rather than
-    Triton's generate form; a body that is neither is decoded as a KServe request,
-    whose errors say what it lacks."""
+def triton_form(body: bytes | memoryview, header_length: int | None) -> dict[str, Any] | None:
+    """The body's JSON object when it is Triton's generate form; None for a KServe
+    inference request (MLServer's generate), and for a body that is neither, which is
+    then decoded as a KServe request, whose errors say what it lacks."""
     if header_length is not None:
-        return True
+        return None
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return True
+        return None
     if not isinstance(doc, dict):
-        return True
+        return None
     inputs = doc.get("inputs")
-    return isinstance(inputs, list) and all(isinstance(item, dict) for item in inputs)
+    if isinstance(inputs, list) and all(isinstance(item, dict) for item in inputs):
+        return None
+    return doc
 
 
 # -- Triton's form -------------------------------------------------------------------
 
 
 def decode_request(
-    body: bytes | memoryview, metadata: Mapping[str, Any], model: str, version: str = ""
+    doc: Mapping[str, Any], metadata: Mapping[str, Any], model: str, version: str = ""
 ) -> InferRequest:
     """Triton's generate request: each key (``parameters``' own included) that names one
     of the model's inputs is that input, one value or a list; any other key is
     a request parameter (a string, number or boolean). ``id`` is the request's id, and a
     parameter as well, as in Triton.
 
+    ``doc``: the body's JSON object (:func:`triton_form`).
+
     Raises:
-        DecodeError: not a JSON object, a value of the wrong kind, an input given twice,
-            or a count of values its shape cannot hold.
+        DecodeError: a value of the wrong kind, an input given twice, or a count of
+            values its shape cannot hold.
     """
-    doc = load_object(body, DecodeError)
     inputs = {item["name"]: item for item in metadata.get("inputs", [])}
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):

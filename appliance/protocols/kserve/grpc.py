@@ -25,6 +25,7 @@ from google.protobuf import json_format
 
 from appliance._generated import triton_model_config_pb2
 from appliance.client.api import ModelClient
+from appliance.core.sequences import sequence_of
 from appliance.errors import ApplianceError, DeadlineExceeded
 from appliance.protocols.grpc_server import GrpcServer
 from appliance.protocols.kserve import pbcodec, repository, service
@@ -70,12 +71,8 @@ def rpc(method: Handler) -> Handler:
 
 def _sequence_of(request: Any) -> Hashable | None:
     """The sequence a stream request is a step of (its model and sequence id), if any."""
-    if "sequence_id" not in request.parameters:
-        return None
-    value = request.parameters["sequence_id"]
-    which = value.WhichOneof("parameter_choice")
-    sequence = getattr(value, which) if which else None
-    return (request.model_name, sequence) if sequence else None
+    sequence = sequence_of(pbcodec.decode_parameters(request.parameters))
+    return None if sequence is None else (request.model_name, sequence)
 
 
 def timeout_s(context: Context, request: InferRequest) -> float | None:

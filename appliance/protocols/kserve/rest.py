@@ -165,24 +165,14 @@ class ModelResource(Resource):
     ) -> None:
         """MLServer's ``generate``, its alias of ``infer``; Triton's generate extension
         (the body's keys are the model's inputs) where the body is no inference request."""
-        body, header_length = self.body(req), _header_length(req)
-        if generate.is_inference_request(body, header_length):
-            request = codec.decode_infer_request(body, header_length, model, version)
-            await self._infer(req, resp, request)
-            return
-        await self._generate(resp, body, model, version, stream=False)
+        await self._generate(req, resp, model, version, stream=False)
 
     @responder
     async def on_post_generate_stream(
         self, req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
     ) -> None:
         """MLServer's ``generate_stream`` (``infer_stream``), or Triton's (see ``generate``)."""
-        body, header_length = self.body(req), _header_length(req)
-        if generate.is_inference_request(body, header_length):
-            request = codec.decode_infer_request(body, header_length, model, version)
-            await self._infer_stream(resp, request)
-            return
-        await self._generate(resp, body, model, version, stream=True)
+        await self._generate(req, resp, model, version, stream=True)
 
     async def _infer(
         self, req: falcon.Request, resp: falcon.Response, request: InferRequest
@@ -211,12 +201,19 @@ class ModelResource(Resource):
         await self._stream(resp, request, functools.partial(_encoded, request.model, served))
 
     async def _generate(
-        self, resp: falcon.Response, body: bytes, model: str, version: str, stream: bool
+        self, req: falcon.Request, resp: falcon.Response, model: str, version: str, stream: bool
     ) -> None:
-        """Triton's generate extension: the model's answer as one flat JSON object, or
-        (``stream``) each of its responses as an event; generate.py has the forms."""
+        """``generate`` (``stream``: ``generate_stream``) in the body's form: as ``infer``
+        (``infer_stream``) for an inference request; else Triton's generate extension, the
+        model's answer as one flat JSON object or each of its responses as an event."""
+        body, header_length = self.body(req), _header_length(req)
+        doc = generate.triton_form(body, header_length)
+        if doc is None:
+            request = codec.decode_infer_request(body, header_length, model, version)
+            await (self._infer_stream(resp, request) if stream else self._infer(req, resp, request))
+            return
         metadata = service.model_metadata(self.client, model, version)
-        request = generate.decode_request(body, metadata, model, version)
+        request = generate.decode_request(doc, metadata, model, version)
         served = request.version or service.version_of(self.client, model)
         encode = functools.partial(generate.encode_response, model, served)
         if stream:
