@@ -403,6 +403,23 @@ def test_stream_answers_each_request_and_survives_errors(
     assert final.as_numpy("x") is None
 
 
+def test_a_flood_on_one_stream_is_answered_request_by_request(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    """Far more requests than a stream answers at once (64): each gets its answer."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for index in range(300):
+            client.async_stream_infer("simple", simple_inputs(), request_id=str(index))
+        got = [answers.get(timeout=60) for _ in range(300)]
+    finally:
+        client.stop_stream()
+    assert [error for _, error in got if error is not None] == []
+    assert sorted(int(result.get_response().id) for result, _ in got) == list(range(300))
+    assert all(np.array_equal(r.as_numpy("OUTPUT0"), SIMPLE_IN0 + SIMPLE_IN1) for r, _ in got)
+
+
 def test_a_stream_s_requests_are_answered_side_by_side(tmp_path: Path) -> None:
     """Two requests on one stream run at once: the rendezvous model answers each only
     when both its instances run a call at the same time (one after the other, each fails
