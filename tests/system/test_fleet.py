@@ -47,6 +47,9 @@ pytestmark = [
     ),
     # graphpipe 1.0.4 calls EndVector(n), deprecated since flatbuffers 2.0.7.
     pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning"),
+    # Over 40 s of load through the balancer: make test-long, so that make test
+    # keeps under its 15 minutes.
+    pytest.mark.long,
 ]
 
 CHECK_INTER_MS = 200
