@@ -214,8 +214,15 @@ class _Reader(SequenceFields):
             raise PbtxtError("response_cache: a decoupled model's streams are not cached")
         if config.model_warmup and config.HasField("sequence_batching"):
             raise PbtxtError("model_warmup: warming up a sequence model is not served")
-        if python and config.HasField("sequence_batching"):
-            raise PbtxtError("sequence_batching: Python-backend sequence models are not served yet")
+        if (
+            python
+            and config.HasField("sequence_batching")
+            and config.model_transaction_policy.decoupled
+        ):
+            raise PbtxtError(
+                "sequence_batching: a decoupled Python model's sequences are not served (a "
+                "sequence's steps are answered one response each)"
+            )
         if config.model_transaction_policy.decoupled and not python:
             raise PbtxtError(
                 "model_transaction_policy.decoupled: a decoupled (streaming) model is served "

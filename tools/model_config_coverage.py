@@ -210,8 +210,8 @@ TABLE: dict[str, tuple[str, str]] = {
     ),
     "sequence_batching": (
         SERVED,
-        "Stateful sequences for ONNX and TorchScript models; a Python-backend model.py "
-        "with sequence_batching is refused (not served yet); " + _ENSEMBLE_NOTE + ".",
+        "Stateful sequences for ONNX, TorchScript and Python-backend models (a decoupled "
+        "model.py with sequence_batching is refused); " + _ENSEMBLE_NOTE + ".",
     ),
     "sequence_batching.max_sequence_idle_microseconds": (
         SERVED,

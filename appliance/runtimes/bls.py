@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from appliance.core.sequences import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START
 from appliance.errors import ApplianceError, ErrorCode
 from appliance.runtimes import python_backend_utils as pb_utils
 
@@ -133,11 +134,19 @@ def _the_client() -> ModelClient:
 def _call(request: pb_utils.InferenceRequest) -> dict[str, Any]:
     """The client's arguments for ``request``."""
     timeout_us = request.timeout()
+    parameters = json.loads(request.parameters())
+    sequence = request.correlation_id()
+    if sequence:
+        # A step of a sequence model's sequence, as a client's request says it.
+        flags = request.flags()
+        parameters[SEQUENCE_ID] = sequence
+        parameters[SEQUENCE_START] = bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+        parameters[SEQUENCE_END] = bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
     return {
         "model": request.model_name(),
         "inputs": {tensor.name(): tensor.as_numpy() for tensor in request.inputs()},
         "outputs": request.requested_output_names() or None,
-        "parameters": json.loads(request.parameters()),
+        "parameters": parameters,
         "timeout_s": timeout_us / 1e6 if timeout_us > 0 else None,
     }
 

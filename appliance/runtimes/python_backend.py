@@ -18,6 +18,11 @@ way Triton's Python stub does:
   response that is not one, fails the batch's requests, not the instance.
 - ``unload`` (the instance stops): ``finalize()``.
 
+- a sequence model (config.pbtxt's ``sequence_batching``): every step of a
+  sequence reaches the same instance; its request's ``correlation_id()`` and
+  ``flags()`` are the sequence's id and start/end flags, and its inputs hold
+  the control inputs (and any implicit state, which Triton's own Python
+  backend does not carry) the worker fills.
 - a decoupled model (``model_transaction_policy { decoupled: true }``):
   each request goes to ``execute`` alone with a response sender, and what it
   sends (from any thread) streams back until the final flag; such a model is
@@ -254,6 +259,12 @@ class PythonBackendModel(RuntimeModel):
                 )
                 for table in tables
             ]
+        # A sequence model's requests carry its control inputs and state too, as
+        # Triton's sequence batcher adds them; the state it returns is kept.
+        implicit_in, implicit_out = self.implicit_specs(batch > 0)
+        named = {spec.name for spec in specs["output"]}
+        specs["input"] += implicit_in
+        specs["output"] += [spec for spec in implicit_out if spec.name not in named]
         self.declare(specs["input"], specs["output"])
         self.max_batch_size = batch
 

@@ -30,7 +30,7 @@ def results(
         Exception: what the model raised; it fails the whole batch.
     """
     if model.per_request:
-        return per_request.run(model, metadata, batch, reshapes)
+        return per_request.run(model, metadata, batch, reshapes, sequences)
     inputs = batch_inputs(batch)
     if sequences is not None:
         inputs = sequences.inputs(batch, inputs)

@@ -5,6 +5,10 @@ gets one response back per request. The worker then hands the model each
 request's own inputs (views of shared memory, never concatenated) and checks
 each result alone: a result that is an error, or outputs that do not fit the
 model's declaration, fail that request only.
+
+A sequence model's request carries its sequence's id and start/end flags
+(Triton's ``correlation_id()`` and ``flags()``), its control inputs and its
+state, as one row of its own; the state it returns is kept for the next step.
 """
 
 from __future__ import annotations
@@ -20,10 +24,18 @@ from appliance.model import Model, Request
 from appliance.worker.batcher import split_outputs
 from appliance.worker.pending import Pending
 from appliance.worker.reshape import Reshapes
+from appliance.worker.sequences import Sequences
+
+# Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and _END.
+SEQUENCE_START, SEQUENCE_END = 1, 2
 
 
 def run(
-    model: Model, metadata: ModelMetadata, batch: list[Pending], reshapes: Reshapes | None = None
+    model: Model,
+    metadata: ModelMetadata,
+    batch: list[Pending],
+    reshapes: Reshapes | None = None,
+    sequences: Sequences | None = None,
 ) -> list[dict[str, Tensor] | ApplianceError]:
     """Each request's outputs or its error, in the batch's order.
 
@@ -31,15 +43,7 @@ def run(
         Exception: what the model raised; it fails the whole batch.
     """
     name = metadata.name
-    requests = [
-        Request(
-            reshapes.inputs(p.arrays, name) if reshapes else p.arrays,
-            p.parameters,
-            p.outputs,
-            str(p.message.body.get("id", "")),
-        )
-        for p in batch
-    ]
+    requests = [_request(p, name, reshapes, sequences) for p in batch]
     produced = model.predict_requests(requests)
     if reshapes is not None:
         produced = [r if isinstance(r, Exception) else reshapes.outputs(r, name) for r in produced]
@@ -50,14 +54,41 @@ def run(
         elif isinstance(result, Exception):
             results.append(ModelFailed(f"model {metadata.name} failed: {result}"))
         else:
-            results.append(_checked(metadata, result, pending))
+            results.append(_checked(metadata, result, pending, sequences))
     return results
 
 
+def _request(
+    pending: Pending, name: str, reshapes: Reshapes | None, sequences: Sequences | None
+) -> Request:
+    arrays = pending.arrays
+    correlation_id: int | str = 0
+    flags = 0
+    if sequences is not None:
+        arrays = sequences.inputs([pending], arrays)
+        step = pending.step
+        assert step is not None, "a sequence model's requests are admitted before they queue"
+        correlation_id = step.live.id
+        flags = SEQUENCE_START * step.start | SEQUENCE_END * step.end
+    return Request(
+        reshapes.inputs(arrays, name) if reshapes else arrays,
+        pending.parameters,
+        pending.outputs,
+        str(pending.message.body.get("id", "")),
+        correlation_id,
+        flags,
+    )
+
+
 def _checked(
-    metadata: ModelMetadata, outputs: Mapping[str, Any], pending: Pending
+    metadata: ModelMetadata,
+    outputs: Mapping[str, Any],
+    pending: Pending,
+    sequences: Sequences | None,
 ) -> dict[str, Tensor] | ApplianceError:
     try:
-        return carried(outputs, split_outputs(metadata, outputs, [pending])[0])
+        # The state outputs are kept for the next step; the parameters stay the model's.
+        kept = sequences.keep([pending], outputs) if sequences is not None else outputs
+        return carried(outputs, split_outputs(metadata, kept, [pending])[0])
     except ApplianceError as ex:
         return ex

@@ -104,6 +104,7 @@ def config_tensors(model: str) -> Call:
 
 BLS_CALLS = ("add_sub", "nope", "misbehaving_error", "square")
 BLS_CALLS += tuple(f"async_{name}" for name in BLS_CALLS)
+BLS_CALLS += ("sequence",)  # three steps of one sequence of accumulate
 
 
 def errors_named(seen: Any) -> Any:
@@ -133,6 +134,37 @@ def who(m: ModuleType, c: Any, request_id: str, sleep_s: float = 0.0) -> dict[st
     x = tensor(m, "X", np.array([sleep_s], np.float32), "FP32")
     seen = json.loads(c.infer("identify", [x], request_id=request_id).as_numpy("WHO")[0])
     return {key: value for key, value in seen.items() if key != "model_instance_name"}
+
+
+def sequences(m: ModuleType, c: Any, steps: list[tuple[int, int, str]]) -> list[dict[str, Any]]:
+    """accumulate's answers to ``steps``: (sequence id, value, "start"/"end"/"both"/"")."""
+    answers = []
+    for sequence, value, flag in steps:
+        x = tensor(m, "VALUE", np.array([[value]], np.int32), "INT32")
+        result = c.infer(
+            "accumulate",
+            [x],
+            sequence_id=sequence,
+            sequence_start=flag in ("start", "both"),
+            sequence_end=flag in ("end", "both"),
+        )
+        answers.append(outputs(result, "SUM", "SEEN"))
+    return answers
+
+
+# Two sequences side by side.
+INTERLEAVED = [(11, 3, "start"), (12, 4, "start"), (11, 5, ""), (12, 6, "end"), (11, 7, "end")]
+
+
+def sequence_controls(m: ModuleType, c: Any) -> list[tuple[str, str]]:
+    """What a client reads of accumulate's config: its control inputs, by name and kind."""
+    config = c.get_model_config("accumulate", as_json=True) if m is grpcclient else None
+    config = config["config"] if config else c.get_model_config("accumulate")
+    # Protobuf's JSON leaves out an enum's first value (CONTROL_SEQUENCE_START).
+    return [
+        (item["name"], item["control"][0].get("kind", "CONTROL_SEQUENCE_START"))
+        for item in config["sequence_batching"]["control_input"]
+    ]
 
 
 def instance_names(url: str) -> set[str]:
@@ -230,6 +262,21 @@ CALLS = [
     *(bls(name) for name in BLS_CALLS),
     Call("a request's id reaches execute", lambda m, c: who(m, c, "id-7")),
     Call("a request without an id", lambda m, c: who(m, c, "")),
+    Call("a sequence model's steps", lambda m, c: sequences(m, c, INTERLEAVED)),
+    Call("a one-step sequence", lambda m, c: sequences(m, c, [(21, 9, "both")])),
+    Call(
+        "a step of a sequence never started",
+        lambda m, c: sequences(m, c, [(31, 1, "")]),
+        ("accumulate", "31"),
+    ),
+    Call(
+        "a step without a sequence id",
+        lambda m, c: sequences(m, c, [(0, 1, "start")]),
+        ("accumulate",),
+    ),
+    metadata("accumulate"),
+    config_tensors("accumulate"),
+    Call("a sequence model's control inputs", sequence_controls),
     Call("server ready", lambda m, c: c.is_server_ready()),
     Call("failed model's readiness", lambda m, c: c.is_model_ready("import_fails")),
     Call("repository index", index),

@@ -112,6 +112,59 @@ def test_auto_complete_config_declares_the_tensors_a_config_leaves_out(
             client.close()
 
 
+def step(module: Any, client: Any, model: str, value: int, sequence: int | str, flag: str) -> Any:
+    shape = [1, 1] if model == "accumulate" else [1]
+    x = tensor(module, "VALUE", np.array([value], np.int32).reshape(shape), "INT32")
+    start, end = flag in ("start", "both"), flag in ("end", "both")
+    return client.infer(model, [x], sequence_id=sequence, sequence_start=start, sequence_end=end)
+
+
+def test_a_sequence_model_sees_its_controls_correlation_id_and_flags(appliance: Appliance) -> None:
+    for module, client in clients(appliance):
+        try:
+            steps = [(41, 3, "start"), (42, 4, "start"), (41, 5, ""), (42, 6, "end")]
+            steps += [(41, 7, "end"), (43, 2, "both")]
+            answers = [step(module, client, "accumulate", v, sid, flag) for sid, v, flag in steps]
+            # Each sequence's own running sum, kept by the model by correlation_id().
+            assert [int(a.as_numpy("SUM")[0, 0]) for a in answers] == [3, 4, 8, 10, 15, 2]
+            # START, END, READY, CORRID, correlation_id(), flags() as execute saw them.
+            seen = [a.as_numpy("SEEN")[0].tolist() for a in answers]
+            assert seen == [
+                [1, 0, 1, 41, 41, 1],
+                [1, 0, 1, 42, 42, 1],
+                [0, 0, 1, 41, 41, 0],
+                [0, 1, 1, 42, 42, 2],
+                [0, 1, 1, 41, 41, 2],
+                [1, 1, 1, 43, 43, 3],
+            ]
+            # CORRID is UINT64: a string id cannot fill it, and the answer says so.
+            with pytest.raises(InferenceServerException, match="CORRID is UINT64"):
+                step(module, client, "accumulate", 1, "a-string-id", "start")
+            with pytest.raises(InferenceServerException, match="no live sequence 41"):
+                step(module, client, "accumulate", 1, 41, "")
+        finally:
+            client.close()
+
+
+def test_a_python_sequence_model_s_implicit_state_is_carried_between_steps(
+    appliance: Appliance,
+) -> None:
+    for module, client in clients(appliance):
+        try:
+            for sequence in (51, "text-id"):
+                totals = [
+                    int(
+                        step(module, client, "running_total", value, sequence, flag).as_numpy(
+                            "TOTAL"
+                        )[0]
+                    )
+                    for value, flag in ((3, "start"), (4, ""), (5, "end"))
+                ]
+                assert totals == [3, 7, 12]
+        finally:
+            client.close()
+
+
 @pytest.mark.parametrize(
     ("do", "status", "words"),
     [
@@ -246,6 +299,21 @@ def test_execute_calls_other_models_and_gets_their_answers_or_errors(
             for name, expected in ((call, seen), (f"async_{call}", [seen, seen])):
                 result = client.infer("bls_caller", [x], parameters={"call": name})
                 assert json.loads(result.as_numpy("SEEN")[0]) == expected, name
+        finally:
+            client.close()
+
+
+def test_execute_calls_a_sequence_model_step_by_step(appliance: Appliance) -> None:
+    # bls_caller sends three steps of sequence 71 (correlation_id and flags set).
+    for module, client in clients(appliance):
+        try:
+            x = tensor(module, "X", np.arange(4, dtype=np.float32), "FP32")
+            result = client.infer("bls_caller", [x], parameters={"call": "sequence"})
+            assert json.loads(result.as_numpy("SEEN")[0]) == [
+                {"SUM": [[2]], "SEEN": [[1, 0, 1, 71, 71, 1]]},
+                {"SUM": [[5]], "SEEN": [[0, 0, 1, 71, 71, 0]]},
+                {"SUM": [[9]], "SEEN": [[0, 1, 1, 71, 71, 2]]},
+            ]
         finally:
             client.close()
 

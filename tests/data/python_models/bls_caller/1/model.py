@@ -40,13 +40,34 @@ def call_of(name, x):
     raise pb_utils.TritonModelException(f"unknown call {name}")
 
 
+def sequence_steps():
+    """Three steps of one sequence of accumulate, its id and flags on each request."""
+    start, end = (
+        pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+        pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
+    )
+    answers = []
+    for value, flags in ((2, start), (3, 0), (4, end)):
+        request = pb_utils.InferenceRequest(
+            model_name="accumulate",
+            inputs=[pb_utils.Tensor("VALUE", np.array([[value]], np.int32))],
+            requested_output_names=["SUM", "SEEN"],
+            correlation_id=71,
+            flags=flags,
+        )
+        answers.append(summary(request.exec()))
+    return answers
+
+
 class TritonPythonModel:
     async def execute(self, requests):
         responses = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
             name = json.loads(request.parameters()).get("call", "add_sub")
-            if name.startswith("async_"):
+            if name == "sequence":
+                seen = sequence_steps()
+            elif name.startswith("async_"):
                 # Two requests, as Triton's examples make (one request run twice at
                 # once crashed tritonserver 2.51 now and then).
                 first, decoupled = call_of(name[len("async_") :], x)
