@@ -178,6 +178,12 @@ class Model:
         """Yield partial outputs; streaming protocols send each as it comes."""
         raise NotImplementedError
 
+    def predict_stream_request(self, request: Request) -> Iterator[Outputs]:
+        """The worker's way into :meth:`predict_stream`: the whole request, its id
+        and wanted outputs too, for a model that hands them on (Triton's decoupled
+        Python models read ``request.request_id()``)."""
+        return self.predict_stream(request.inputs, request.parameters)
+
     def gradient(
         self,
         out_wrt: str,

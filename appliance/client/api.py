@@ -261,13 +261,17 @@ class ModelClient:
         outputs: Sequence[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
+        request_id: str = "",
     ) -> StreamCall:
         """Yield the model's streamed parts as they come.
 
         Each part is released when the next one is requested; closing the
         generator early (``close``, ``aclose``) cancels the stream in the worker.
+        ``request_id``: as for :meth:`infer`.
         """
         body = request_body(model, "stream", outputs, parameters, None)
+        if request_id:
+            body["id"] = request_id
         return StreamCall(self, channel, body, inputs, timeout_s)
 
     stream = stream_in_thread(_stream)

@@ -148,6 +148,7 @@ def _call(request: pb_utils.InferenceRequest) -> dict[str, Any]:
         "outputs": request.requested_output_names() or None,
         "parameters": parameters,
         "timeout_s": timeout_us / 1e6 if timeout_us > 0 else None,
+        "request_id": request.request_id(),
     }
 
 

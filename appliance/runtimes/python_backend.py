@@ -146,6 +146,9 @@ class PythonBackendModel(RuntimeModel):
         return {**self.supports(), "predict": not self.decoupled, "predict_stream": self.decoupled}
 
     def predict_stream(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Iterator[Outputs]:
+        return self.predict_stream_request(Request(inputs, parameters, None))
+
+    def predict_stream_request(self, request: Request) -> Iterator[Outputs]:
         """A decoupled model's answers to one request, as its response sender sends them.
 
         ``execute`` gets the request with a sender and returns None; each
@@ -155,9 +158,9 @@ class PythonBackendModel(RuntimeModel):
         parts: queue.SimpleQueue[tuple[pb_utils.InferenceResponse | None, int]]
         parts = queue.SimpleQueue()
         sender = pb_utils.InferenceResponseSender(lambda r, flags: parts.put((r, flags)))
-        request = self._request(Request(inputs, parameters, None), sender)
+        wrapped = self._request(request, sender)
         try:
-            returned = self._awaited(self._instance.execute([request]))
+            returned = self._awaited(self._instance.execute([wrapped]))
         except Exception as ex:
             raise ModelFailed(f"model {self.model_name}: execute raised {_last_line(ex)}") from ex
         if returned is not None:

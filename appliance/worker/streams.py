@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.core.metadata import ModelMetadata
+from appliance.core.output_parameters import carried
 from appliance.core.status import StatusTable
 from appliance.core.tensor import Tensor
-from appliance.model import Model
+from appliance.model import Model, Request
 from appliance.worker import methods
 from appliance.worker.pending import Pending
 
@@ -55,7 +56,13 @@ class Streams:
 
     def start(self, pending: Pending) -> None:
         """Open ``pending``'s stream; raises what the model's predict_stream raised."""
-        parts = iter(self.model.predict_stream(pending.arrays, pending.parameters))
+        request = Request(
+            pending.arrays,
+            pending.parameters,
+            pending.outputs,
+            str(pending.message.body.get("id", "")),
+        )
+        parts = iter(self.model.predict_stream_request(request))
         self._open.append(Stream(pending, parts))
 
     def step(self) -> Iterator[tuple[Stream, Step]]:
@@ -65,6 +72,10 @@ class Streams:
             try:
                 part = next(stream.parts)
                 outputs = methods.stream_part(self.metadata, part)
+                wanted = stream.pending.outputs
+                if wanted is not None:
+                    # As for a unary reply: only what the client asked for.
+                    outputs = carried(outputs, {n: t for n, t in outputs.items() if n in wanted})
             except StopIteration:
                 yield stream, None
                 continue

@@ -399,7 +399,7 @@ def streamed(url: str, requests: list[int], empty_final: bool) -> dict[str, list
                 continue
             response = result.get_response()
             final = response.parameters["triton_final_response"].bool_param
-            data = (result.as_numpy("OUT"), result.as_numpy("IDX"))
+            data = (result.as_numpy("OUT"), result.as_numpy("IDX"), result.as_numpy("ID"))
             plain = [None if array is None else array.tolist() for array in data]
             got.setdefault(response.id, []).append((*plain, final))
             ends += final or (not empty_final and plain[1] == [int(response.id[1:]) - 1])

@@ -393,6 +393,8 @@ def test_a_decoupled_model_s_error_is_followed_by_the_final_response_asked_for(
     assert final.get_response().id == "n-1"
     assert final.get_response().parameters["triton_final_response"].bool_param
     assert part.as_numpy("OUT").tolist() == [1]
+    # The decoupled model read the request's id (request.request_id()).
+    assert part.as_numpy("ID").tolist() == [b"n1"]
     assert last.get_response().parameters["triton_final_response"].bool_param
 
 

@@ -400,7 +400,9 @@ async def stream_async(
     if any(output.shm for output in request.outputs or ()):
         raise BadRequest("outputs of a streamed (decoupled) model cannot go to shared memory")
     call = _prepare(client, regions, request)
-    stream = client.stream_async(call.model, call.inputs, call.names, call.parameters, timeout_s)
+    stream = client.stream_async(
+        call.model, call.inputs, call.names, call.parameters, timeout_s, request.id
+    )
     async with contextlib.aclosing(stream) as parts:
         async for part in parts:
             yield _outputs(request, part.outputs, {}, from_body(part.body))

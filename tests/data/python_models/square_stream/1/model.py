@@ -12,12 +12,13 @@ class TritonPythonModel:
         for request in requests:
             n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
             sender = request.get_response_sender()
-            thread = threading.Thread(target=self.answer, args=(sender, n), daemon=True)
+            asked = request.request_id()
+            thread = threading.Thread(target=self.answer, args=(sender, n, asked), daemon=True)
             self.threads.append(thread)
             thread.start()
         return None
 
-    def answer(self, sender, n):
+    def answer(self, sender, n, asked):
         if n < 0:
             error = pb_utils.TritonError("IN must be >= 0", pb_utils.TritonError.INVALID_ARG)
             sender.send(pb_utils.InferenceResponse(error=error))
@@ -25,6 +26,7 @@ class TritonPythonModel:
             outputs = [
                 pb_utils.Tensor("OUT", np.array([n], np.int32)),
                 pb_utils.Tensor("IDX", np.array([index], np.int32)),
+                pb_utils.Tensor("ID", np.array([asked.encode()], dtype=object)),
             ]
             sender.send(pb_utils.InferenceResponse(outputs))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
