@@ -26,9 +26,10 @@ import numpy as np
 # A custom runtime as MLServer's docs write one: its own codecs, its own errors.
 CUSTOM = """
 import numpy as np
+import pandas as pd
 
 from mlserver import MLModel
-from mlserver.codecs import NumpyCodec, StringCodec
+from mlserver.codecs import NumpyCodec, PandasCodec, StringCodec
 from mlserver.errors import InferenceError
 from mlserver.types import InferenceRequest, InferenceResponse
 
@@ -54,6 +55,11 @@ class Echo(MLModel):
                 outputs.append(StringCodec.encode_output(request_input.name, shown))
             elif request_input.name == "nothing":
                 return None  # not an InferenceResponse
+            elif request_input.name == "frame":
+                # A whole response encoded from a DataFrame: its content_type is "pd".
+                x = self.decode(request_input, default_codec=NumpyCodec).reshape(-1)
+                frame = pd.DataFrame({"a": x, "b": x * self.scale})
+                return self.encode_response(frame, default_codec=PandasCodec)
             elif request_input.name == "crash":
                 raise RuntimeError("custom model crashed on purpose")
             else:

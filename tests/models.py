@@ -100,8 +100,9 @@ class Tagged(Model):
 
 
 class Described(Model):
-    """Return ``x`` doubled, with parameters of the output (a batched model: every
-    request of a batch gets them); a list value has no place in gRPC's map."""
+    """Return ``x`` doubled, with parameters of the output and of the response (a
+    batched model: every request of a batch gets them); a list value has no place in
+    gRPC's map."""
 
     inputs = [spec("x", "FP32", [-1, 2])]
     outputs = [spec("y", "FP32", [-1, 2]), spec("n", "INT32", [-1, 1])]
@@ -111,7 +112,8 @@ class Described(Model):
         x = inputs["x"]
         y = {"content_type": "np", "scale": 2, "exact": True, "ratio": 0.5, "axes": [0, 1]}
         rows = np.full((len(x), 1), len(x), np.int32)
-        return OutputsWithParameters({"y": x * 2, "n": rows}, {"y": y, "nope": {"a": 1}})
+        said = {"content_type": "pd", "rows": len(x), "tags": ["a"]}
+        return OutputsWithParameters({"y": x * 2, "n": rows}, {"y": y, "nope": {"a": 1}}, said)
 
 
 class ParameterEcho(Model):

@@ -272,7 +272,9 @@ class MLServerModel(RuntimeModel):
         self, response: Any, what: str = "predict must return"
     ) -> Outputs | ApplianceError:
         """The response's outputs as arrays, with each output's parameters (its
-        ``content_type``, ...), which the KServe responses carry as MLServer's do."""
+        ``content_type``, ...) and the response's own, which the KServe responses
+        carry as MLServer's do. (MLServer turns the response's ``headers``
+        parameter into HTTP headers; here it is left out.)"""
         try:
             arrays = {output.name: _array(output) for output in response.outputs}
             parameters = {
@@ -280,7 +282,11 @@ class MLServerModel(RuntimeModel):
                 for output in response.outputs
                 if output.parameters is not None
             }
-            return OutputsWithParameters(arrays, parameters) if parameters else arrays
+            said = response.parameters.model_dump() if response.parameters is not None else {}
+            said.pop("headers", None)
+            if parameters or any(value is not None for value in said.values()):
+                return OutputsWithParameters(arrays, parameters, said)
+            return arrays
         except (AttributeError, ValueError, TypeError, KeyError) as ex:
             return ModelFailed(
                 f"model {self.model_name}: {what} an InferenceResponse whose "

@@ -56,7 +56,7 @@ from appliance.errors import (
     ModelNotReady,
     Unsupported,
 )
-from appliance.model import Arrays, Outputs, Request
+from appliance.model import Arrays, Outputs, OutputsWithParameters, Request
 from appliance.runtimes import custom_metrics
 from appliance.runtimes import python_backend_utils as pb_utils
 from appliance.runtimes.interface import ModelFileError, RuntimeModel, parse_dtype
@@ -314,7 +314,16 @@ class PythonBackendModel(RuntimeModel):
         if error is not None:
             kind = _ERRORS.get(error.code(), ModelFailed)
             return kind(error.message())
-        return {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
+        outputs = {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
+        try:
+            said = response.parameters_given()
+        except (ValueError, TypeError):
+            return ModelFailed(
+                f"model {self.model_name}: an InferenceResponse's parameters must be a dict "
+                f"or a JSON object's text, got {response.parameters()!r:.80}"
+            )
+        # A response's parameters (newer Triton's InferenceResponse(parameters=...)).
+        return OutputsWithParameters(outputs, {}, said) if said else outputs
 
 
 def _tables(tables: Any, batched: bool) -> list[dict[str, Any]]:

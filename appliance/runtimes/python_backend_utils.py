@@ -221,6 +221,11 @@ class InferenceResponse:
     def parameters(self) -> str:
         return _json_text(self._parameters)
 
+    def parameters_given(self) -> dict[str, Any]:
+        """The parameters as the model gave them, as a dict (the runtime's)."""
+        given = self._parameters
+        return dict(json.loads(given) if isinstance(given, str) else given)
+
 
 def _json_text(parameters: Mapping[str, Any] | str) -> str:
     return parameters if isinstance(parameters, str) else json.dumps(parameters)

@@ -4,7 +4,7 @@ checked and cut into one set per request (batcher.py, per_request.py)."""
 from __future__ import annotations
 
 from appliance.core.metadata import ModelMetadata
-from appliance.core.output_parameters import carried, parameters_of
+from appliance.core.output_parameters import carried, has_parameters
 from appliance.core.tensor import Tensor
 from appliance.errors import ApplianceError
 from appliance.model import Model
@@ -44,6 +44,6 @@ def results(
     if sequences is not None:
         produced = sequences.keep(batch, produced)
     split = split_outputs(metadata, produced, batch)
-    if parameters_of(produced):
+    if has_parameters(produced):
         return [carried(produced, outputs) for outputs in split]
     return list(split)

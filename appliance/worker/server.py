@@ -35,6 +35,7 @@ from appliance.core.descriptor import (
     ring_blocks,
 )
 from appliance.core.device_tensors import OPEN_REGION
+from appliance.core.output_parameters import response_parameters_of
 from appliance.core.ring import Block, Ring, is_spill
 from appliance.core.status import Counter, SlotState, StatusTable
 from appliance.core.tensor import Tensor
@@ -517,6 +518,9 @@ class WorkerServer:
             body["tensors"] = [borrowed.get(name) or next(placed) for name in outputs]
             # SAFETY: not this worker's blocks; the client must not give them back here.
             body["borrowed"] = list(borrowed)
+        response = response_parameters_of(outputs)
+        if response:
+            body["parameters"] = response
         message = Message(kind, pending.request_id, self.pid, body, payloads)
         self.outbox.send(message, reply_to(pending.message), blocks)
         if pending.trace is not None and finished:

@@ -102,8 +102,9 @@ def infer(
 
 def plain_outputs(response: dict[str, Any], result: Any) -> dict[str, Any]:
     """Each output's datatype, shape, elements (floats to 6 places) and parameters
-    (the model's: its content_type; tritonclient's binary_data_size left out)."""
-    plain = {}
+    (the model's: its content_type; tritonclient's binary_data_size left out), and
+    the response's own parameters (none and empty alike)."""
+    plain: dict[str, Any] = {"(the response's parameters)": response.get("parameters") or {}}
     for output in response["outputs"]:
         array = result.as_numpy(output["name"])
         if array.dtype == object:
@@ -184,6 +185,7 @@ CALLS: dict[str, Any] = {
     "custom": infer("custom", {"text": TEXT, "x": np.array([1.5, 2.0], np.float32)}),
     "custom InferenceError": infer("custom", {"text": BOOM}),
     "custom raises": infer("custom", {"crash": np.ones(1, np.float32)}),
+    "custom encodes a DataFrame": infer("custom", {"frame": np.array([1.5, 2.0], np.float32)}),
     "custom returns None": infer("custom", {"nothing": np.ones(1, np.float32)}),
     "unknown model": infer("nope", {"x": ROWS}),
     "metadata svm": metadata("mnist-svm"),

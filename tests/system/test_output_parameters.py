@@ -1,13 +1,15 @@
-"""A model's per-output parameters (core/output_parameters.py) in KServe responses.
+"""A model's per-output and response parameters (core/output_parameters.py) in KServe
+responses.
 
-A model that returns an ``OutputsWithParameters`` has each output's
-parameters rendered by both KServe encoders (REST, with or without binary
-data; gRPC's map, which has no place for a list); the other protocols answer
-as before.
+A model that returns an ``OutputsWithParameters`` has each output's parameters and
+the response's rendered by both KServe encoders (REST, with or without binary data,
+in a stream's events too; gRPC's maps, which have no place for a list); the other
+protocols answer as before.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,6 +23,7 @@ from tests.system.harness import Appliance, running
 MODELS = [{"name": "described", "class": "tests.models:Described"}]
 X = np.array([[1.0, 2.0]], np.float32)
 GIVEN = {"content_type": "np", "scale": 2, "exact": True, "ratio": 0.5, "axes": [0, 1]}
+SAID = {"content_type": "pd", "rows": 1, "tags": ["a"]}
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +43,18 @@ def test_rest_json_outputs_carry_the_model_s_parameters(appliance: Appliance) ->
     assert outputs["y"]["parameters"] == GIVEN
     assert outputs["y"]["data"] == [2.0, 4.0]
     assert "parameters" not in outputs["n"]
+    assert reply["parameters"] == SAID
+
+
+def test_an_infer_stream_event_carries_them_too(appliance: Appliance) -> None:
+    x = {"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}
+    reply = requests.post(
+        f"http://127.0.0.1:{appliance.ports['http']}/v2/models/described/infer_stream",
+        json={"inputs": [x]},
+        timeout=30,
+    )
+    events = [json.loads(line[6:]) for line in reply.text.split("\n") if line.startswith("data: ")]
+    assert [event["parameters"] for event in events] == [SAID]
 
 
 def test_rest_binary_outputs_carry_them_beside_binary_data_size(appliance: Appliance) -> None:
@@ -50,6 +65,7 @@ def test_rest_binary_outputs_carry_them_beside_binary_data_size(appliance: Appli
         result = client.infer("described", [x])
         y = result.get_output("y")
         assert y["parameters"] == {**GIVEN, "binary_data_size": 8}
+        assert result.get_response()["parameters"] == SAID
         assert result.as_numpy("y").tolist() == [[2.0, 4.0]]
     finally:
         client.close()
@@ -70,6 +86,10 @@ def test_grpc_outputs_carry_the_parameters_a_map_can_hold(appliance: Appliance) 
         }
         assert "parameters" not in outputs["n"]
         assert result.as_numpy("y").tolist() == [[2.0, 4.0]]
+        assert result.get_response(as_json=True)["parameters"] == {
+            "content_type": {"string_param": "pd"},
+            "rows": {"int64_param": "1"},
+        }
     finally:
         client.close()
 

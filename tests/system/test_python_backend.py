@@ -249,13 +249,44 @@ outputs = [
 """
 
 
+SAYS_MORE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        answers = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X")
+            said = {"content_type": "np", "rows": 1} if x.as_numpy()[0] > 0 else "[not an object]"
+            y = pb_utils.Tensor("Y", x.as_numpy())
+            answers.append(pb_utils.InferenceResponse([y], parameters=said))
+        return answers
+"""
+SAYS_MORE_CONFIG = """
+backend: "python"
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]
+"""
+
+
 def test_a_model_described_by_config_toml_gets_triton_s_model_config(tmp_path: Path) -> None:
     (tmp_path / "add_sub" / "1").mkdir(parents=True)
     shutil.copy(MODELS / "add_sub" / "1" / "model.py", tmp_path / "add_sub" / "1")
     (tmp_path / "add_sub" / "config.toml").write_text(TOML_CONFIG)
+    # And one whose responses carry parameters (newer Triton's InferenceResponse).
+    (tmp_path / "says_more" / "1").mkdir(parents=True)
+    (tmp_path / "says_more" / "1" / "model.py").write_text(SAYS_MORE)
+    (tmp_path / "says_more" / "config.pbtxt").write_text(SAYS_MORE_CONFIG)
     with serving_repository(tmp_path) as started:
         rest = httpclient.InferenceServerClient(f"127.0.0.1:{started.ports['http']}")
         try:
+            result = rest.infer(
+                "says_more", [tensor(httpclient, "X", np.ones(1, np.float32), "FP32")]
+            )
+            assert result.get_response()["parameters"] == {"content_type": "np", "rows": 1}
+            with pytest.raises(InferenceServerException, match="must be a dict or a JSON object"):
+                rest.infer("says_more", [tensor(httpclient, "X", np.zeros(1, np.float32), "FP32")])
             a = np.ones((2, 4), dtype=np.float32)
             inputs = [
                 tensor(httpclient, "INPUT0", a, "FP32"),

@@ -37,6 +37,7 @@ from appliance.protocols.kserve.inference import (
     check_unique,
     parse_dtype,
     parse_shape,
+    response_parameters,
     shm_ref,
     tensor_from_buffer,
     with_input_parameters,
@@ -314,6 +315,9 @@ def encode_infer_response(
     doc: dict[str, Any] = {"model_name": model, "model_version": version}
     if request_id:
         doc["id"] = request_id
+    said = response_parameters(outputs)
+    if said:
+        doc["parameters"] = dict(said)  # the model's of the whole response (MLServer's)
     entries: list[dict[str, Any]] = []
     blobs: list[memoryview] = []
     for output in outputs:

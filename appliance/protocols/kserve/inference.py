@@ -9,7 +9,7 @@ RPC library.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +129,22 @@ class OutputData:
     # What the model said of this output (core/output_parameters.py): the
     # response's "parameters" of it, beside the protocol's own.
     parameters: Mapping[str, Any] | None = None
+
+
+class ResponseOutputs(list[OutputData]):
+    """A response's outputs to encode, with what the model said of the response
+    itself (its ``parameters``: MLServer's ``content_type`` of a whole response)."""
+
+    __slots__ = ("parameters",)
+
+    def __init__(self, outputs: list[OutputData], parameters: Mapping[str, Any]) -> None:
+        super().__init__(outputs)
+        self.parameters = parameters
+
+
+def response_parameters(outputs: Sequence[OutputData]) -> Mapping[str, Any]:
+    """The response's own parameters (none for a plain list of outputs)."""
+    return outputs.parameters if isinstance(outputs, ResponseOutputs) else {}
 
 
 def parse_dtype(name: object, what: str) -> DType:

@@ -32,6 +32,7 @@ from appliance.protocols.kserve.inference import (
     check_unique,
     parse_dtype,
     parse_shape,
+    response_parameters,
     shm_ref,
     tensor_from_buffer,
     with_input_parameters,
@@ -219,6 +220,9 @@ def encode_infer_response(
         )
         if output.parameters:
             encode_parameters(added.parameters, _scalars(output.parameters))
+    said = response_parameters(outputs)
+    if said:
+        encode_parameters(header.parameters, _scalars(said))  # the model's (MLServer's)
     if parameters:
         encode_parameters(header.parameters, parameters)
     parts: list[bytes | memoryview] = [header.SerializeToString()]

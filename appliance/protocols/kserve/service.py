@@ -23,7 +23,7 @@ from appliance.core.client_memory import ClientSpan, ClientTensor
 from appliance.core.device_tensors import CudaPlace, DeviceTensor
 from appliance.core.dtypes import DType
 from appliance.core.metadata import ModelMetadata
-from appliance.core.output_parameters import from_body
+from appliance.core.output_parameters import from_body, response_from_body
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Unsupported
@@ -33,6 +33,7 @@ from appliance.protocols.kserve.inference import (
     InferRequest,
     OutputData,
     RequestedOutput,
+    ResponseOutputs,
     check_byte_size,
     tensor_from_buffer,
 )
@@ -350,7 +351,7 @@ class Answer:
     def __enter__(self) -> list[OutputData]:
         result = self._result
         try:
-            return _outputs(self._request, result.outputs, self._targets, from_body(result.body))
+            return _outputs(self._request, result.outputs, self._targets, result.body)
         except BaseException:
             result.release()
             raise
@@ -405,7 +406,7 @@ async def stream_async(
     )
     async with contextlib.aclosing(stream) as parts:
         async for part in parts:
-            yield _outputs(request, part.outputs, {}, from_body(part.body))
+            yield _outputs(request, part.outputs, {}, part.body)
 
 
 def decoupled(client: ModelClient, model: str) -> bool:
@@ -487,10 +488,11 @@ def _outputs(
     request: InferRequest,
     produced: dict[str, Tensor],
     targets: dict[str, Target | CudaPlace],
-    parameters: Mapping[str, dict[str, Any]],
-) -> list[OutputData]:
-    """The outputs to encode, as the request asked for them, with the model's
-    parameters of each (``parameters``, by name)."""
+    body: Mapping[str, Any] | None,
+) -> ResponseOutputs:
+    """The outputs to encode, as the request asked for them, with the parameters the
+    model gave each and the response (in the reply's ``body``)."""
+    parameters = from_body(body)
     wanted = request.outputs
     if wanted is None:
         wanted = [RequestedOutput(name) for name in produced]
@@ -506,7 +508,7 @@ def _outputs(
         binary = request.binary_output if output.binary is None else output.binary
         given = parameters.get(output.name) if parameters else None
         outputs.append(OutputData(output.name, tensor, binary, output.shm, given))
-    return outputs
+    return ResponseOutputs(outputs, response_from_body(body))
 
 
 def _write(output: RequestedOutput, tensor: Tensor, target: Target) -> None:
