@@ -504,9 +504,17 @@ def test_the_page_shows_state_and_traffic_and_loads_nothing_else(
     assert "http://" not in page
     assert "https://" not in page
     assert " src=" not in page
-    metrics = session.get(url(grps, "/grps/v1/monitor/metrics"), timeout=10).json()
+
+    # Workers publish their counters just after they answer.
+    def monitored() -> Any:
+        return session.get(url(grps, "/grps/v1/monitor/metrics"), timeout=10).json()
+
+    def echo_of(metrics: Any) -> Any:
+        return next(model for model in metrics["models"] if model["name"] == "echo")
+
+    assert eventually(lambda: echo_of(monitored())["success"] > 0, 5.0)
+    metrics = monitored()
     assert metrics["online"] is True
-    echo = next(model for model in metrics["models"] if model["name"] == "echo")
-    assert echo["success"] > 0
+    echo = echo_of(metrics)
     assert echo["ready"]
     assert {process["role"] for process in metrics["processes"]} >= {"model", "http", "grpc"}

@@ -46,6 +46,11 @@ def test_metrics_cover_state_batches_processes_and_rings() -> None:
         a = np.zeros((2, 16), np.int32)
         for _ in range(10):
             client.infer("simple", {"INPUT0": a, "INPUT1": a}).release()
+        # Workers publish their counters just after they answer.
+        assert eventually(
+            lambda: value(scrape(appliance), "appliance_batch_rows_count", model="simple") == 10,
+            5.0,
+        )
         samples = scrape(appliance)
         assert value(samples, "appliance_online") == 1
         assert value(samples, "appliance_ready") == 1
