@@ -84,6 +84,7 @@ TRITON_OF = {
     "kserve-rest-json": "triton rest-json",
     "kserve-grpc": "triton grpc",
     "kserve-shm": "triton shm",
+    "kserve-shm-rest": "triton shm-rest",
 }
 TRITON = "triton"
 

@@ -343,6 +343,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any], Payload], Call]] = {
     "kserve-grpc": kserve_grpc,
     "kserve-rest": kserve_rest,
     "kserve-shm": kserve_shm,
+    "kserve-shm-rest": lambda spec, payload: kserve_shm(spec, payload, rest=True),
     "grps-rest": grps_rest,
     "grps-grpc": grps_grpc,
     "graphpipe": graphpipe,

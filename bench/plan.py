@@ -44,6 +44,8 @@ QUICK_1MIB = {
     "kserve-rest",
     "kserve-rest-json",
     "kserve-shm",
+    "triton shm-rest",
+    "kserve-shm-rest",
     "mlserver-pw1 grpc",
     "mlserver-pw1 rest-json",
 }
@@ -85,6 +87,8 @@ APPLIANCE = (
     System("kserve-rest", "appliance", "kserve-rest", "http"),
     System("kserve-rest-json", "appliance", "kserve-rest", "http", REST_JSON, JSON_TARGET_CAPS),
     System("kserve-shm", "appliance", "kserve-shm", "grpc"),
+    # The same over REST: no grpc.aio under it.
+    System("kserve-shm-rest", "appliance", "kserve-shm-rest", "http"),
     System("grps-rest", "appliance", "grps-rest", "http", caps=JSON_CAPS),
     # GRPS's GenericTensor carries repeated floats: 16 MiB is 4 M list items per side.
     System("grps-grpc", "appliance", "grps-grpc", "grpc", caps={"16MiB": 1}),
@@ -118,6 +122,7 @@ PEERS = (
         versus="kserve-rest-json",
     ),
     System("triton shm", "triton", "kserve-shm", "grpc", versus="kserve-shm"),
+    System("triton shm-rest", "triton", "kserve-shm-rest", "http", versus="kserve-shm-rest"),
     System("mlserver-pw1 grpc", "mlserver-pw1", "kserve-grpc", "grpc", versus="kserve-grpc"),
     System(
         "mlserver-pw1 rest-json",
@@ -209,6 +214,7 @@ SYSTEMS = {system.name: system for system in (*APPLIANCE, *PEERS, *LADDER)}
 # pip package, GraphPipe's servers are Go binaries, KubeMo is a proof of concept.
 NO_PEER = {
     "kserve-shm": "MLServer has no system shared-memory extension",
+    "kserve-shm-rest": "MLServer has no system shared-memory extension",
     "grps-rest": "NetEase GRPS has no pip package (PEERS.md §5)",
     "grps-grpc": "NetEase GRPS has no pip package (PEERS.md §5)",
     "graphpipe": "GraphPipe's servers are Go binaries, not on PyPI",
