@@ -23,13 +23,20 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from appliance.core.sequences import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START
-from appliance.errors import ApplianceError, ErrorCode
+from appliance.errors import (
+    ApplianceError,
+    BadRequest,
+    ControlError,
+    ErrorCode,
+    ModelNotFound,
+    ModelNotReady,
+)
 from appliance.runtimes import python_backend_utils as pb_utils
 
 if TYPE_CHECKING:
@@ -41,6 +48,8 @@ if TYPE_CHECKING:
 # The request ring of a model worker's calls: calls carry a model's own
 # tensors, seldom large (larger ones go to one-off segments).
 RING_BYTES = 8 << 20
+# Loading imports the model and its runtime (torch alone takes seconds).
+LOAD_TIMEOUT_S = 300.0
 
 _where: tuple[Tree, ApplianceConfig, StatusTable] | None = None
 _client: ModelClient | None = None
@@ -113,6 +122,49 @@ async def stream_async(
         yield _failed(ex)
         return
     yield _response({})
+
+
+def load_model(model: str, config: str, files: Mapping[str, bytes] | None) -> None:
+    """Triton's ``pb_utils.load_model``: (re)load ``model``, with ``config`` (Triton's
+    model-config JSON) over its own and ``files`` (``"file:<path>"`` -> bytes) as its
+    files; return once it serves.
+
+    Raises:
+        ApplianceError: it was refused or did not become ready; the message says why.
+    """
+    from appliance.client import override  # the config's reader: only for a load
+
+    shipped = {path.removeprefix("file:"): bytes(data) for path, data in (files or {}).items()}
+    if shipped and not config:
+        raise BadRequest(
+            f"failed to load '{model}': model files need the model's config beside them"
+        )
+    overrides = override.parse(model, config, shipped) if config else {}
+    try:
+        _the_client().load_model(model, LOAD_TIMEOUT_S, overrides, shipped or None)
+    except ControlError as ex:
+        raise ModelNotReady(f"failed to load '{model}': {ex}") from None
+
+
+def unload_model(model: str) -> None:
+    """Triton's ``pb_utils.unload_model``: stop serving ``model``.
+
+    Raises:
+        ApplianceError: it is not served, or a reload is running.
+    """
+    try:
+        _the_client().unload_model(model)
+    except ControlError as ex:
+        raise ModelNotFound(f"failed to unload '{model}': {ex}") from None
+
+
+def is_model_ready(model: str, version: str) -> bool:
+    """Triton's ``pb_utils.is_model_ready``: whether ``model`` (that version, when
+    given) serves now."""
+    client = _the_client()
+    if model not in client.models() or not client.model_ready(model):
+        return False
+    return not version or version in client.metadata(model).versions
 
 
 def _the_client() -> ModelClient:

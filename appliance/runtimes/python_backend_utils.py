@@ -19,14 +19,22 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from appliance.core import dtypes
+from appliance.errors import ApplianceError
 from appliance.runtimes import custom_metrics
+
+# Triton's names, exported as its module exports them.
+from appliance.runtimes.pb_config import TRITON_STRING_TO_NUMPY as TRITON_STRING_TO_NUMPY
+from appliance.runtimes.pb_config import ModelConfig as ModelConfig
+from appliance.runtimes.pb_config import numpy_to_triton_type as numpy_to_triton_type
+from appliance.runtimes.pb_config import triton_string_to_numpy as triton_string_to_numpy
+from appliance.runtimes.pb_config import triton_to_numpy_type as triton_to_numpy_type
 
 log = logging.getLogger("appliance.model")
 
@@ -35,46 +43,6 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-
-# Triton's type names and TRITONSERVER_DataType numbers, and their numpy types.
-_TYPES: tuple[tuple[str, int, Any], ...] = (
-    ("TYPE_BOOL", 1, np.bool_),
-    ("TYPE_UINT8", 2, np.uint8),
-    ("TYPE_UINT16", 3, np.uint16),
-    ("TYPE_UINT32", 4, np.uint32),
-    ("TYPE_UINT64", 5, np.uint64),
-    ("TYPE_INT8", 6, np.int8),
-    ("TYPE_INT16", 7, np.int16),
-    ("TYPE_INT32", 8, np.int32),
-    ("TYPE_INT64", 9, np.int64),
-    ("TYPE_FP16", 10, np.float16),
-    ("TYPE_FP32", 11, np.float32),
-    ("TYPE_FP64", 12, np.float64),
-    ("TYPE_STRING", 13, np.object_),
-)
-TRITON_STRING_TO_NUMPY: dict[str, Any] = {name: numpy for name, _n, numpy in _TYPES}
-_NUMBER_TO_NUMPY = {number: numpy for _name, number, numpy in _TYPES}
-
-
-def triton_string_to_numpy(triton_type_string: str) -> Any:
-    """The numpy type of a config's ``data_type`` ("TYPE_FP32" -> numpy.float32)."""
-    return TRITON_STRING_TO_NUMPY[triton_type_string]
-
-
-def triton_to_numpy_type(data_type: int) -> Any:
-    """The numpy type of a TRITONSERVER_DataType number; None for an unknown one."""
-    return _NUMBER_TO_NUMPY.get(data_type)
-
-
-def numpy_to_triton_type(data_type: Any) -> int | None:
-    """The TRITONSERVER_DataType number of a numpy type; None for an unknown one."""
-    if data_type in (np.object_, np.bytes_, bytes, str) or np.dtype(data_type).kind in "OSU":
-        return 13
-    wanted = np.dtype(data_type)
-    for _name, number, numpy in _TYPES[:-1]:
-        if np.dtype(numpy) == wanted:
-            return number
-    return None
 
 
 def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> npt.NDArray[np.uint8] | None:
@@ -179,6 +147,12 @@ class Tensor:
         if self._array.dtype == np.object_:
             raise TritonModelException(f"tensor {self._name!r}: BYTES tensors have no DLPack form")
         return self._array.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU, device 0: every tensor here is in host memory
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
@@ -341,6 +315,26 @@ class InferenceRequest:
     def timeout(self) -> int:
         return self._timeout
 
+    def set_flags(self, flags: int) -> None:
+        self._flags = int(flags)
+
+    def trace(self) -> InferenceTrace:
+        """The request's trace, for a BLS request made from it (``trace=``)."""
+        return InferenceTrace()
+
+    def set_release_flags(self, flags: int) -> None:
+        """Triton's request release: only releasing it (RELEASE_ALL) is served here.
+
+        Raises:
+            TritonModelException: TRITONSERVER_REQUEST_RELEASE_RESCHEDULE.
+        """
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException(
+                "set_release_flags: rescheduling a request (TRITONSERVER_REQUEST_RELEASE_"
+                "RESCHEDULE, Triton's iterative sequences) is not served here; answer the "
+                "request, and keep per-sequence work in the model by correlation_id()"
+            )
+
     def model_name(self) -> str:
         return self._model_name
 
@@ -360,7 +354,7 @@ class InferenceRequest:
         decoupled model) an iterator of them ending with an empty final one."""
         from appliance.runtimes import bls
 
-        return bls.stream(self) if decoupled else bls.infer(self)
+        return ResponseIterator(bls.stream(self)) if decoupled else bls.infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """:meth:`exec` in ``async def execute``: other calls run while this one waits
@@ -370,6 +364,88 @@ class InferenceRequest:
         if decoupled:
             return [response async for response in bls.stream_async(self)]
         return await bls.infer_async(self)
+
+
+class ResponseIterator:
+    """A decoupled model's responses to a BLS request (``exec(decoupled=True)``), the
+    empty final one last; ``cancel()`` ends the call's stream early."""
+
+    def __init__(self, responses: Iterator[InferenceResponse]) -> None:
+        self._responses = responses
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        return next(self._responses)
+
+    def cancel(self) -> None:
+        close = getattr(self._responses, "close", None)
+        if close is not None:
+            close()
+
+
+class PreferredMemory:
+    """Where a BLS call's outputs should be (``preferred_memory=``): here they are
+    always copied into host memory, as Triton's CPU default puts them."""
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+class MemoryType:
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+
+class InferenceTrace:
+    """A request's trace as Triton's Python models pass it on (``request.trace()``)."""
+
+    def get_context(self) -> str | None:
+        return None
+
+
+def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
+    """(Re)load a model (Triton's model loading API); return once it serves.
+
+    ``config``: Triton's model-config JSON over the model's own; ``files``:
+    ``"file:<path>"`` -> its bytes, the model's files (``config`` is then needed).
+
+    Raises:
+        TritonModelException: it was refused or did not become ready.
+    """
+    from appliance.runtimes import bls
+
+    try:
+        bls.load_model(model_name, config, files)
+    except ApplianceError as ex:
+        raise TritonModelException(ex.message) from None
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Stop serving a model (``unload_dependents`` has no meaning here: an ensemble
+    has no instances of its own to unload).
+
+    Raises:
+        TritonModelException: it is not served, or a reload is running.
+    """
+    from appliance.runtimes import bls
+
+    try:
+        bls.unload_model(model_name)
+    except ApplianceError as ex:
+        raise TritonModelException(ex.message) from None
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    from appliance.runtimes import bls
+
+    return bls.is_model_ready(model_name, model_version)
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
@@ -464,6 +540,8 @@ class Logger:
         ERROR = 2
         VERBOSE = 3
 
+    INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
+
     _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
     @staticmethod
@@ -487,79 +565,7 @@ class Logger:
         log.debug("%s", message)
 
 
-class ModelConfig:
-    """A model's config as ``auto_complete_config`` sees and completes it (Triton's JSON).
-
-    Each setter refuses what contradicts what the config already says, as
-    Triton's does, naming the field.
-    """
-
-    def __init__(self, model_config: str | Mapping[str, Any]) -> None:
-        loaded = json.loads(model_config) if isinstance(model_config, str) else model_config
-        self._model_config: dict[str, Any] = dict(loaded)
-
-    @property
-    def _config(self) -> dict[str, Any]:
-        return self._model_config
-
-    def as_dict(self) -> dict[str, Any]:
-        return self._model_config
-
-    def set_max_batch_size(self, max_batch_size: int) -> None:
-        current = int(self._config.get("max_batch_size", 0))
-        if current not in (0, max_batch_size):
-            raise ValueError(
-                f"configuration specified max_batch_size {current}, but auto-complete-config "
-                f"function for model '{self._config.get('name', '')}' specified max_batch_size "
-                f"{max_batch_size}"
-            )
-        self._config["max_batch_size"] = int(max_batch_size)
-
-    def set_dynamic_batching(self) -> None:
-        if not self._config.get("sequence_batching"):
-            self._config.setdefault("dynamic_batching", {})
-
-    def add_input(self, input: Mapping[str, Any]) -> None:
-        self._add("input", input)
-
-    def add_output(self, output: Mapping[str, Any]) -> None:
-        self._add("output", output)
-
-    def set_model_transaction_policy(self, transaction_policy_dict: Mapping[str, Any]) -> None:
-        policy = self._config.setdefault("model_transaction_policy", {})
-        for key, value in transaction_policy_dict.items():
-            if key != "decoupled":
-                raise ValueError(f"model transaction property {key!r} is not supported")
-            if key in policy and policy[key] != value:
-                raise ValueError(
-                    f"model transaction policy {key} is {policy[key]} in the config, and the "
-                    f"auto-complete-config function set it to {value}"
-                )
-            policy[key] = value
-
-    def _add(self, kind: str, tensor: Mapping[str, Any]) -> None:
-        entry = dict(tensor)
-        unknown = set(entry) - {"name", "data_type", "dims", "optional"}
-        if unknown:
-            raise ValueError(
-                f"{kind} {entry.get('name', '')!r}: {', '.join(sorted(unknown))}: only name, "
-                "data_type, dims and optional may be set"
-            )
-        for key in ("name", "data_type", "dims"):
-            if key not in entry:
-                raise ValueError(f"{kind} {entry.get('name', '')!r} has no {key!r}")
-        if entry["data_type"] not in TRITON_STRING_TO_NUMPY:
-            raise ValueError(f"{kind} {entry['name']!r}: unknown data_type {entry['data_type']!r}")
-        entry["dims"] = [int(d) for d in entry["dims"]]
-        tensors = self._config.setdefault(kind, [])
-        known = next((t for t in tensors if t.get("name") == entry["name"]), None)
-        if known is None:
-            tensors.append(entry)
-            return
-        for key in ("data_type", "dims"):
-            if known.get(key) not in (None, [], entry[key]):
-                raise ValueError(
-                    f"{kind} {entry['name']!r}: {key} is {known[key]} in the config, and the "
-                    f"auto-complete-config function set it to {entry[key]}"
-                )
-            known[key] = entry[key]
+class MetricKind:
+    COUNTER = MetricFamily.COUNTER
+    GAUGE = MetricFamily.GAUGE
+    HISTOGRAM = MetricFamily.HISTOGRAM

@@ -105,6 +105,9 @@ def config_tensors(model: str) -> Call:
 BLS_CALLS = ("add_sub", "nope", "misbehaving_error", "square")
 BLS_CALLS += tuple(f"async_{name}" for name in BLS_CALLS)
 BLS_CALLS += ("sequence",)  # three steps of one sequence of accumulate
+# Unloads and loads auto_declared again (Triton's model loading API), then one call
+# with preferred_memory and trace: after the calls that use auto_declared.
+LATE_BLS_CALLS = ("manage",)
 
 
 def errors_named(seen: Any) -> Any:
@@ -112,6 +115,8 @@ def errors_named(seen: Any) -> Any:
     (the model called, or the called model's own message)."""
     if isinstance(seen, list):
         return [errors_named(each) for each in seen]
+    if not isinstance(seen, dict) or not isinstance(seen.get("error"), str):
+        return seen
     if "error" in seen:
         message = seen["error"]
         return {"error": [word for word in ("'nope'", "X must be positive") if word in message]}
@@ -279,6 +284,7 @@ CALLS = [
     Call("a sequence model's control inputs", sequence_controls),
     Call("server ready", lambda m, c: c.is_server_ready()),
     Call("failed model's readiness", lambda m, c: c.is_model_ready("import_fails")),
+    *(bls(name) for name in LATE_BLS_CALLS),
     Call("repository index", index),
     Call(
         "load a model whose initialize raises",

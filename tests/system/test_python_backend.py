@@ -349,6 +349,28 @@ def test_execute_calls_a_sequence_model_step_by_step(appliance: Appliance) -> No
             client.close()
 
 
+def test_execute_unloads_and_loads_a_model_by_triton_s_model_loading_api(
+    appliance: Appliance,
+) -> None:
+    # bls_caller: is_model_ready, unload_model, load_model of auto_declared, a load of
+    # a model no repository holds, then a call with preferred_memory and trace.
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
+    try:
+        x = tensor(httpclient, "X", np.arange(4, dtype=np.float32), "FP32")
+        result = rest.infer("bls_caller", [x], parameters={"call": "manage"})
+        assert json.loads(result.as_numpy("SEEN")[0]) == [
+            True,
+            False,
+            False,
+            True,
+            {"error": True},
+            {"OUTPUT1": [[0.0, 0.0, 0.0, 0.0]]},
+        ]
+        assert rest.is_model_ready("auto_declared")
+    finally:
+        rest.close()
+
+
 def test_a_model_s_own_metrics_are_on_metrics_by_their_own_names(appliance: Appliance) -> None:
     rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
     try:

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance.client import inline
+from appliance.client import inline, override
 from appliance.core.tree import Tree
 from appliance.errors import BadRequest
-from appliance.protocols.kserve import override
 
 
 @pytest.mark.parametrize(

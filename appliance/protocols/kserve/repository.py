@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from appliance import repository
-from appliance.client import inline
+from appliance.client import inline, override
 from appliance.client.api import ModelClient
 from appliance.errors import BadRequest, ControlError, ModelNotFound, ModelNotReady
-from appliance.protocols.kserve import override
 from appliance.protocols.kserve.errors import PollFailed
 from appliance.protocols.kserve.service import version_of
 
@@ -37,7 +36,8 @@ UNLOADED = "unloaded"
 
 
 def index(client: ModelClient, ready_only: bool) -> list[dict[str, Any]]:
-    """Return the index entries: served models in config order, then the rest by name."""
+    """Return the index entries, by name as Triton lists them: served models and the
+    configured or repository ones not served now."""
     served = client.models()
     known = known_models(client)
     entries: list[dict[str, Any]] = []
@@ -55,6 +55,8 @@ def index(client: ModelClient, ready_only: bool) -> list[dict[str, Any]]:
         )
     if ready_only:
         entries = [entry for entry in entries if entry["state"] == "READY"]
+    # By name: config order would move a model to the end each time it is reloaded.
+    entries.sort(key=lambda entry: entry["name"])
     return entries
 
 

@@ -1,5 +1,6 @@
 import asyncio
 import json
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -59,6 +60,39 @@ def sequence_steps():
     return answers
 
 
+def wait_ready(name, ready):
+    """is_model_ready once it says ``ready`` (an unload finishes after its call)."""
+    deadline = time.monotonic() + 30
+    while pb_utils.is_model_ready(name) != ready and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return pb_utils.is_model_ready(name)
+
+
+def manage(request, x):
+    """Triton's model loading API on auto_declared, then a call with the API's other names."""
+    seen = [pb_utils.is_model_ready("auto_declared"), pb_utils.is_model_ready("nope")]
+    pb_utils.unload_model("auto_declared")
+    seen.append(wait_ready("auto_declared", False))
+    pb_utils.load_model("auto_declared")
+    seen.append(pb_utils.is_model_ready("auto_declared"))
+    try:
+        pb_utils.load_model("no_such_model")
+        seen.append("loaded")
+    except pb_utils.TritonModelException as ex:
+        seen.append({"error": "no_such_model" in str(ex)})
+    pb_utils.Logger.log("a line at INFO", pb_utils.Logger.INFO)
+    rows = x.reshape(1, 4)
+    call = pb_utils.InferenceRequest(
+        model_name="add_sub",
+        inputs=[pb_utils.Tensor("INPUT0", rows), pb_utils.Tensor("INPUT1", rows)],
+        requested_output_names=["OUTPUT1"],
+        preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0),
+        trace=request.trace(),
+    )
+    seen.append(summary(call.exec()))
+    return seen
+
+
 class TritonPythonModel:
     async def execute(self, requests):
         responses = []
@@ -67,6 +101,8 @@ class TritonPythonModel:
             name = json.loads(request.parameters()).get("call", "add_sub")
             if name == "sequence":
                 seen = sequence_steps()
+            elif name == "manage":
+                seen = manage(request, x)
             elif name.startswith("async_"):
                 # Two requests, as Triton's examples make (one request run twice at
                 # once crashed tritonserver 2.51 now and then).
