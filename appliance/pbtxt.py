@@ -214,14 +214,10 @@ class _Reader(SequenceFields):
             raise PbtxtError("response_cache: a decoupled model's streams are not cached")
         if config.model_warmup and config.HasField("sequence_batching"):
             raise PbtxtError("model_warmup: warming up a sequence model is not served")
-        if (
-            python
-            and config.HasField("sequence_batching")
-            and config.model_transaction_policy.decoupled
-        ):
+        if config.model_transaction_policy.decoupled and config.sequence_batching.state:
             raise PbtxtError(
-                "sequence_batching: a decoupled Python model's sequences are not served (a "
-                "sequence's steps are answered one response each)"
+                "sequence_batching.state: a decoupled model's implicit state is not carried "
+                "(keep a sequence's state in the model, by request.correlation_id())"
             )
         if config.model_transaction_policy.decoupled and not python:
             raise PbtxtError(

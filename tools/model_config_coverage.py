@@ -210,8 +210,8 @@ TABLE: dict[str, tuple[str, str]] = {
     ),
     "sequence_batching": (
         SERVED,
-        "Stateful sequences for ONNX, TorchScript and Python-backend models (a decoupled "
-        "model.py with sequence_batching is refused); " + _ENSEMBLE_NOTE + ".",
+        "Stateful sequences for ONNX, TorchScript and Python-backend models, decoupled ones "
+        "too (a decoupled model's implicit state is refused); " + _ENSEMBLE_NOTE + ".",
     ),
     "sequence_batching.max_sequence_idle_microseconds": (
         SERVED,

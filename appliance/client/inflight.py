@@ -246,6 +246,11 @@ class InFlight:
                 error.ends_stream = True
                 raise error
             return None
+        if reply.code:
+            # Refused before it started (a full queue, a sequence's step out of turn):
+            # one reply, no parts.
+            call.finished = True
+            _raise_for(reply)
         # Parts may borrow request blocks; those stay until the stream ends.
         call.previous = self._result(call.target, reply, call.blocks)[0]
         return call.previous

@@ -43,7 +43,7 @@ def run(
         Exception: what the model raised; it fails the whole batch.
     """
     name = metadata.name
-    requests = [_request(p, name, reshapes, sequences) for p in batch]
+    requests = [request_of(p, name, reshapes, sequences) for p in batch]
     produced = model.predict_requests(requests)
     if reshapes is not None:
         produced = [r if isinstance(r, Exception) else reshapes.outputs(r, name) for r in produced]
@@ -58,9 +58,11 @@ def run(
     return results
 
 
-def _request(
+def request_of(
     pending: Pending, name: str, reshapes: Reshapes | None, sequences: Sequences | None
 ) -> Request:
+    """``pending`` as the model's Request: its own inputs (and, a sequence's step, its
+    control inputs and state), its id, and its sequence's id and flags."""
     arrays = pending.arrays
     correlation_id: int | str = 0
     flags = 0

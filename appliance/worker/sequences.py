@@ -56,7 +56,7 @@ from appliance.core.sequences import (
 )
 from appliance.errors import BadRequest, ModelFailed, Overloaded
 from appliance.model import Model
-from appliance.worker.batcher import PREDICT, Batcher
+from appliance.worker.batcher import PREDICT, STREAM, Batcher
 from appliance.worker.pending import Live, Pending, Step
 
 Array = npt.NDArray[Any]
@@ -217,10 +217,15 @@ class Sequences:
                 taken ("direct": every slot and the whole backlog).
         """
         name = self.settings.model
-        if pending.method != PREDICT:
+        if pending.method not in (PREDICT, STREAM):
             raise BadRequest(
-                f"model {name} serves stateful sequences by prediction only, "
+                f"model {name} serves stateful sequences by prediction and streams only, "
                 f"not by {pending.method}"
+            )
+        if pending.method == STREAM and self.settings.states:
+            raise BadRequest(
+                f"model {name} keeps an implicit state, which a streamed step cannot carry "
+                "back: send its steps as predictions"
             )
         params = pending.sequence or {}
         sequence = sequence_of(params)

@@ -132,7 +132,7 @@ class WorkerServer:
         )
         self.queueing = None if scheduling is None else Queueing(scheduling, loaded.metadata.name)
         self.reshapes = reshapes
-        self.streams = Streams(loaded.model, loaded.metadata, status, slot)
+        self.streams = Streams(loaded.model, loaded.metadata, status, slot, self.sequences)
         self.mappings = Mappings()
         self.cuda = (
             None

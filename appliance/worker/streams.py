@@ -19,9 +19,11 @@ from appliance.core.metadata import ModelMetadata
 from appliance.core.output_parameters import carried
 from appliance.core.status import StatusTable
 from appliance.core.tensor import Tensor
-from appliance.model import Model, Request
+from appliance.model import Model
 from appliance.worker import methods
 from appliance.worker.pending import Pending
+from appliance.worker.per_request import request_of
+from appliance.worker.sequences import Sequences
 
 log = logging.getLogger("appliance.worker")
 
@@ -40,12 +42,19 @@ class Streams:
     """The open streams of one model instance."""
 
     def __init__(
-        self, model: Model, metadata: ModelMetadata, status: StatusTable, slot: int
+        self,
+        model: Model,
+        metadata: ModelMetadata,
+        status: StatusTable,
+        slot: int,
+        sequences: Sequences | None = None,
     ) -> None:
         self.model = model
         self.metadata = metadata
         self.status = status
         self.slot = slot
+        # A decoupled sequence model's: each stream is a step of a sequence.
+        self.sequences = sequences
         self._open: list[Stream] = []
 
     def __len__(self) -> int:
@@ -56,12 +65,7 @@ class Streams:
 
     def start(self, pending: Pending) -> None:
         """Open ``pending``'s stream; raises what the model's predict_stream raised."""
-        request = Request(
-            pending.arrays,
-            pending.parameters,
-            pending.outputs,
-            str(pending.message.body.get("id", "")),
-        )
+        request = request_of(pending, self.metadata.name, None, self.sequences)
         parts = iter(self.model.predict_stream_request(request))
         self._open.append(Stream(pending, parts))
 

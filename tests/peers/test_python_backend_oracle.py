@@ -42,6 +42,7 @@ from tests.peers.oracle import (
     urls_of,
 )
 from tests.peers.oracle import both as oracle_both
+from tests.sequence_streams import sequence_streamed
 from tests.system.harness import ROOT, Appliance, serving_repository
 
 pytestmark = pytest.mark.peers
@@ -413,6 +414,16 @@ def streamed(url: str, requests: list[int], empty_final: bool) -> dict[str, list
         client.stop_stream()
         client.close()
     return got
+
+
+def test_a_decoupled_sequence_model_streams_each_step_as_triton_does(
+    triton: PeerServer, appliance: Appliance
+) -> None:
+    steps = [(81, 3, "start"), (81, 4, ""), (81, 5, "end"), (82, 7, "both")]
+    theirs = sequence_streamed(triton.urls["grpc"], steps)
+    ours = sequence_streamed(urls_of(appliance)["grpc"], steps)
+    assert ours == theirs
+    assert [step[0] for step in ours] == [("SUM", [3]), ("SUM", [7]), ("SUM", [12]), ("SUM", [7])]
 
 
 @pytest.mark.parametrize("empty_final", [False, True])

@@ -26,6 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.batch_probe import REQUESTS, batch_answers
+from tests.sequence_streams import sequence_streamed
 from tests.system.harness import (
     ROOT,
     Appliance,
@@ -144,6 +145,39 @@ def test_a_sequence_model_sees_its_controls_correlation_id_and_flags(appliance: 
                 step(module, client, "accumulate", 1, 41, "")
         finally:
             client.close()
+
+
+def test_a_decoupled_sequence_model_streams_each_step(appliance: Appliance) -> None:
+    url = f"127.0.0.1:{appliance.ports['grpc']}"
+    steps = [(91, 3, "start"), (91, 4, ""), (91, 5, "end"), (92, 7, "both"), (91, 1, "")]
+    answers = sequence_streamed(url, steps)
+    # Each step: its running sum, then START, END, CORRID, correlation_id(), flags().
+    assert answers[:4] == [
+        [("SUM", [3]), ("SEEN", [1, 0, 91, 91, 1])],
+        [("SUM", [7]), ("SEEN", [0, 0, 91, 91, 0])],
+        [("SUM", [12]), ("SEEN", [0, 1, 91, 91, 2])],
+        [("SUM", [7]), ("SEEN", [1, 1, 92, 92, 3])],
+    ]
+    # Sequence 91 ended: a step of it is refused, on the stream, with the reason.
+    [(kind, message)] = answers[4]
+    assert kind == "error"
+    assert "no live sequence 91" in message
+
+
+def test_a_stream_the_worker_refuses_gets_its_error_at_once(appliance: Appliance) -> None:
+    # square_stream is no sequence model: the worker refuses sequence parameters.
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['grpc']}")
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        x = tensor(grpcclient, "IN", np.array([2], dtype=np.int32), "INT32")
+        client.async_stream_infer("square_stream", [x], sequence_id=5, sequence_start=True)
+        result, error = answers.get(timeout=30)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert result is None
+    assert "does not serve stateful sequences" in error.message()
 
 
 def test_a_python_sequence_model_s_implicit_state_is_carried_between_steps(

@@ -331,9 +331,10 @@ def test_what_an_ensemble_does_not_use_is_noted(tmp_path: Path) -> None:
         ('backend: "tensorflow"', "backend: 'tensorflow' has no runtime here"),
         ('backend: "python"', "m/1/ has no model.py (platform python)"),
         (
-            'backend: "python" sequence_batching { } model_transaction_policy { decoupled: true }',
-            "sequence_batching: a decoupled Python model's sequences are not served (a "
-            "sequence's steps are answered one response each)",
+            'backend: "python" model_transaction_policy { decoupled: true } sequence_batching '
+            "{ state [ { input_name: 'A' output_name: 'B' data_type: TYPE_INT32 dims: [1] } ] }",
+            "sequence_batching.state: a decoupled model's implicit state is not carried "
+            "(keep a sequence's state in the model, by request.correlation_id())",
         ),
         ('platform: "tensorrt_plan"', "platform: 'tensorrt_plan' has no runtime here"),
         ('name: "other"', "name: 'other' is not its directory's name 'm'"),
