@@ -25,6 +25,9 @@ SEQUENCE_ID = "sequence_id"
 SEQUENCE_START = "sequence_start"
 SEQUENCE_END = "sequence_end"
 SEQUENCE_PARAMETERS = frozenset({SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END})
+# A step's flags as a model's Request carries them (Triton's
+# TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and _END).
+FLAG_START, FLAG_END = 1, 2
 
 SequenceId = int | str
 

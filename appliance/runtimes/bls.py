@@ -162,7 +162,7 @@ def is_model_ready(model: str, version: str) -> bool:
     """Triton's ``pb_utils.is_model_ready``: whether ``model`` (that version, when
     given) serves now."""
     client = _the_client()
-    if model not in client.models() or not client.model_ready(model):
+    if not client.model_ready(model):  # False for a model it does not serve
         return False
     return not version or version in client.metadata(model).versions
 

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from appliance.core import dtypes
+from appliance.core.sequences import FLAG_END, FLAG_START
 from appliance.errors import ApplianceError
 from appliance.runtimes import custom_metrics
 
@@ -38,8 +39,8 @@ from appliance.runtimes.pb_config import triton_to_numpy_type as triton_to_numpy
 
 log = logging.getLogger("appliance.model")
 
-TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
-TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = FLAG_START
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = FLAG_END
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2

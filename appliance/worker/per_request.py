@@ -18,6 +18,7 @@ from typing import Any
 
 from appliance.core.metadata import ModelMetadata
 from appliance.core.output_parameters import carried
+from appliance.core.sequences import FLAG_END, FLAG_START
 from appliance.core.tensor import Tensor
 from appliance.errors import ApplianceError, ModelFailed
 from appliance.model import Model, Request
@@ -25,9 +26,6 @@ from appliance.worker.batcher import split_outputs
 from appliance.worker.pending import Pending
 from appliance.worker.reshape import Reshapes
 from appliance.worker.sequences import Sequences
-
-# Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and _END.
-SEQUENCE_START, SEQUENCE_END = 1, 2
 
 
 def run(
@@ -71,7 +69,7 @@ def request_of(
         step = pending.step
         assert step is not None, "a sequence model's requests are admitted before they queue"
         correlation_id = step.live.id
-        flags = SEQUENCE_START * step.start | SEQUENCE_END * step.end
+        flags = FLAG_START * step.start | FLAG_END * step.end
     return Request(
         reshapes.inputs(arrays, name) if reshapes else arrays,
         pending.parameters,
