@@ -83,6 +83,7 @@ _DEVICE_LEN = 16
 _OFF_DEVICE_MEMORY = 488
 _OFF_RESTART_AT = 496
 _RESTART_AT = struct.Struct("<d")
+_U32 = struct.Struct("<I")
 
 
 class SlotState(enum.IntEnum):
@@ -319,13 +320,11 @@ class StatusTable:
 
     def add_all(self, index: int, amounts: list[int]) -> None:
         """Add to every counter at once; LAST_INFERENCE_MS is set to now."""
-        offset = self._at(index) + _OFF_COUNTERS
-        values = list(_COUNTERS.unpack_from(self._buf, offset))
-        for counter, amount in enumerate(amounts):
-            values[counter] += amount
-        if amounts[Counter.SUCCESS] or amounts[Counter.FAIL]:
-            values[Counter.LAST_INFERENCE_MS] = int(time.time() * 1000)
-        _COUNTERS.pack_into(self._buf, offset, *values)
+        self.own(index).add_all(amounts)
+
+    def own(self, index: int) -> OwnWrites:
+        """The writes a process makes to its own slot on every batch (see OwnWrites)."""
+        return OwnWrites(self, index)
 
     def put(self, index: int, counter: Counter, value: int) -> None:
         struct.pack_into("<Q", self._buf, self._at(index) + _OFF_COUNTERS + 8 * counter, value)
@@ -336,3 +335,39 @@ class StatusTable:
 
     def close(self) -> None:
         self.segment.close()
+
+
+class OwnWrites:
+    """The fields a process writes to its own slot as it works, its offsets worked out once.
+
+    PERF: a model worker writes its heartbeat, depth and counters on every
+    batch; :class:`StatusTable`'s general methods check the index and look up
+    the struct formats each time.
+    """
+
+    __slots__ = ("_buf", "_counters", "_depth", "_times")
+
+    def __init__(self, table: StatusTable, index: int) -> None:
+        base = table._at(index)
+        self._buf = table._buf
+        self._depth = base + 12
+        self._times = base + _OFF_HEARTBEAT
+        self._counters = base + _OFF_COUNTERS
+
+    def beat(self, now: float, busy_since: float = 0.0) -> None:
+        """The heartbeat at ``now`` (time.monotonic()), and when the running batch started."""
+        _TIMES.pack_into(self._buf, self._times, now, busy_since)
+
+    def set_depth(self, depth: int) -> None:
+        _U32.pack_into(self._buf, self._depth, depth if depth > 0 else 0)
+
+    def add_all(self, amounts: list[int]) -> None:
+        """:meth:`StatusTable.add_all` for this slot."""
+        offset = self._counters
+        values = [
+            value + amount
+            for value, amount in zip(_COUNTERS.unpack_from(self._buf, offset), amounts, strict=True)
+        ]
+        if amounts[Counter.SUCCESS] or amounts[Counter.FAIL]:
+            values[Counter.LAST_INFERENCE_MS] = int(time.time() * 1000)
+        _COUNTERS.pack_into(self._buf, offset, *values)

@@ -38,6 +38,8 @@ class Mappings:
 
     def retry(self) -> None:
         """Unmap what could not be unmapped before."""
+        if not self._owed:
+            return
         for name in list(self._owed):
             if self.reader.forget(name):
                 self._owed.discard(name)

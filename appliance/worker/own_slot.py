@@ -7,8 +7,14 @@ when it changes or falls due, not on every loop turn: a write is shared
 memory the master and every frontend read.
 
 Counters are added up in the process and written at once when the worker
-goes idle or every COUNTERS_S, with the metrics histograms of the batches
-(appliance/metrics.py), so a busy worker does not write them per request.
+goes idle or every COUNTERS_S, so a busy worker does not write them per
+request, and statistics asked right after an answer include it. The metrics
+histograms of the batches (appliance/metrics.py) are written every
+METRICS_S only, busy or idle: each write is a prometheus_client value update
+(a lock, a getpid, a file write) per bucket and sum, and a worker that
+answers one client goes idle after every request (PERF: that was a fifth
+of its CPU per request). An idle worker still wakes for its heartbeat, which
+writes what is left.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from appliance.metrics import flush_batches
 
 HEARTBEAT_S = 0.25
 COUNTERS_S = 0.1
+METRICS_S = 0.2
 
 
 class OwnSlot:
@@ -28,11 +35,13 @@ class OwnSlot:
     def __init__(self, status: StatusTable, slot: int, ring: Ring, device: str) -> None:
         self.status = status
         self.slot = slot
+        self._writes = status.own(slot)
         self._ring = ring
         self._device = device
         self.counts = [0] * N_COUNTERS
         self._dirty = False
         self._counts_at = 0.0
+        self._metrics_at = 0.0
         self._depth = -1
         self._beat_at = 0.0
         self._ring_shown = (-1, -1)
@@ -45,20 +54,21 @@ class OwnSlot:
         """Say that :attr:`counts` was added to directly."""
         self._dirty = True
 
-    def beat(self, busy_since: float = 0.0) -> None:
-        """The heartbeat; ``busy_since``: when the running batch started (0: none runs)."""
-        self.status.beat(self.slot, busy_since=busy_since)
+    def beat(self, now: float, busy_since: float = 0.0) -> None:
+        """The heartbeat at ``now``; ``busy_since``: when the running batch began (0: none)."""
+        self._writes.beat(now, busy_since)
 
     def set_depth_now(self, depth: int) -> None:
-        """Write the depth at once; the next :meth:`show` writes it again."""
-        self.status.set_depth(self.slot, depth)
-        self._depth = -1
+        """Write the depth at once, if it grew: a running batch counts as queued."""
+        if depth > self._depth:
+            self._depth = depth
+            self._writes.set_depth(depth)
 
     def show(self, depth: int, now: float) -> None:
         """Write what changed since the last call, and the heartbeat when it is due."""
         if depth != self._depth:
             self._depth = depth
-            self.status.set_depth(self.slot, depth)
+            self._writes.set_depth(depth)
         if self._dirty and (depth == 0 or now >= self._counts_at):
             self.flush_counts(now)
         ring = self._ring
@@ -68,15 +78,22 @@ class OwnSlot:
             self._ring_shown = in_use
             self.status.set_ring(self.slot, ring.used_bytes, ring.capacity, ring.spilled_bytes)
         if now >= self._beat_at:
-            self.status.beat(self.slot)
+            self._writes.beat(now)
             self._beat_at = now + HEARTBEAT_S
+            if now >= self._metrics_at:
+                self.flush_metrics(now)
 
     def flush_counts(self, now: float) -> None:
-        self.status.add_all(self.slot, self.counts)
-        flush_batches()
+        self._writes.add_all(self.counts)
         self.counts = [0] * N_COUNTERS
         self._dirty = False
         self._counts_at = now + COUNTERS_S
+        if now >= self._metrics_at:
+            self.flush_metrics(now)
+
+    def flush_metrics(self, now: float) -> None:
+        flush_batches()
+        self._metrics_at = now + METRICS_S
 
     def show_device_memory(self) -> None:
         if devices.is_cuda(self._device):

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
@@ -63,6 +63,7 @@ from appliance.worker.own_slot import HEARTBEAT_S, OwnSlot
 from appliance.worker.passthrough import borrowed_entries, input_spans
 from appliance.worker.pending import Pending, Whole
 from appliance.worker.pieces import answered, cut
+from appliance.worker.plain import PlainRequests
 from appliance.worker.queueing import Queueing, take_priority
 from appliance.worker.reshape import Reshapes
 from appliance.worker.sequences import (
@@ -81,9 +82,19 @@ LINGER_S = 0.2
 HOUSEKEEPING_S = 1.0
 REPLY_HOLD_S = 0.0003
 MAX_RECEIVE_PER_TURN = 512
+# How long one loop turn may run due batches before it receives again.
+RUN_TURN_S = 0.0005
+HEARTBEAT_MS = int(HEARTBEAT_S * 1000)
 # PERF: plain ints; pyzmq's flag enums cost microseconds per operation.
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
+_RCVTIMEO = int(zmq.RCVTIMEO)
+_NOBLOCK = int(zmq.NOBLOCK)
+# PERF: the counters' indices as plain ints, for the per-batch counting.
+_SUCCESS, _BATCHES, _BATCH_ROWS = (
+    int(Counter.SUCCESS),
+    int(Counter.BATCHES),
+    int(Counter.BATCH_ROWS),
+)
+_QUEUE_NS, _COMPUTE_NS = int(Counter.QUEUE_NS), int(Counter.COMPUTE_NS)
 
 
 class WorkerServer:
@@ -132,6 +143,12 @@ class WorkerServer:
         )
         self.queueing = None if scheduling is None else Queueing(scheduling, loaded.metadata.name)
         self.reshapes = reshapes
+        # A sequence's steps are admitted by its Sequences (the general path).
+        self.plain = (
+            None
+            if sequences is not None
+            else PlainRequests.serving(loaded.metadata, self.model.per_request, passthrough)
+        )
         self.streams = Streams(loaded.model, loaded.metadata, status, slot, self.sequences)
         self.mappings = Mappings()
         self.cuda = (
@@ -154,35 +171,52 @@ class WorkerServer:
         self._last_compute_s = 0.0
         self._poller = zmq.Poller()
         self._poller.register(socket, zmq.POLLIN)
+        self._timeout_ms = -1  # the socket's RCVTIMEO: blocks for ever
 
     # -- the loop -------------------------------------------------------------
 
     def serve(self) -> None:
         """Run until :meth:`stop` is called and all accepted work is done."""
         self.status.set_state(self.slot, SlotState.READY, self.pid)
+        batcher = self.batcher
         while not self._finished():
-            now = time.monotonic()
-            wait = self.batcher.wait_s(now)
-            if self.streams:
-                wait = 0.0
-            timeout_ms = HEARTBEAT_S * 1000 if wait is None else min(wait, HEARTBEAT_S) * 1000
-            if 0 < timeout_ms < 1:
-                # PERF: ZeroMQ's poll counts whole milliseconds, and polling
-                # out the rest of a batch's wait spun up to 1 ms of CPU per
-                # batch. What arrives meanwhile joins the batch all the same.
-                time.sleep(timeout_ms / 1000)
-                timeout_ms = 0
-            if self._poller.poll(int(timeout_ms)):
-                self._receive(ready=True)
+            wait = 0.0 if self.streams else batcher.wait_s(time.monotonic())
+            if wait is None or wait >= 0.001:
+                # Nothing due: wait in a receive for a message, or for the batch.
+                self._receive(HEARTBEAT_MS if wait is None else int(min(wait, HEARTBEAT_S) * 1000))
+            else:
+                if wait > 0:
+                    # PERF: ZeroMQ's waits count whole milliseconds, and polling
+                    # out the rest of a batch's wait spun up to 1 ms of CPU per
+                    # batch. What arrives meanwhile joins the batch all the same.
+                    time.sleep(wait)
+                self._receive(0)
             if self.queueing is not None and self.queueing.timed:
                 self._expire(time.monotonic())
-            batch = self.batcher.take(time.monotonic())
-            if batch:
-                self._run(batch)
+            self._run_due()
             self._step_streams()
             # The turn's other replies (refusals, stream parts): one frame per channel.
             self._flush_replies()
             self._tick()
+
+    def _run_due(self) -> None:
+        """Run the batches due now, for up to RUN_TURN_S: a model whose requests run
+        one by one answers what the last receive brought before receiving again.
+
+        PERF: a loop turn per batch cost such a model a receive (three calls
+        into libzmq), the status upkeep and a look at the streams per request.
+        """
+        batcher = self.batcher
+        began = time.monotonic()
+        now = began
+        while True:
+            batch = batcher.take(now)
+            if not batch:
+                return
+            self._run(batch)
+            now = time.monotonic()
+            if now - began >= RUN_TURN_S:
+                return
 
     def stop(self) -> None:
         """Finish what was routed here; the loop ends once idle for LINGER_S."""
@@ -210,36 +244,45 @@ class WorkerServer:
 
     # -- messages -------------------------------------------------------------
 
-    def _receive(self, ready: bool = False) -> None:
-        """Take the waiting messages; ``ready``: poll has just seen one.
+    def _receive(self, timeout_ms: int) -> None:
+        """Take the waiting messages, waiting up to ``timeout_ms`` for the first.
 
         All of them, before the next batch runs, even for a model whose
         requests run one by one: besides joining batches, requests taken
         into the queue meet ``max_queue`` and are refused with Overloaded.
         Left in the socket, they would fill ZeroMQ's queues until the
         frontends' sends block.
+
+        PERF: the wait is a receive with a timeout (one poll and one read in
+        libzmq), not a poll and then a receive (four polls); whether more is
+        waiting is a zero-timeout poll, which costs a third of an exception
+        from an empty receive and half of reading the socket's EVENTS.
         """
         socket = self.socket
-        for _ in range(MAX_RECEIVE_PER_TURN):
-            # PERF: ask EVENTS instead of receiving until zmq.Again; an
-            # exception per loop turn costs more than the message. Each ask
-            # costs the worker ~5 us here, so the first is skipped when the
-            # poll that woke it has just answered it.
-            if not ready and not cast(int, socket.getsockopt(_EVENTS)) & _POLLIN:
-                return
-            ready = False
-            self._last_message = time.monotonic()
+        if timeout_ms:
+            if timeout_ms != self._timeout_ms:
+                socket.setsockopt(_RCVTIMEO, timeout_ms)
+                self._timeout_ms = timeout_ms
             try:
-                frame = socket.recv(zmq.NOBLOCK)
+                frame = socket.recv()
             except zmq.Again:
                 return
+        elif self._poller.poll(0):
+            frame = socket.recv(_NOBLOCK)
+        else:
+            return
+        self._last_message = time.monotonic()
+        for _ in range(MAX_RECEIVE_PER_TURN):
             try:
                 messages = from_frames(frame)
             except ValueError as ex:
                 log.warning("dropped a malformed message: %s", ex)
-                continue
+                messages = []
             for message in messages:
                 self._take(message)
+            if not self._poller.poll(0):
+                return
+            frame = socket.recv(_NOBLOCK)
 
     def _take(self, message: Message) -> None:
         if message.kind is Kind.INFER:
@@ -296,18 +339,30 @@ class WorkerServer:
         priority = take_priority(body)
         if self.queueing is not None:
             level = self.queueing.level(priority)
-        entries = body.get("tensors", [])
-        tensors = read_tensors(entries, message.payloads, self.mappings.reader)
-        pending = check_request(self.metadata, message, tensors, self.model.per_request)
+        plain = self.plain
+        pending = None if plain is None else plain.take(message, self.mappings.reader)
+        if pending is None:
+            pending = self._checked(message)
         if "trace" in body:
             traces.accepted(pending)
+        if self.queueing is not None:
+            self.queueing.place(pending, level, self.batcher)
+        return pending
+
+    def _checked(self, message: Message) -> Pending:
+        """:meth:`_pending`'s general path: any request, every error named (see plain.py).
+
+        Raises:
+            ApplianceError: what is wrong with it, or why it cannot queue.
+        """
+        entries = message.body.get("tensors", [])
+        tensors = read_tensors(entries, message.payloads, self.mappings.reader)
+        pending = check_request(self.metadata, message, tensors, self.model.per_request)
         if ClientGpu.names_any(message):
             if self.cuda is None:
                 raise BadRequest("this model worker serves no CUDA shared memory")
             self.cuda.place_inputs(pending, entries, self.batcher.max_batch_size)
         self._admit(pending)
-        if self.queueing is not None:
-            self.queueing.place(pending, level, self.batcher)
         if self.passthrough:
             pending.spans = input_spans(entries, self.mappings.reader)
         return pending
@@ -343,7 +398,11 @@ class WorkerServer:
         self.batcher.drop(lambda p: p.message.pid == pid and p.request_id == request_id)
 
     def close(self) -> None:
-        """Close every reply socket, flushing what it holds, and unmap segments."""
+        """Close every reply socket, flushing what it holds, and unmap segments;
+        the last counters and metrics are written first."""
+        now = time.monotonic()
+        self.own.flush_counts(now)
+        self.own.flush_metrics(now)
         self.outbox.close()
         self.mappings.close()
         if self.cuda is not None:
@@ -384,9 +443,8 @@ class WorkerServer:
         self.mappings.retry()
 
     def _predict(self, batch: list[Pending], started: float) -> None:
-        self.own.beat(busy_since=started)
+        self.own.beat(started, busy_since=started)
         begin = time.perf_counter_ns()
-        began_ns = time.time_ns()  # spans are on the wall clock
         try:
             results = self._results(batch)
         except Exception as ex:
@@ -395,10 +453,14 @@ class WorkerServer:
                 self._fail_pending(pending, error)
             return
         finally:
-            self.own.beat()
-        compute_ns = time.perf_counter_ns() - begin
+            compute_ns = time.perf_counter_ns() - begin
+            self.own.beat(time.monotonic())
         self._last_compute_s = compute_ns / 1e9
-        traces.batch_ran(self.metadata.name, batch, began_ns, began_ns + compute_ns)
+        for pending in batch:
+            if pending.trace is not None:
+                ended_ns = time.time_ns()  # spans are on the wall clock
+                traces.batch_ran(self.metadata.name, batch, ended_ns - compute_ns, ended_ns)
+                break
         failed = 0
         for pending, outputs in zip(batch, results, strict=True):
             if isinstance(outputs, ApplianceError):
@@ -426,29 +488,33 @@ class WorkerServer:
     def _count(
         self, batch: list[Pending], started: float, compute_ns: int, failed: int = 0
     ) -> None:
-        waits = [started - p.arrived for p in batch]
-        rows = sum(max(p.rows, 1) for p in batch)
+        waits = []
+        rows = answered = 0
+        for pending in batch:
+            waits.append(started - pending.arrived)
+            rows += pending.rows or 1
+            # A piece of a larger request counts once its whole request is answered.
+            answered += pending.whole is None
         counts = self.own.counts
-        # A piece of a larger request counts once its whole request is answered.
-        counts[Counter.SUCCESS] += sum(1 for p in batch if p.whole is None) - failed
-        counts[Counter.BATCHES] += 1
-        counts[Counter.BATCH_ROWS] += rows
-        counts[Counter.QUEUE_NS] += max(0, int(sum(waits) * 1e9))
-        counts[Counter.COMPUTE_NS] += compute_ns
+        counts[_SUCCESS] += answered - failed
+        counts[_BATCHES] += 1
+        counts[_BATCH_ROWS] += rows
+        counts[_QUEUE_NS] += max(0, int(sum(waits) * 1e9))
+        counts[_COMPUTE_NS] += compute_ns
         self.own.counted()
         record_batch(self.metadata.name, rows, waits, compute_ns / 1e9)
 
     def _finish(self, pending: Pending, compute: Any) -> None:
         started = time.monotonic()
         begin = time.perf_counter_ns()
-        self.own.beat(busy_since=started)  # for the hang watchdog
+        self.own.beat(started, busy_since=started)  # for the hang watchdog
         try:
             outputs = compute()
         except Exception as ex:
             self._fail_pending(pending, refusals.as_error(self.metadata.name, ex))
             return
         finally:
-            self.own.beat()
+            self.own.beat(time.monotonic())
         self._reply(pending, Kind.REPLY, outputs)
         self._flush_replies()
         self._count([pending], started, time.perf_counter_ns() - begin)
@@ -558,14 +624,15 @@ class WorkerServer:
 
     def _done_with(self, pending: Pending) -> None:
         """Drop a finished request's views and unmap its one-off segments."""
-        spills = [
-            block.segment
-            for block in ring_blocks(pending.message.body.get("tensors", []))
-            if is_spill(block.segment)
-        ]
         pending.arrays.clear()
         pending.message.payloads.clear()
-        self.mappings.unmap(spills)
+        spills = [
+            block.segment
+            for block in ring_blocks(pending.message.body.get("tensors", ()))
+            if is_spill(block.segment)
+        ]
+        if spills:
+            self.mappings.unmap(spills)
 
     # -- clients that died ----------------------------------------------------
 
