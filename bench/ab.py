@@ -6,7 +6,10 @@ system of ``APPLIANCE`` at a payload and client count of the sweep) runs on
 one, then the other, the order alternating between repeats, so drift on the
 shared host weighs on both alike. The table gives, per cell, the median over
 repeats of each side and the ratios B/A of throughput, p50 and server CPU per
-request (CPU of each appliance's whole process tree, psutil). Usage::
+request (CPU of each appliance's whole process tree, psutil), then per cell
+the CPU per request by thread kind and by process (bench/threads.py: the
+frontend's main thread, its ZeroMQ I/O thread, the model worker's, ...),
+each kind's median over repeats. Usage::
 
     python bench/ab.py --name spin --a server.spin_wait_us=0 \\
         --systems kserve-rest,umbridge,mip --payloads 16B --clients 1,16 --repeats 5
@@ -22,8 +25,12 @@ from there), so two commits compare in one run::
 
 ``--triton`` measures real Triton (bench/triton_peer.py) on each cell too,
 its counterpart system in the same rounds, and adds each side's ratios to
-it. Without ``--systems``/``--payloads``/``--clients`` every appliance cell
-of the sweep runs (``--quick``: bench_peers' quick sweep).
+it (its tritonserver and Python stubs beside the appliance's threads).
+``--floors`` runs the hop's floor (bench/bench_hop_floor.py: ZeroMQ alone,
+a client and a worker, in flight = each client count of the grid) in the
+same rounds, its threads beside the appliance's. Without
+``--systems``/``--payloads``/``--clients`` every appliance cell of the sweep
+runs (``--quick``: bench_peers' quick sweep).
 
 Not run by ``make bench``. Results: bench/results/ab-NAME.json and ab-NAME.md.
 """
@@ -36,6 +43,7 @@ import copy
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +56,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import callers, triton_peer  # noqa: E402
+from bench import callers, thread_tables, triton_peer  # noqa: E402
+from bench.bench_hop_floor import measure_apart  # noqa: E402
 from bench.bench_peers import appliance_endpoints  # noqa: E402
 from bench.loadgen import ClientPool, ProcessTree, export_package, write_results  # noqa: E402
 from bench.plan import (  # noqa: E402
@@ -87,6 +96,7 @@ TRITON_OF = {
     "kserve-shm-rest": "triton shm-rest",
 }
 TRITON = "triton"
+HOP_TRANSPORT = "zmq"
 
 
 @dataclass
@@ -155,15 +165,23 @@ def exported(revision: str, stack: contextlib.ExitStack) -> Path:
 
 
 def compare(
-    sides: tuple[Side, Side], grid: Grid, name: str, extra: dict[str, Any], triton: bool = False
+    sides: tuple[Side, Side],
+    grid: Grid,
+    name: str,
+    extra: dict[str, Any],
+    triton: bool = False,
+    floors: bool = False,
 ) -> str:
-    """Measure every cell on both sides (and Triton's counterpart with ``triton``);
-    write the results; return the table."""
+    """Measure every cell on both sides (and Triton's counterpart with ``triton``, the
+    hop's floor at each client count with ``floors``); write the results; return the
+    tables."""
     rows: list[dict[str, Any]] = []
+    hops: list[dict[str, Any]] = []
     record: dict[str, Any] = {
         **extra,
         "sides": [side.label for side in sides],
         "rows": rows,
+        "hop_floor": hops,
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "cut_short": False,
     }
@@ -191,6 +209,8 @@ def compare(
                 log("triton up")
             for repeat in range(grid.repeats):
                 order = sides if repeat % 2 == 0 else sides[::-1]
+                if floors:
+                    hops += hop_floor(grid, repeat)
                 for system, payload, clients in grid.cells:
                     runs = [(side.label, system, "appliance") for side in order]
                     if triton and system.name in TRITON_OF:
@@ -212,12 +232,26 @@ def compare(
         log("stopped: writing what was measured so far")
     record["elapsed_s"] = time.monotonic() - began
     record["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    record["table"] = table(rows, (sides[0].label, sides[1].label))
+    labels = (sides[0].label, sides[1].label)
+    record["table"] = table(rows, labels)
     if triton:
-        record["table"] += "\n" + beside_triton(rows, (sides[0].label, sides[1].label))
+        record["table"] += "\n" + beside_triton(rows, labels)
+    record["table"] += "\n" + by_thread(rows, hops, labels)
     write_results(RESULTS / f"{name}.json", **record)
     (RESULTS / f"{name}.md").write_text(record["table"])
     return str(record["table"])
+
+
+def hop_floor(grid: Grid, repeat: int) -> list[dict[str, Any]]:
+    """The hop's floor at each client count of the grid, as in flight (a cell that
+    fails is logged and left out: the appliance's cells go on)."""
+    rows = []
+    for inflight in sorted({level for _system, _payload, level in grid.cells}):
+        try:
+            rows.append(measure_apart(HOP_TRANSPORT, inflight, grid.seconds) | {"repeat": repeat})
+        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            log(f"hop floor, {inflight} in flight: {error}")
+    return rows
 
 
 def table(rows: list[dict[str, Any]], labels: tuple[str, str]) -> str:
@@ -282,6 +316,37 @@ def beside_triton(rows: list[dict[str, Any]], labels: tuple[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def by_thread(
+    rows: list[dict[str, Any]], hops: list[dict[str, Any]], labels: tuple[str, str]
+) -> str:
+    """Per cell: each kind's median over repeats, A, B, (Triton, the hop's floor), ratios."""
+    cells: dict[tuple[str, str, int], dict[str, list[dict[str, Any]]]] = {}
+    for row in rows:
+        key = (row["system"], row["payload"], row["concurrency"])
+        cells.setdefault(key, {}).setdefault(row["variant"], []).append(row)
+    out = [
+        "CPU µs per request by thread kind and by process (bench/threads.py), each line's "
+        "median over repeats; the model worker's process line has Triton's Python stub "
+        "beside it.",
+    ]
+    for (system, payload, clients), by_side in cells.items():
+        if not set(labels) <= set(by_side):
+            continue
+        ours: list[thread_tables.Column] = [
+            ("A", thread_tables.medians(by_side[labels[0]])),
+            ("B", thread_tables.medians(by_side[labels[1]])),
+        ]
+        hop = [h for h in hops if h["concurrency"] == clients]
+        out += ["", f"{system}, {payload}, {clients} client(s):", ""]
+        out += thread_tables.cell_table(
+            ours,
+            thread_tables.medians(by_side.get(TRITON, [])),
+            hop=thread_tables.medians(hop),
+            hop_header=f"hop floor ({HOP_TRANSPORT}, {clients} in flight)",
+        )
+    return "\n".join(out) + "\n"
+
+
 def _spread(values: list[float], digits: int) -> str:
     median = statistics.median(values)
     if len(values) < 2:
@@ -301,6 +366,9 @@ def main() -> int:
     parser.add_argument("--a-rev", help="serve A from the appliance package of this revision")
     parser.add_argument("--b-rev", help="serve B from the appliance package of this revision")
     parser.add_argument("--triton", action="store_true", help="measure real Triton beside")
+    parser.add_argument(
+        "--floors", action="store_true", help="the hop's floor (ZeroMQ alone) in the same rounds"
+    )
     parser.add_argument("--quick", action="store_true", help="bench_peers' quick sweep")
     parser.add_argument("--systems", help="comma-separated bench/plan.py appliance systems")
     parser.add_argument("--payloads", help="comma-separated payloads (16B, 1MiB, ...)")
@@ -328,7 +396,8 @@ def main() -> int:
         if sides[0].label == sides[1].label:
             raise SystemExit("A and B are the same settings and revision")
         grid = Grid(cells, args.seconds, args.repeats)
-        print(compare((sides[0], sides[1]), grid, f"ab-{args.name}", vars(args), args.triton))
+        pair = (sides[0], sides[1])
+        print(compare(pair, grid, f"ab-{args.name}", vars(args), args.triton, args.floors))
     return 0
 
 

@@ -16,13 +16,19 @@ it, on two transports:
   queue.
 
 Each cell runs ``inflight`` coroutines, each in a closed loop (send a 96-byte
-message with its id, await the reply); CPU per round trip is psutil's, per
+message with its id, await the reply); CPU per round trip is bench/threads.py's, per
 thread, for both processes (ZeroMQ's ZMQbg/IO threads apart). The rows say
 what the hop costs before any request handling, and how much of it the I/O
 threads are. Rounds interleave the transports; medians over rounds go to
-bench/results/hop_floor.json. Not run by ``make bench``. Usage::
+bench/results/hop_floor.json. Usage::
 
     python bench/bench_hop_floor.py [--seconds S] [--rounds R] [--quick]
+
+Each row also has ``threads_us`` and ``processes_us`` in bench/threads.py's
+kinds (the client's threads as a frontend's, the worker's as a model
+worker's), so bench_peers.py and ab.py put a cell of it beside the
+appliance's threads: :func:`measure_apart` runs :func:`measure` in a fresh
+interpreter (``--cell TRANSPORT INFLIGHT SECONDS``, the row as JSON on stdout).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import os
 import select
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import orjson
 import psutil
 import uvloop
 import zmq
@@ -47,6 +55,7 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import threads  # noqa: E402
 from bench.loadgen import median_row, round_arguments, write_results  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "hop_floor.json"
@@ -174,17 +183,9 @@ def _unix_client(client: _Client, sock: socket.socket) -> Callable[[], None]:
 # -- measuring ---------------------------------------------------------------------
 
 
-def _threads(process: psutil.Process) -> dict[str, float]:
-    """CPU seconds per thread kind: the Python thread, and ZeroMQ's I/O threads."""
-    names: dict[str, float] = {}
-    for thread in process.threads():
-        try:
-            name = Path(f"/proc/{process.pid}/task/{thread.id}/comm").read_text().strip()
-        except OSError:
-            continue
-        kind = "io" if name.startswith("ZMQbg") else "python"
-        names[kind] = names.get(kind, 0.0) + thread.user_time + thread.system_time
-    return names
+def _threads(process: psutil.Process, role: str) -> threads.Snapshot:
+    """CPU so far of each thread, as a frontend's (``hop client``) or a model worker's."""
+    return threads.snapshot([process], process.pid, role)
 
 
 async def _run(client: _Client, inflight: int, seconds: float) -> int:
@@ -224,28 +225,47 @@ def measure(transport: str, inflight: int, seconds: float) -> dict[str, Any]:
             ready_here.recv()
             loop.run_until_complete(_run(client, inflight, WARMUP_S))
             here, there = psutil.Process(os.getpid()), psutil.Process(worker.pid)
-            before = (_threads(here), _threads(there))
+            before = {**_threads(here, "hop client"), **_threads(there, "model worker")}
             started = time.perf_counter()
             count = loop.run_until_complete(_run(client, inflight, seconds))
             elapsed = time.perf_counter() - started
-            after = (_threads(here), _threads(there))
+            after = {**_threads(here, "hop client"), **_threads(there, "model worker")}
         finally:
             close()
             worker.join(10)
             if worker.is_alive():
                 worker.kill()
             loop.close()
+    kinds = threads.per_request(before, after, count)
     row: dict[str, Any] = {
         "transport": transport,
         "inflight": inflight,
         "round_trips": count,
         "rps": count / elapsed,
+        "client_python_us": kinds.get("frontend main", 0.0) + kinds.get("frontend threads", 0.0),
+        "client_io_us": kinds.get("frontend zmq io", 0.0),
+        "worker_python_us": kinds.get("worker main", 0.0) + kinds.get("worker threads", 0.0),
+        "worker_io_us": kinds.get("worker zmq io", 0.0),
     }
-    for side, b, a in (("client", before[0], after[0]), ("worker", before[1], after[1])):
-        for kind in ("python", "io"):
-            row[f"{side}_{kind}_us"] = 1e6 * (a.get(kind, 0.0) - b.get(kind, 0.0)) / count
     sides = ("client", "worker")
     row["total_us"] = sum(row[f"{s}_{k}_us"] for s in sides for k in ("python", "io"))
+    # The names a row of bench/loadgen.py has, so tables put the two side by side.
+    row |= {"concurrency": inflight, "requests": count, "errors": 0}
+    row["server_cpu_us"] = row["total_us"]
+    row["threads_us"] = kinds
+    row["processes_us"] = threads.per_request(before, after, count, threads.by_role)
+    return row
+
+
+def measure_apart(transport: str, inflight: int, seconds: float) -> dict[str, Any]:
+    """:func:`measure` in a fresh interpreter: the caller's own threads (a benchmark's
+    grpc or psutil) stay out of the client's count, and its fork sees no grpc state."""
+    argv = [sys.executable, __file__, "--cell", transport, str(inflight), str(seconds)]
+    done = subprocess.run(argv, capture_output=True, check=False, timeout=seconds + 120)
+    if done.returncode:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
+        raise RuntimeError(f"the hop floor's {transport} cell failed: {tail}")
+    row: dict[str, Any] = orjson.loads(done.stdout)
     return row
 
 
@@ -268,6 +288,10 @@ def report(table: list[dict[str, Any]]) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--cell"]:
+        transport, inflight, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+        sys.stdout.buffer.write(orjson.dumps(measure(transport, inflight, seconds)))
+        return 0
     args = round_arguments(__doc__.split("\n")[0], 0.5)
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for round_ in range(args.rounds):

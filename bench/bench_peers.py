@@ -6,7 +6,9 @@ processes, each a closed loop with one request in flight, for a fixed time):
 1. Load: ``identity`` at 16 B, 16 KiB, 1 MiB and 16 MiB and ``digits`` (a
    batch of 1) over KServe gRPC, REST (binary and JSON tensors) and system
    shared memory (tritonclient), GRPS REST and gRPC, GraphPipe, UM-Bridge and
-   MIP, at 1, 4, 16 and 64 clients (trimmed: bench/plan.py says where).
+   MIP, at 1, 4, 16 and 64 clients (trimmed: bench/plan.py says where; 16 B
+   at 8 clients too over KServe REST JSON and gRPC, on Triton and on their
+   floors and the ladder's REST JSON rungs: issue 55's per-thread cells).
 2. Peers in the same run, each in its own virtual environment under
    bench/.peers/ (made on first use): real Triton (tritonserver 2.51 from
    the nvidia-pytriton wheel, CPU; ``identity`` and ``digits`` as Python-backend
@@ -43,7 +45,12 @@ processes, each a closed loop with one request in flight, for a fixed time):
 
 Server CPU per request (psutil, the server's whole process tree) is in every
 row: the Python load generator shares the 2 vCPUs, so throughput understates
-what the server alone could do. Usage::
+what the server alone could do. Every row also has it by thread kind
+(``threads_us``) and by process (``processes_us``; bench/threads.py), and
+each repeat of the load grid measures the hop's floor (bench/bench_hop_floor.py:
+ZeroMQ alone, 1 and 8 in flight), so the identity cells of KServe REST JSON
+and gRPC at 1 and 8 clients get a table thread by thread beside Triton's, the
+floors' and the hop's (bench/thread_tables.py). Usage::
 
     python bench/bench_peers.py [--quick] [--seconds S] [--repeats R]
                                 [--no-scaling | --scaling-only]
@@ -69,8 +76,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import callers, doc_tables, report, servers, triton_peer  # noqa: E402
-from bench.loadgen import ClientPool, ProcessTree, machine, write_results  # noqa: E402
+from bench import callers, peers_results, report, servers, triton_peer  # noqa: E402
+from bench.bench_hop_floor import measure_apart  # noqa: E402
+from bench.loadgen import ClientPool, ProcessTree  # noqa: E402
 from bench.plan import (  # noqa: E402
     APPLIANCE,
     BATCHING_CLIENTS,
@@ -89,9 +97,9 @@ from bench.plan import (  # noqa: E402
     SCALING_CELLS,
     SCALING_FLOORS,
     SCALING_MLSERVER_WORKERS,
-    SCALING_SPLIT_CPUS,
     SIZES,
     SYSTEMS,
+    THREAD_CLIENTS,
     ScalingPlan,
     System,
     appliance_models,
@@ -101,9 +109,6 @@ from bench.plan import (  # noqa: E402
 )
 from tests.system.harness import running  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
-PAGE = doc_tables.PAGE
-README = ROOT / "README.md"
 STARTED = time.monotonic()
 # What the run needs after the load grid: paced, batching, scaling, plot.
 RESERVE_S = 200.0
@@ -137,6 +142,7 @@ def main() -> int:
         "batching": [],
         "scaling": [],
         "event_loops": [],
+        "hop_floor": [],
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "grid_repeats": 0,
         "grid_repeat_s": 0.0,
@@ -164,7 +170,7 @@ def main() -> int:
         log("stopped: writing what was measured so far")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     record["elapsed_s"] = time.monotonic() - began
-    finish(args, record)
+    peers_results.finish(args, record)
     return 0
 
 
@@ -265,12 +271,25 @@ def main_phase(pool: ClientPool, args: argparse.Namespace, record: dict[str, Any
                                 record["rows"].append(tagged(row, system, payload, repeat))
                             pool.release()
                     log(f"repeat {repeat + 1}/{args.repeats}: {payload} done")
+                hop_floor(args, record, repeat)
                 record["grid_repeats"] = repeat + 1
                 record["grid_repeat_s"] = time.monotonic() - began
             paced(pool, args, record, where, trees)
             batching(pool, args, record, where, trees)
         finally:
             pool.release()
+
+
+def hop_floor(args: argparse.Namespace, record: dict[str, Any], repeat: int) -> None:
+    """The hop's floor (ZeroMQ alone) at the per-thread cells' client counts, in this
+    repeat, so its threads stand beside the appliance's measured in the same minutes."""
+    for inflight in THREAD_CLIENTS:
+        try:
+            row = measure_apart("zmq", inflight, args.seconds)
+        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            log(f"hop floor, {inflight} in flight: {error}")
+            continue
+        record["hop_floor"].append(row | {"repeat": repeat})
 
 
 def tagged(row: dict[str, Any], system: System, payload: str, repeat: int) -> dict[str, Any]:
@@ -463,75 +482,6 @@ def pinned(cpus: frozenset[int] | None) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, everything)
-
-
-def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
-    summary = report.summarise(record["rows"])
-    paced_rows = report.grouped_medians(record["paced"], ("system",))
-    batching_rows = report.grouped_medians(record["batching"], ("system", "payload"))
-    scaling_rows = report.grouped_medians(
-        record["scaling"], ("instances", "frontends", "concurrency", "system", "payload")
-    )
-    loop_rows = report.grouped_medians(
-        record["event_loops"], ("event_loop", "system", "concurrency")
-    )
-    ratios = report.peer_ratios(summary)
-    targets = report.targets(summary, paced_rows, batching_rows)
-    targets += report.scaling_targets(scaling_rows)
-    report.print_grid(summary)
-    print("\n" + "\n".join(doc_tables.http_tables(summary)))
-    print("\n" + "\n".join(doc_tables.event_loop_table(loop_rows)))
-    doc_tables.print_extras(
-        ratios, paced_rows, batching_rows, scaling_rows, record.get("scaling_note", "")
-    )
-    report.print_targets(targets)
-    name = "peers-scaling" if args.scaling_only else "peers-quick" if args.quick else "peers"
-    cpus = len(os.sched_getaffinity(0))
-    tag = doc_tables.TAG
-    if cpus >= SCALING_SPLIT_CPUS:  # a many-core host's results sit beside this machine's
-        name += f"-{cpus}core"
-        tag += f"-{cpus}core"
-    results = RESULTS / f"{name}.json"
-    write_results(
-        results,
-        **record,
-        summary=summary,
-        ratios=ratios,
-        paced_summary=paced_rows,
-        batching_summary=batching_rows,
-        scaling_summary=scaling_rows,
-        event_loop_summary=loop_rows,
-        targets=targets,
-    )
-    print(f"\nwrote {results.relative_to(ROOT)}")
-    if args.scaling_only:
-        if cpus >= SCALING_SPLIT_CPUS:
-            text = doc_tables.render_scaling(record | {"machine": machine()}, scaling_rows, targets)
-            if doc_tables.update(PAGE, text, tag):
-                print(f"updated the {tag} table in {PAGE.relative_to(ROOT)}")
-        return
-    plot(results, RESULTS / f"{name}.png")
-    if doc_tables.update(README, doc_tables.readme_http(record, summary), f"{tag}-http"):
-        print(f"updated the {tag}-http tables in {README.relative_to(ROOT)}")
-    if not args.quick:
-        text = doc_tables.render(
-            record, summary, ratios, batching_rows, scaling_rows, targets, loop_rows
-        )
-        if doc_tables.update(PAGE, text, tag):
-            print(f"updated the {tag} table in {PAGE.relative_to(ROOT)}")
-
-
-def plot(results: Path, png: Path) -> None:
-    """Draw latency against throughput with matplotlib from its bench-only venv."""
-    try:
-        python = servers.plot_python()
-    except servers.PeerUnavailable as error:
-        print(f"no plot: {error}")
-        return
-    script = ROOT / "bench" / "peers" / "plot.py"
-    done = subprocess.run([str(python), str(script), str(results), str(png)], check=False)
-    if done.returncode == 0:
-        print(f"wrote {png.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

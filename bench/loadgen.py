@@ -44,6 +44,7 @@ import numpy as np
 import orjson
 import psutil
 
+from bench import threads as thread_cpu
 from bench.client_process import OVERRUN_S, Call, MakeCall, client_main
 
 WARMUP_S = 0.3
@@ -78,9 +79,15 @@ def latency_stats(
 
 
 def median_row(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Return the median of every numeric key over repeats (others from the first row)."""
+    """Return the median of every numeric key over repeats (others from the first row);
+    a dict of numbers (``threads_us``) gets the median of each of its keys."""
     merged: dict[str, Any] = {}
     for key, first in rows[0].items():
+        if isinstance(first, dict) and all(
+            isinstance(v, int | float) for row in rows for v in (row.get(key) or {}).values()
+        ):
+            merged[key] = _median_dict([row.get(key) or {} for row in rows])
+            continue
         values = [row[key] for row in rows if isinstance(row.get(key), int | float)]
         if isinstance(first, bool) or not values:
             merged[key] = first
@@ -88,6 +95,13 @@ def median_row(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         finite = [v for v in values if not math.isnan(v)]
         merged[key] = statistics.median(finite) if finite else math.nan
     return merged
+
+
+def _median_dict(dicts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The median of each key; a key a repeat lacks counts 0 there (nothing of that
+    kind ran)."""
+    keys = dict.fromkeys(k for d in dicts for k in d)
+    return {k: statistics.median(float(d.get(k, 0.0)) for d in dicts) for k in keys}
 
 
 def machine() -> dict[str, Any]:
@@ -180,7 +194,8 @@ class ProcessTree:
     for that); :meth:`cpu_seconds` then reads only the listed processes, so
     a sample taken while 64 clients compete for the CPU stays short and
     lands when it is taken. A process that exits between the two takes its
-    CPU time with it.
+    CPU time with it. :meth:`thread_times` reads the same processes thread
+    by thread (bench/threads.py).
     """
 
     def __init__(self, root_pid: int) -> None:
@@ -206,6 +221,12 @@ class ProcessTree:
                 times = process.cpu_times()
                 total += times.user + times.system
         return total
+
+    def thread_times(self) -> thread_cpu.Snapshot:
+        """CPU so far of every thread of the listed processes, classified."""
+        if not self.processes:
+            self.refresh()
+        return thread_cpu.snapshot(self.processes, self.root_pid)
 
 
 # -- client processes -----------------------------------------------------------
@@ -273,6 +294,10 @@ class ClientPool:
         all) paces the loops instead of a closed loop; latency then counts
         from each request's scheduled time, so a server that falls behind is
         charged for the wait (no coordinated omission).
+
+        With ``server``, the row has its CPU per request: the whole tree's
+        (``server_cpu_us``), by thread kind (``threads_us``) and by process
+        role (``processes_us``), all sampled at the same two moments.
         """
         shares = _spread(concurrency, self.size)
         active = [(conn, n) for conn, n in zip(self.conns, shares, strict=True) if n]
@@ -291,13 +316,22 @@ class ClientPool:
         time.sleep(max(0.0, start_at - time.time()))
         cpu_began = time.time()
         cpu_before = server.cpu_seconds() if server else math.nan
+        threads_before = server.thread_times() if server else {}
         replies = [_reply(conn, seconds + OVERRUN_S + REPLY_GRACE_S) for conn, _ in active]
         cpu = (server.cpu_seconds() - cpu_before) if server else math.nan
+        threads_after = server.thread_times() if server else {}
         cpu_span = time.time() - cpu_began
         ended = max((r["last_end"] for r in replies), default=0.0)
         # A slow cell runs on until every loop has a measured request (OVERRUN_S at most).
         elapsed = max(seconds, ended - start_at)
-        return _row(replies, setup_errors, concurrency, elapsed, (cpu, cpu_span), rate)
+        row = _row(replies, setup_errors, concurrency, elapsed, (cpu, cpu_span), rate)
+        if server is not None:
+            done = row["requests"]
+            row["threads_us"] = thread_cpu.per_request(threads_before, threads_after, done)
+            row["processes_us"] = thread_cpu.per_request(
+                threads_before, threads_after, done, thread_cpu.by_role
+            )
+        return row
 
     def release(self) -> None:
         """Close every call the clients hold (connections, regions)."""

@@ -69,13 +69,22 @@ class System:
     options: dict[str, Any] = field(default_factory=dict)
     caps: dict[str, int] = field(default_factory=dict)  # payload -> highest concurrency
     versus: str | None = None  # the appliance system a peer is compared with
+    more: dict[str, tuple[int, ...]] = field(default_factory=dict)  # payload -> levels added
 
     def levels(self, payload: str, sweep: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
         cap = self.caps.get(payload, 1 << 30)
-        return tuple(c for c in sweep.get(payload, ()) if c <= cap)
+        swept = {c for c in sweep.get(payload, ()) if c <= cap}
+        if payload in sweep:
+            swept |= set(self.more.get(payload, ()))
+        return tuple(sorted(swept))
 
 
 REST_JSON = {"binary": False}
+# Issue 55's per-thread cells: 16 B at 1 and 8 clients over KServe REST JSON and gRPC,
+# beside Triton and the floors; 8 is added to those systems' sweep alone.
+THREAD_CLIENTS = (1, 8)
+THREAD_SYSTEMS = ("kserve-rest-json", "kserve-grpc")
+EIGHT: dict[str, tuple[int, ...]] = {"16B": (8,)}
 # The protocols over HTTP, each also with a new connection per request.
 HTTP_PROTOCOLS = ("kserve-rest", "grps-rest", "graphpipe", "umbridge")
 NEWCONN_TAG = "newconn"
@@ -83,9 +92,17 @@ NEWCONN = {"new_connection": True}
 NEWCONN_CAPS = {"16KiB": 0, "1MiB": 0, "16MiB": 0, "digits": 0}
 DIRECT_CAPS = {"16KiB": 0, "1MiB": 0, "16MiB": 0, "digits": 0}
 APPLIANCE = (
-    System("kserve-grpc", "appliance", "kserve-grpc", "grpc"),
+    System("kserve-grpc", "appliance", "kserve-grpc", "grpc", more=EIGHT),
     System("kserve-rest", "appliance", "kserve-rest", "http"),
-    System("kserve-rest-json", "appliance", "kserve-rest", "http", REST_JSON, JSON_TARGET_CAPS),
+    System(
+        "kserve-rest-json",
+        "appliance",
+        "kserve-rest",
+        "http",
+        REST_JSON,
+        JSON_TARGET_CAPS,
+        more=EIGHT,
+    ),
     System("kserve-shm", "appliance", "kserve-shm", "grpc"),
     # The same over REST: no grpc.aio under it.
     System("kserve-shm-rest", "appliance", "kserve-shm-rest", "http"),
@@ -110,7 +127,7 @@ FLOOR_CAPS = {"digits": 0}
 FLOORS = ("floor-uvicorn", "floor-asgi", "floor-asgi-uvloop", "floor-gthread", "floor-sync")
 PEERS = (
     # Real Triton (tritonserver 2.51, CPU), its models Python-backend model.py files.
-    System("triton grpc", "triton", "kserve-grpc", "grpc", versus="kserve-grpc"),
+    System("triton grpc", "triton", "kserve-grpc", "grpc", versus="kserve-grpc", more=EIGHT),
     System("triton rest", "triton", "kserve-rest", "http", versus="kserve-rest"),
     System(
         "triton rest-json",
@@ -120,6 +137,7 @@ PEERS = (
         REST_JSON,
         JSON_TARGET_CAPS,
         versus="kserve-rest-json",
+        more=EIGHT,
     ),
     System("triton shm", "triton", "kserve-shm", "grpc", versus="kserve-shm"),
     System("triton shm-rest", "triton", "kserve-shm-rest", "http", versus="kserve-shm-rest"),
@@ -166,8 +184,17 @@ PEERS = (
         NEWCONN_CAPS,
         versus=f"umbridge {NEWCONN_TAG}",
     ),
+    # The floor on uvicorn's worker at 8 clients too: issue 55's HTTP frontend target.
     *(
-        System(floor, floor, "kserve-rest", "rest", caps=FLOOR_CAPS, versus="kserve-rest")
+        System(
+            floor,
+            floor,
+            "kserve-rest",
+            "rest",
+            caps=FLOOR_CAPS,
+            versus="kserve-rest",
+            more=EIGHT if floor == "floor-uvicorn" else {},
+        )
         for floor in FLOORS
     ),
     *(
@@ -189,6 +216,7 @@ PEERS = (
         "grpc",
         caps=FLOOR_CAPS,
         versus="kserve-grpc",
+        more=EIGHT,
     ),
     System(
         "floor-grpc-sync",
@@ -204,10 +232,27 @@ PEERS = (
 # whole appliance (the protocol's own row) is the rung above the last.
 LADDER_RUNGS = ("floor", "middleware", "codec")
 LADDER_CAPS = {"16B": 1, "16KiB": 0, "1MiB": 0, "16MiB": 0, "digits": 0}
-LADDER = tuple(
-    System(f"ladder-{rung} {name}", f"ladder-{rung}", name, "http", caps=LADDER_CAPS)
-    for name in HTTP_PROTOCOLS
-    for rung in LADDER_RUNGS
+# KServe REST with JSON tensors on the floor and codec rungs, at 1 and 8 clients: the
+# codec rung of issue 55's HTTP frontend target (the codec rung minus the floor rung).
+LADDER_JSON_RUNGS = ("floor", "codec")
+LADDER = (
+    *(
+        System(f"ladder-{rung} {name}", f"ladder-{rung}", name, "http", caps=LADDER_CAPS)
+        for name in HTTP_PROTOCOLS
+        for rung in LADDER_RUNGS
+    ),
+    *(
+        System(
+            f"ladder-{rung} kserve-rest-json",
+            f"ladder-{rung}",
+            "kserve-rest",
+            "http",
+            REST_JSON,
+            LADDER_CAPS,
+            more=EIGHT,
+        )
+        for rung in LADDER_JSON_RUNGS
+    ),
 )
 SYSTEMS = {system.name: system for system in (*APPLIANCE, *PEERS, *LADDER)}
 # Protocols with no peer that installs here (PEERS.md §5): GRPS ships no

@@ -31,7 +31,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import callers  # noqa: E402
+from bench import callers, threads  # noqa: E402
 from bench.bench_peers import appliance_endpoints  # noqa: E402
 from bench.loadgen import ClientPool, ProcessTree  # noqa: E402
 from bench.plan import SYSTEMS, System, appliance_models, appliance_sections, spec_for  # noqa: E402
@@ -68,9 +68,9 @@ def main() -> int:
                 spy = start_py_spy(appliance.process.pid, args, Path(raw.name))
                 tree = ProcessTree(appliance.process.pid)
                 tree.refresh()
-                before, threads_before = per_process(tree), per_thread(tree)
+                before, threads_before = per_process(tree), tree.thread_times()
                 row = pool.measure(spec, args.clients, args.seconds, tree)
-                after, threads_after = per_process(tree), per_thread(tree)
+                after, threads_after = per_process(tree), tree.thread_times()
                 spy.wait(args.seconds + 60)
                 stacks = Path(raw.name).read_text()
             if args.svg:
@@ -90,9 +90,12 @@ def main() -> int:
         used = seconds - before.get(pid, (name, 0.0))[1]
         if used > 0.005:
             print(f"  {used / max(1, row['requests']) * 1e6:8.0f}  {name} ({pid})")
-    print("\nCPU µs per request by thread (psutil; 3 µs and up):")
-    for key, (name, seconds) in sorted(threads_after.items(), key=lambda item: -item[1][1]):
-        used = (seconds - threads_before.get(key, (name, 0.0))[1]) / max(1, row["requests"]) * 1e6
+    print("\nCPU µs per request by thread kind (bench/threads.py):")
+    for kind in threads.ordered(row["threads_us"]):
+        print(f"  {row['threads_us'][kind]:8.0f}  {kind}")
+    print("\nCPU µs per request by thread (bench/threads.py; 3 µs and up):")
+    by_name = threads.per_request(threads_before, threads_after, row["requests"], thread_name)
+    for name, used in sorted(by_name.items(), key=lambda item: -item[1]):
         if used >= 3:
             print(f"  {used:8.0f}  {name}")
     summarise(stacks, args.top, row["requests"])
@@ -109,21 +112,10 @@ def per_process(tree: ProcessTree) -> dict[int, tuple[str, float]]:
     return out
 
 
-def per_thread(tree: ProcessTree) -> dict[tuple[int, int], tuple[str, float]]:
-    """CPU seconds so far of each thread in the tree, named "process title: thread name".
-
-    py-spy sees only Python threads; ZeroMQ's and grpcio's native threads show here.
-    """
-    out = {}
-    for process in tree.processes:
-        with contextlib.suppress(psutil.Error, OSError):
-            title = " ".join(process.cmdline())[:45].strip()
-            for thread in process.threads():
-                comm = Path(f"/proc/{process.pid}/task/{thread.id}/comm")
-                name = comm.read_text().strip() if comm.exists() else str(thread.id)
-                seconds = thread.user_time + thread.system_time
-                out[(process.pid, thread.id)] = (f"{title}: {name}", seconds)
-    return out
+def thread_name(thread: threads.ThreadTime) -> str:
+    """The process title and the thread name: py-spy sees only Python threads, ZeroMQ's and
+    grpcio's native threads show here."""
+    return f"{thread.title[:45].strip()}: {thread.name}"
 
 
 def start_py_spy(

@@ -4,7 +4,8 @@ Serves bench_peers' ``identity`` with tritonserver 2.51 (its Python backend,
 bench/triton_peer.py) and with the appliance (bench_peers' config), drives
 each with the same clients (bench/loadgen.py), one server after the other,
 and prints per server: the load's row, CPU per request of each thread of its
-process tree (psutil; threads of one name summed), and, with ``--perf``, the
+process tree (bench/threads.py: by thread kind, then threads of one name
+summed), and, with ``--perf``, the
 same CPU split by the library it ran in (``perf record -e cpu-clock`` on
 every process of the tree; ``[kernel]`` is the kernel's share, ``python``
 the interpreter's). So the rung-by-rung difference of one request is on one
@@ -29,12 +30,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import callers, triton_peer  # noqa: E402
+from bench import callers, threads, triton_peer  # noqa: E402
 from bench.bench_peers import appliance_endpoints  # noqa: E402
 from bench.loadgen import ClientPool, ProcessTree  # noqa: E402
 from bench.plan import SYSTEMS, appliance_models, appliance_sections, spec_for  # noqa: E402
@@ -89,21 +88,18 @@ def profile(pool: ClientPool, spec: dict[str, Any], pid: int, args: Any) -> dict
     pool.measure(spec, args.clients, 1.0)
     tree = ProcessTree(pid)
     tree.refresh()
-    before = per_thread(tree)
+    before = tree.thread_times()
     with perf_recording(tree, args.seconds + 2) if args.perf else contextlib.nullcontext() as perf:
         row = pool.measure(spec, args.clients, args.seconds, tree)
-    after = per_thread(tree)
-    requests = max(1, row["requests"])
-    threads: dict[str, float] = defaultdict(float)
-    for key, (name, seconds) in after.items():
-        threads[name] += (seconds - before.get(key, (name, 0.0))[1]) / requests * 1e6
+    after = tree.thread_times()
+    by_name = threads.per_request(before, after, row["requests"], thread_name)
     libraries = perf() if perf is not None else {}
     total = sum(libraries.values()) or 1
     # perf's samples say which library; psutil's CPU says how much: the shares scale the total.
     server_us = row["server_cpu_us"]
     return {
         "row": row,
-        "threads": threads,
+        "threads": by_name,
         "libraries": {lib: share / total * server_us for lib, share in libraries.items()},
     }
 
@@ -146,18 +142,9 @@ def by_library(data: Path) -> dict[str, float]:
     return found
 
 
-def per_thread(tree: ProcessTree) -> dict[tuple[int, int], tuple[str, float]]:
-    """CPU seconds so far of each thread of ``tree``: "process name: thread name"."""
-    out = {}
-    for process in tree.processes:
-        with contextlib.suppress(psutil.Error, OSError):
-            title = process.name()[:32]
-            for thread in process.threads():
-                comm = Path(f"/proc/{process.pid}/task/{thread.id}/comm")
-                name = comm.read_text().strip() if comm.exists() else "?"
-                key = f"{title}: {NUMBERED.sub('', name)}"
-                out[(process.pid, thread.id)] = (key, thread.user_time + thread.system_time)
-    return out
+def thread_name(thread: threads.ThreadTime) -> str:
+    """The process title and the thread name, a thread's number dropped so a pool sums."""
+    return f"{thread.title[:32]}: {NUMBERED.sub('', thread.name)}"
 
 
 def report(system: str, found: dict[str, Any]) -> None:
@@ -166,7 +153,10 @@ def report(system: str, found: dict[str, Any]) -> None:
         f"\n{system} c={row['concurrency']}: {row['rps']:.0f} req/s, p50 {row['p50_ms']:.3f} ms, "
         f"server {row['server_cpu_us']:.0f} µs CPU/req, clients {row['client_cpu_us']:.0f}"
     )
-    print("  CPU µs per request by thread (psutil; 2 µs and up, same names summed):")
+    print("  CPU µs per request by thread kind (bench/threads.py):")
+    for kind in threads.ordered(row.get("threads_us", {})):
+        print(f"    {row['threads_us'][kind]:7.0f}  {kind}")
+    print("  CPU µs per request by thread (bench/threads.py; 2 µs and up, same names summed):")
     for name, used in sorted(found["threads"].items(), key=lambda item: -item[1]):
         if used >= 2:
             print(f"    {used:7.0f}  {name}")
