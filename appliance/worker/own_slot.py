@@ -7,14 +7,9 @@ when it changes or falls due, not on every loop turn: a write is shared
 memory the master and every frontend read.
 
 Counters are added up in the process and written at once when the worker
-goes idle or every COUNTERS_S, so a busy worker does not write them per
-request, and statistics asked right after an answer include it. The metrics
-histograms of the batches (appliance/metrics.py) are written every
-METRICS_S only, busy or idle: each write is a prometheus_client value update
-(a lock, a getpid, a file write) per bucket and sum, and a worker that
-answers one client goes idle after every request (PERF: that was a fifth
-of its CPU per request). An idle worker still wakes for its heartbeat, which
-writes what is left.
+goes idle or every COUNTERS_S, with the metrics histograms of the batches
+(appliance/metrics.py), so a busy worker does not write them per request,
+and statistics or metrics asked right after an answer include it.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ from appliance.metrics import flush_batches
 
 HEARTBEAT_S = 0.25
 COUNTERS_S = 0.1
-METRICS_S = 0.2
 
 
 class OwnSlot:
@@ -41,7 +35,6 @@ class OwnSlot:
         self.counts = [0] * N_COUNTERS
         self._dirty = False
         self._counts_at = 0.0
-        self._metrics_at = 0.0
         self._depth = -1
         self._beat_at = 0.0
         self._ring_shown = (-1, -1)
@@ -80,20 +73,13 @@ class OwnSlot:
         if now >= self._beat_at:
             self._writes.beat(now)
             self._beat_at = now + HEARTBEAT_S
-            if now >= self._metrics_at:
-                self.flush_metrics(now)
 
     def flush_counts(self, now: float) -> None:
         self._writes.add_all(self.counts)
+        flush_batches()
         self.counts = [0] * N_COUNTERS
         self._dirty = False
         self._counts_at = now + COUNTERS_S
-        if now >= self._metrics_at:
-            self.flush_metrics(now)
-
-    def flush_metrics(self, now: float) -> None:
-        flush_batches()
-        self._metrics_at = now + METRICS_S
 
     def show_device_memory(self) -> None:
         if devices.is_cuda(self._device):

@@ -399,10 +399,8 @@ class WorkerServer:
 
     def close(self) -> None:
         """Close every reply socket, flushing what it holds, and unmap segments;
-        the last counters and metrics are written first."""
-        now = time.monotonic()
-        self.own.flush_counts(now)
-        self.own.flush_metrics(now)
+        the last counters are written first."""
+        self.own.flush_counts(time.monotonic())
         self.outbox.close()
         self.mappings.close()
         if self.cuda is not None:

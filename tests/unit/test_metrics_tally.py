@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -51,3 +56,41 @@ def test_values_on_a_bound_count_in_that_bucket() -> None:
     assert 'h_bucket{le="8.0",model="m"} 3.0' in text
     assert 'h_bucket{le="+Inf",model="m"} 4.0' in text
     assert 'h_count{model="m"} 4.0' in text
+
+
+# Run apart: prometheus_client picks its multiprocess values at import, from the environment.
+_MULTIPROCESS = """
+import sys
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
+from appliance.metrics import Tally
+
+values = [0.0, 0.125, 0.75, 3.0, 1e6, 0.25, 0.25]
+bounds = (0.125, 0.25, 0.5, 1.0, 2.0, 8.0)
+observed = Histogram("observed", "help", ["model"], buckets=bounds).labels("m")
+tally = Tally(Histogram("tallied", "help", ["model"], buckets=bounds).labels("m"))
+for value in values:
+    observed.observe(value)
+    tally.observe(value)
+    if value > 1:
+        tally.flush()
+tally.flush()
+registry = CollectorRegistry()
+MultiProcessCollector(registry)
+samples = {}
+for metric in registry.collect():
+    for sample in metric.samples:
+        name = sample.name.replace(metric.name, "")
+        samples.setdefault(metric.name, {})[(name, tuple(sorted(sample.labels.items())))] = sample.value
+assert samples["observed"] == samples["tallied"], samples
+print("same")
+"""
+
+
+def test_a_tally_writes_multiprocess_files_as_observing_does(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _MULTIPROCESS], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "same"
