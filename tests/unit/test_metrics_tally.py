@@ -80,8 +80,8 @@ MultiProcessCollector(registry)
 samples = {}
 for metric in registry.collect():
     for sample in metric.samples:
-        name = sample.name.replace(metric.name, "")
-        samples.setdefault(metric.name, {})[(name, tuple(sorted(sample.labels.items())))] = sample.value
+        key = (sample.name.replace(metric.name, ""), tuple(sorted(sample.labels.items())))
+        samples.setdefault(metric.name, {})[key] = sample.value
 assert samples["observed"] == samples["tallied"], samples
 print("same")
 """
