@@ -84,6 +84,8 @@ _OFF_DEVICE_MEMORY = 488
 _OFF_RESTART_AT = 496
 _RESTART_AT = struct.Struct("<d")
 _U32 = struct.Struct("<I")
+# The counters a model worker adds to (SUCCESS .. COMPUTE_NS), and LAST_INFERENCE_MS after them.
+_WORK = struct.Struct("<7Q")
 
 
 class SlotState(enum.IntEnum):
@@ -117,6 +119,10 @@ class Counter(enum.IntEnum):
     COMPUTE_NS = 5
     LAST_INFERENCE_MS = 6  # wall clock, ms since the epoch
     RESTARTS = 7
+
+
+# A model worker's own counters, the first ones: SUCCESS .. COMPUTE_NS.
+WORK_COUNTERS = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,10 +324,6 @@ class StatusTable:
         (value,) = struct.unpack_from("<Q", self._buf, offset)
         struct.pack_into("<Q", self._buf, offset, value + amount)
 
-    def add_all(self, index: int, amounts: list[int]) -> None:
-        """Add to every counter at once; LAST_INFERENCE_MS is set to now."""
-        self.own(index).add_all(amounts)
-
     def own(self, index: int) -> OwnWrites:
         """The writes a process makes to its own slot on every batch (see OwnWrites)."""
         return OwnWrites(self, index)
@@ -361,13 +363,21 @@ class OwnWrites:
     def set_depth(self, depth: int) -> None:
         _U32.pack_into(self._buf, self._depth, depth if depth > 0 else 0)
 
-    def add_all(self, amounts: list[int]) -> None:
-        """:meth:`StatusTable.add_all` for this slot."""
-        offset = self._counters
-        values = [
-            value + amount
-            for value, amount in zip(_COUNTERS.unpack_from(self._buf, offset), amounts, strict=True)
-        ]
-        if amounts[Counter.SUCCESS] or amounts[Counter.FAIL]:
-            values[Counter.LAST_INFERENCE_MS] = int(time.time() * 1000)
-        _COUNTERS.pack_into(self._buf, offset, *values)
+    def add_work(self, amounts: list[int]) -> None:
+        """Add to the counters of the work done (SUCCESS .. COMPUTE_NS, in that order);
+        LAST_INFERENCE_MS is set to now when a request was answered."""
+        buf, offset = self._buf, self._counters
+        success, fail, batches, rows, queue_ns, compute_ns, last = _WORK.unpack_from(buf, offset)
+        if amounts[0] or amounts[1]:
+            last = int(time.time() * 1000)
+        _WORK.pack_into(
+            buf,
+            offset,
+            success + amounts[0],
+            fail + amounts[1],
+            batches + amounts[2],
+            rows + amounts[3],
+            queue_ns + amounts[4],
+            compute_ns + amounts[5],
+            last,
+        )

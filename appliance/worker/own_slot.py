@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from appliance import device as devices
 from appliance.core.ring import Ring
-from appliance.core.status import N_COUNTERS, Counter, StatusTable
+from appliance.core.status import WORK_COUNTERS, Counter, StatusTable
 from appliance.metrics import flush_batches
 
 HEARTBEAT_S = 0.25
@@ -32,7 +32,8 @@ class OwnSlot:
         self._writes = status.own(slot)
         self._ring = ring
         self._device = device
-        self.counts = [0] * N_COUNTERS
+        # The work counters (core.status.WORK_COUNTERS) added up since the last flush.
+        self.counts = [0] * WORK_COUNTERS
         self._dirty = False
         self._counts_at = 0.0
         self._depth = -1
@@ -75,9 +76,10 @@ class OwnSlot:
             self._beat_at = now + HEARTBEAT_S
 
     def flush_counts(self, now: float) -> None:
-        self._writes.add_all(self.counts)
+        self._writes.add_work(self.counts)
         flush_batches()
-        self.counts = [0] * N_COUNTERS
+        # The work counters (core.status.WORK_COUNTERS) added up since the last flush.
+        self.counts = [0] * WORK_COUNTERS
         self._dirty = False
         self._counts_at = now + COUNTERS_S
 
