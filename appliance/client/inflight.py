@@ -167,6 +167,8 @@ class InFlight:
         self.router = router
         self._status = status
         self._publish_slot = publish_slot
+        # The in-flight count is written on every call: through precomputed offsets.
+        self._depth = None if publish_slot is None else status.own(publish_slot)
         self._inline_threshold = shm.inline_threshold_bytes
         self._ring = request_ring(
             status.ring_size(ring_bytes, shm.min_ring_bytes),
@@ -297,7 +299,7 @@ class InFlight:
         entries = body.get("tensors", [])
         with self._lock:
             outputs = read_tensors(entries, reply.payloads, self._reader)
-        mine = {block.segment for block in sent}
+        mine = {block.segment for block in sent} if sent else ()
         # Outputs the worker passed through lie in a request's blocks, not in
         # its ring: this client's own, or (an ensemble's) another worker's.
         remote = [block for block in leased_blocks(body) if block.segment not in mine]
@@ -405,8 +407,8 @@ class InFlight:
         with self._lock:
             self.count += delta
             depth = self.count + self._held
-        if self._publish_slot is not None:
-            self._status.set_depth(self._publish_slot, depth)
+        if self._depth is not None:
+            self._depth.set_depth(depth)
 
     def hold(self, delta: int) -> None:
         """Count an ensemble running (+1) or done (-1) in the published depth.
@@ -509,7 +511,8 @@ def tensor_of(name: str, value: TensorLike) -> TensorOf:
     Raises:
         BadRequest: the array's element type has no appliance dtype.
     """
-    if isinstance(value, Tensor | DeviceTensor | ClientTensor | Placed):
+    # PERF: a tuple, not a union (which is built anew at each call).
+    if isinstance(value, (Tensor, DeviceTensor, ClientTensor, Placed)):  # noqa: UP038
         return value
     try:
         return Tensor.from_array(value)

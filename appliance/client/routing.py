@@ -23,8 +23,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from appliance.core.sequences import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START, sequence_of
 from appliance.core.status import SlotState, StatusTable
@@ -37,12 +36,14 @@ _DEAD = int(SlotState.DEAD)
 MAX_REMEMBERED_SEQUENCES = 65536
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
+class Target(NamedTuple):
     """An instance chosen for a request: its slot, generation and pid.
 
     ``sequence`` names the stateful sequence the request belongs to, so that
     losing the instance can tell the client which sequence's state went with it.
+
+    PERF: a tuple, made for every request; a frozen dataclass sets each field
+    through object.__setattr__.
     """
 
     slot: int
@@ -137,7 +138,7 @@ class Router:
             target = known
         else:
             chosen = self._hashed(model, slots, sequence)
-            target = replace(chosen, sequence=f"sequence {sequence!r} of model {model}")
+            target = chosen._replace(sequence=f"sequence {sequence!r} of model {model}")
         with self._lock:
             if parameters.get(SEQUENCE_END) is True:
                 self._sequences.pop(key, None)

@@ -66,6 +66,8 @@ from appliance.core.tensor import Tensor
 from appliance.errors import BadRequest, ErrorCode
 
 HEADER = struct.Struct("<2sBBHHIQdI")
+_HEADER_SIZE = HEADER.size
+_UNPACK = HEADER.unpack_from
 # PERF: a dtype's name by lookup; an enum's .value costs ten times as much.
 _NAMES = {dtype: dtype.value for dtype in DType}
 # Inline tensors up to this size are copied out whole (a copy costs less than a view here).
@@ -141,7 +143,7 @@ def from_frame(frame: bytes | memoryview) -> Message:
     Raises:
         DescriptorError: the frame is not a message of this version.
     """
-    message, end = _decode(memoryview(frame), 0)
+    message, end = _decode(memoryview(frame), 0, len(frame))
     if end != len(frame):
         raise DescriptorError(f"descriptor frame has {len(frame) - end} stray bytes")
     return message
@@ -155,10 +157,13 @@ def from_frames(frame: bytes) -> list[Message]:
             the frame's other messages are lost with it.
     """
     view = memoryview(frame)
-    message, end = _decode(view, 0)
+    size = len(view)
+    message, end = _decode(view, 0, size)
+    if end == size:
+        return [message]
     messages = [message]
-    while end < len(view):
-        message, end = _decode(view, end)
+    while end < size:
+        message, end = _decode(view, end, size)
         messages.append(message)
     return messages
 
@@ -168,35 +173,33 @@ def join_frames(frames: Sequence[bytes]) -> bytes:
     return frames[0] if len(frames) == 1 else b"".join(frames)
 
 
-def _decode(view: memoryview, start: int) -> tuple[Message, int]:
-    """The message that starts at ``start`` of ``view``, and where it ends."""
-    if len(view) - start < HEADER.size:
-        raise DescriptorError(
-            f"a message needs {HEADER.size} header bytes, got {len(view) - start}"
-        )
-    magic, version, kind, code, channel, pid, request_id, deadline, length = HEADER.unpack_from(
-        view, start
-    )
+def _decode(view: memoryview, start: int, size: int) -> tuple[Message, int]:
+    """The message that starts at ``start`` of ``view`` (``size`` bytes), and where it ends."""
+    begin = start + _HEADER_SIZE
+    if begin > size:
+        raise DescriptorError(f"a message needs {_HEADER_SIZE} header bytes, got {size - start}")
+    magic, version, kind, code, channel, pid, request_id, deadline, length = _UNPACK(view, start)
     message_kind = _KINDS.get(kind)
     if magic != MAGIC or version != VERSION or message_kind is None:
         raise DescriptorError(f"unknown descriptor {magic!r} version {version} kind {kind}")
-    begin = start + HEADER.size
     end = begin + length
-    if end > len(view):
+    if end > size:
         raise DescriptorError(f"a descriptor body of {length} bytes runs past its frame")
     try:
         body = orjson.loads(view[begin:end])
+        sizes = body.pop("inline", None)
         payloads: list[Any] = []
-        for size in body.pop("inline", None) or ():
-            # A negative size would slice backwards over the header.
-            if type(size) is not int or size < 0:
-                raise TypeError(f"inline payload size {size!r} is not a byte count")
-            payloads.append(view[end : end + size])
-            end += size
+        if sizes:
+            for nbytes in sizes:
+                # A negative size would slice backwards over the header.
+                if type(nbytes) is not int or nbytes < 0:
+                    raise TypeError(f"inline payload size {nbytes!r} is not a byte count")
+                payloads.append(view[end : end + nbytes])
+                end += nbytes
     except (orjson.JSONDecodeError, TypeError, AttributeError) as ex:
         raise DescriptorError(f"bad descriptor body: {ex}") from None
-    if end > len(view):
-        raise DescriptorError(f"inline payloads run {end - len(view)} bytes past their frame")
+    if end > size:
+        raise DescriptorError(f"inline payloads run {end - size} bytes past their frame")
     return Message(message_kind, request_id, pid, body, payloads, code, deadline, channel), end
 
 
@@ -407,16 +410,17 @@ def _placeholder(dtype: DType, shape: Sequence[int], place: Any) -> Tensor:
 
 
 def _check_shape(shape: Sequence[int]) -> None:
-    if not all(type(dim) is int and dim >= 0 for dim in shape):
-        raise ValueError(f"shape {shape!r} must hold integers >= 0")
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise ValueError(f"shape {shape!r} must hold integers >= 0")
 
 
 def _tensor(dtype: DType, shape: Sequence[int], data: Any) -> Tensor:
     _check_shape(shape)
     if dtype is DType.BYTES:
         return Tensor(dtype, shape, memoryview(data).cast("B"))
-    array = np.frombuffer(data, dtype=to_numpy(dtype))
-    return Tensor(dtype, shape, array.reshape(tuple(shape)))
+    array = np.frombuffer(data, dtype=to_numpy(dtype)).reshape(shape)
+    return Tensor(dtype, array.shape, array)
 
 
 def block_list(blocks: Iterable[Block]) -> list[list[Any]]:

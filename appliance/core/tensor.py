@@ -34,10 +34,11 @@ class TensorSpec:
     optional: bool = False
 
     def matches_shape(self, shape: Sequence[int]) -> bool:
-        if len(shape) != len(self.shape):
+        declared = self.shape
+        if len(shape) != len(declared):
             return False
         # PERF: a plain loop; this runs for every input of every request.
-        for want, got in zip(self.shape, shape, strict=True):
+        for want, got in zip(declared, shape):  # noqa: B905, SIM110 (same lengths; no genexpr)
             if want != got and want != -1:
                 return False
         return True

@@ -62,6 +62,17 @@ def choose_encoding(accept: str | None) -> str | None:
     """Pick gzip or deflate from an Accept-Encoding header, or None."""
     if not accept:
         return None
+    # PERF: a client sends the same header on every request; its answer is kept.
+    known = _CHOSEN.get(accept, _UNKNOWN)
+    if known is not _UNKNOWN:
+        return known
+    chosen = _choose(accept)
+    if len(_CHOSEN) < _CHOSEN_MAX:
+        _CHOSEN[accept] = chosen
+    return chosen
+
+
+def _choose(accept: str) -> str | None:
     wanted: dict[str, float] = {}
     for part in accept.split(","):
         token, _, rest = part.strip().partition(";")
@@ -76,6 +87,13 @@ def choose_encoding(accept: str | None) -> str | None:
         if wanted.get(name, 0.0) > 0:
             return name
     return None
+
+
+# Answers of choose_encoding, by header; a few distinct headers are all a server sees,
+# and a bound keeps clients that vary theirs from growing it.
+_CHOSEN: dict[str, str | None] = {}
+_CHOSEN_MAX = 256
+_UNKNOWN = "?"
 
 
 def encode_content(body: bytes, encoding: str) -> bytes:
