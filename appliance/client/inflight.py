@@ -512,7 +512,7 @@ def tensor_of(name: str, value: TensorLike) -> TensorOf:
         BadRequest: the array's element type has no appliance dtype.
     """
     # PERF: a tuple, not a union (which is built anew at each call).
-    if isinstance(value, (Tensor, DeviceTensor, ClientTensor, Placed)):  # noqa: UP038
+    if isinstance(value, (Tensor, DeviceTensor, ClientTensor, Placed)):
         return value
     try:
         return Tensor.from_array(value)
