@@ -2,7 +2,8 @@
 
 Most requests are a prediction whose inputs are numeric tensors, inline in
 the descriptor or in the client's ring, each declared by the model, with no
-sequence, GPU or derivative fields. :class:`PlainRequests` turns such a
+sequence, priority, GPU or derivative fields, to a model without sequences
+or priority levels. :class:`PlainRequests` turns such a
 request into its :class:`Pending` in one pass over its tensor entries,
 straight into arrays, with what the model's declarations allow worked out
 once at load.
@@ -31,6 +32,7 @@ from appliance.core.sequences import SEQUENCE_PARAMETERS
 from appliance.worker.batcher import ANY_REQUEST, PREDICT, batch_key
 from appliance.worker.passthrough import Span
 from appliance.worker.pending import Pending
+from appliance.worker.queueing import PRIORITY
 
 # An input the fast path reads: its dtype's name, numpy dtype and declared shape.
 Declared = tuple[str, np.dtype[Any], tuple[int, ...]]
@@ -103,7 +105,11 @@ class PlainRequests:
         parameters = body.get("params")
         if parameters is None:
             parameters = {}
-        elif type(parameters) is not dict or not SEQUENCE_PARAMETERS.isdisjoint(parameters):
+        elif (
+            type(parameters) is not dict
+            or PRIORITY in parameters
+            or not SEQUENCE_PARAMETERS.isdisjoint(parameters)
+        ):
             return None
         outputs = body.get("outputs")
         if outputs is not None and not self._known_outputs(outputs):

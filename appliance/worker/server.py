@@ -143,10 +143,11 @@ class WorkerServer:
         )
         self.queueing = None if scheduling is None else Queueing(scheduling, loaded.metadata.name)
         self.reshapes = reshapes
-        # A sequence's steps are admitted by its Sequences (the general path).
+        # A sequence's steps are admitted by its Sequences, and a request's
+        # priority picks its place in the queue: both on the general path.
         self.plain = (
             None
-            if sequences is not None
+            if sequences is not None or scheduling is not None
             else PlainRequests.serving(loaded.metadata, self.model.per_request, passthrough)
         )
         self.streams = Streams(loaded.model, loaded.metadata, status, slot, self.sequences)
@@ -335,14 +336,17 @@ class WorkerServer:
             ApplianceError: what is wrong with it, or why it cannot queue.
         """
         body = message.body
+        plain = self.plain
+        pending = None if plain is None else plain.take(message, self.mappings.reader)
+        if pending is not None:
+            if "trace" in body:
+                traces.accepted(pending)
+            return pending
         level = 0
         priority = take_priority(body)
         if self.queueing is not None:
             level = self.queueing.level(priority)
-        plain = self.plain
-        pending = None if plain is None else plain.take(message, self.mappings.reader)
-        if pending is None:
-            pending = self._checked(message)
+        pending = self._checked(message)
         if "trace" in body:
             traces.accepted(pending)
         if self.queueing is not None:
