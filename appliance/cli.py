@@ -16,10 +16,12 @@ from pathlib import Path
 
 import orjson
 
-from appliance import logs, triton_flags
-from appliance.config import DEFAULT_CONFIG, ConfigError
-from appliance.config_reader import from_dict, load
+from appliance import roles
+from appliance.config.reader import from_dict, load
+from appliance.config.settings import DEFAULT_CONFIG, ConfigError
 from appliance.core.tree import Tree
+from appliance.formats.triton import command_line as triton_flags
+from appliance.observability import logs
 
 log = logging.getLogger("appliance")
 
@@ -83,24 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     ctl.add_argument("model", nargs="?", help="load/unload: the model's name")
 
     child = commands.add_parser("child", help="(internal) how the master starts its children")
-    child.add_argument("role", choices=["model", "http", "grpc", "mip", "zygote"])
-    child.add_argument("--tree-dir", type=Path, required=True)
-    child.add_argument("--master-pid", type=int, required=True)
-    child.add_argument("--slot", type=int, required=True)
-    child.add_argument("--generation", type=int, required=True)
-    child.add_argument("--model", default="")
-    child.add_argument("--snapshot", type=Path, help="model: the config snapshot to load")
-    child.add_argument("--port", type=int, default=0)
-    child.add_argument(
-        "--listen-fd", type=int, help="HTTP and gRPC: the inherited listening socket"
-    )
-    child.add_argument("--listen-fds", default="", help="MIP: the listeners' sockets, fd,...")
-    child.add_argument("--metrics-port", type=int, help="HTTP: the port of /metrics alone")
-    child.add_argument("--metrics-fd", type=int, help="HTTP: that port's inherited socket")
-    child.add_argument("--worker-slots", default="0:0")
-    child.add_argument("--index", type=int, default=0)
-    child.add_argument("--listeners", default="", help="MIP: port=model,...")
-    child.add_argument("--socket-fd", type=int, help="zygote: its socket to the master")
+    roles.add_arguments(child)
     return parser
 
 
@@ -167,8 +152,8 @@ def _shm_size(args: argparse.Namespace) -> int:
 
 
 def _ctl(args: argparse.Namespace) -> int:
-    from appliance.ctl import ControlError, request
-    from appliance.ctl_format import format_status
+    from appliance.processes.control import ControlError, request
+    from appliance.processes.status_format import format_status
 
     try:
         path = args.socket or Tree("", load(args.config).resolved_run_dir()).control_path
@@ -210,26 +195,9 @@ def _summary(action: str, reply: dict[str, object]) -> str:
 
 
 def _child(args: argparse.Namespace) -> int:
-    common = (args.tree_dir, args.master_pid, args.slot)
-    if args.role == "model":
-        from appliance.worker import main as worker
+    if args.role != "zygote":
+        return roles.run(args)
+    # Imported here: what the zygote preloads is a model worker's, not the CLI's.
+    from appliance import zygote
 
-        return worker.run(*common, args.generation, args.model, args.snapshot)
-    if args.role == "zygote":
-        from appliance import zygote
-
-        return zygote.run(*common, args.socket_fd)
-    if args.role == "http":
-        from appliance.frontends import http
-
-        metrics = (args.metrics_port, args.metrics_fd) if args.metrics_fd is not None else None
-        return http.run(*common, args.port, args.listen_fd, args.worker_slots, metrics)
-    if args.role == "grpc":
-        from appliance.frontends import grpc
-
-        return grpc.run(*common, args.listen_fd, args.index)
-    from appliance.frontends import mip
-    from appliance.listeners import parse_fds
-
-    listeners = mip.parse_listeners(args.listeners)
-    return mip.run(*common, listeners, parse_fds(args.listen_fds), args.index)
+    return zygote.run(args.tree_dir, args.master_pid, args.slot, args.socket_fd)

@@ -40,11 +40,12 @@ import orjson
 
 # Imported here, before any fork, so that every worker shares them: the
 # worker's own modules and what they pull in (numpy, pyzmq, prometheus_client).
-from appliance import cli, logs
-from appliance.config_reader import read_snapshot
+from appliance import roles
+from appliance.config.reader import read_snapshot
 from appliance.core.status import SlotState, StatusTable
 from appliance.core.tree import Tree
-from appliance.process import become_child
+from appliance.observability import logs
+from appliance.processes.lifetime import become_child
 from appliance.worker import main as _worker_main  # noqa: F401
 
 log = logging.getLogger("appliance.zygote")
@@ -154,7 +155,7 @@ def _become_worker(argv: list[str], master_pid: int, channel: socket.socket, go:
         # As an exec'd child: its own session, so a terminal's Ctrl-C reaches only the master.
         os.setsid()
         _fresh_process_state()
-        code = cli.main(["child", *argv])
+        code = roles.main(argv)
     except SystemExit as ex:
         code = ex.code if isinstance(ex.code, int) else 1
     except BaseException:

@@ -58,7 +58,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from appliance.config_reader import load  # noqa: E402
+from appliance.config.reader import load  # noqa: E402
 from bench import servers  # noqa: E402
 from bench.doc_tables import PAGE, update  # noqa: E402
 from bench.loadgen import write_results  # noqa: E402
@@ -254,7 +254,9 @@ def measure_appliance(variant: str, models: list[tuple[str, str]], repo: Path) -
         rows = appliance.processes()
         workers = {int(row["pid"]) for row in rows if row["model"] and row["pid"]}
         forked = appliance.log().count("forked model[")
-        memory = tree_memory(appliance.process.pid, f"appliance-{appliance.tree}-", workers)
+        memory = tree_memory(
+            appliance.process.pid, f"appliance-{appliance.tree}-", workers
+        )
         base = f"http://127.0.0.1:{appliance.ports['http']}"
         calls = latencies(base, models)
         large = large_config(appliance, base, models) if len(models) >= LARGE else {}

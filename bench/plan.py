@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from appliance import sizing
+from appliance.config import sizing
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20

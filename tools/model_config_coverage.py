@@ -9,7 +9,7 @@ The fields come from the schema itself, the ModelConfig descriptor of
 a field is named by its dotted path (``dynamic_batching.default_queue_policy.
 timeout_action``; a map of messages, such as ``parameters``, continues into
 its value's fields). The statuses are :data:`TABLE` below, written from what
-``appliance/pbtxt.py`` does with each field: read into the model's settings
+``appliance/formats/triton/config_pbtxt.py`` does with each field: read into the model's settings
 (served), a ``PbtxtError`` naming it (refused), or one of its notes, which the
 model's worker logs once at load (logged and ignored); two fields are read
 by nothing and noted by nothing (silently ignored). A row of :data:`SUBTREES`
@@ -37,8 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from appliance import pbtxt  # noqa: E402
 from appliance._generated import triton_model_config_pb2 as mc  # noqa: E402
+from appliance.formats.triton import config_pbtxt as pbtxt  # noqa: E402
 
 PAGE = ROOT / "docs" / "reference" / "triton-model-config.md"
 PROTO = "protos/triton_model_config.proto"
@@ -302,7 +302,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "ensemble_scheduling.step": (
         SERVED,
         "model_name, model_version (-1 the newest), input_map and output_map, run as "
-        "appliance/ensembles.py runs a TOML ensemble.",
+        "appliance/config/ensembles.py runs a TOML ensemble.",
     ),
     "ensemble_scheduling.step.model_namespace": (
         NOTED,
@@ -512,7 +512,7 @@ def render(table: Mapping[str, tuple[str, str]] = TABLE) -> str:
         f"{PROTO}; make docs-reference rewrites it. -->",
         "",
         "What the appliance does with each field of a model's `config.pbtxt` (Triton's "
-        f"ModelConfig, `{PROTO}`), as `appliance/pbtxt.py` reads it:",
+        f"ModelConfig, `{PROTO}`), as `appliance/formats/triton/config_pbtxt.py` reads it:",
         "",
         f"- **{SERVED}**: read into the model's settings and acted on as Triton acts on it;",
         f"- **{REFUSED}**: the model fails to load, with the field named in its status;",

@@ -213,7 +213,7 @@ def served_probabilities(
     """Run the held-out images through the three served models."""
     # Imported here because the repository root joins sys.path only at run time.
     from appliance.demos.digits import Digits
-    from appliance.repository import scan
+    from appliance.formats.repository import scan
     from appliance.runtimes.onnx import OnnxModel
     from appliance.runtimes.torchscript import TorchScriptModel
 

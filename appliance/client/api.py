@@ -38,7 +38,6 @@ import numpy.typing as npt
 import orjson
 import zmq
 
-from appliance import tracing
 from appliance.client import control
 from appliance.client.aio import AsyncChannel
 from appliance.client.cache import OPTION as cache_option
@@ -56,15 +55,16 @@ from appliance.client.inflight import (
 from appliance.client.restarts import RestartWaits
 from appliance.client.routing import Router, Target
 from appliance.client.stream import StreamCall
-from appliance.config import ApplianceConfig, ConfigError, EnsembleConfig, ModelConfig
-from appliance.config_reader import read_snapshot
+from appliance.config.reader import read_snapshot
+from appliance.config.settings import ApplianceConfig, ConfigError, EnsembleConfig, ModelConfig
 from appliance.core.device_tensors import OPEN_REGION, CudaPlace
 from appliance.core.metadata import ModelMetadata
 from appliance.core.status import Counter, SlotState, StatusTable
 from appliance.core.tree import Tree
 from appliance.errors import ApplianceError, ErrorCode, ModelNotFound, ModelNotReady, Unsupported
-from appliance.metrics import record_call
-from appliance.process import pid_alive
+from appliance.observability import tracing
+from appliance.observability.metrics import record_call
+from appliance.processes.lifetime import pid_alive
 
 _DEFAULT_MODEL_CONFIG = ModelConfig("", "")
 METADATA_RECHECK_S = 1.0
@@ -272,7 +272,7 @@ class ModelClient:
         body = request_body(model, "stream", outputs, parameters, None)
         if request_id:
             body["id"] = request_id
-        return StreamCall(self, channel, body, inputs, timeout_s)
+        return StreamCall(self._pick, self._flight, channel, body, inputs, timeout_s)
 
     stream = stream_in_thread(_stream)
     stream_async = stream_in_loop(_stream)

@@ -32,7 +32,7 @@ import orjson
 from appliance.client.inflight import InferResult
 from appliance.core import dtypes
 from appliance.core.tensor import Tensor
-from appliance.metrics import record_cache
+from appliance.observability.metrics import record_cache
 
 OPTION = "response_cache"
 # What an entry costs beyond its outputs' bytes (the key, the dict, the arrays).

@@ -1,6 +1,6 @@
 """The control plane as the client API offers it: load, unload, online/offline, status.
 
-These go to the master's control socket (appliance.ctl); protocols reach
+These go to the master's control socket (appliance.processes.control); protocols reach
 them through :class:`~appliance.client.api.ModelClient`, never the socket.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 from appliance.client import inline
 from appliance.client.routing import Router
 from appliance.core.tree import Tree
-from appliance.ctl import request
 from appliance.errors import ControlError, ModelNotReady, error_from_code
+from appliance.processes.control import request
 
 LOAD_POLL_S = 0.05
 

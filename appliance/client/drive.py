@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from appliance.client.aio import AsyncChannel
 from appliance.client.channel import Channel
 from appliance.client.inflight import Call, InferResult, Outbox
+from appliance.client.routing import Target
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -37,6 +38,14 @@ Step = float | Call
 Steps = Generator[Step, None, T]
 # A whole call: its pauses and waits, then (yielded last) its result.
 Run = Generator[Step | T, None, None]
+
+
+class Pick(Protocol):
+    """How a call's instance is chosen: the client's one place that picks (ModelClient._pick)."""
+
+    def __call__(
+        self, model: str, timeout_s: float | None, parameters: Mapping[str, Any] | None
+    ) -> Steps[tuple[Target, float]]: ...
 
 
 class Client(Protocol):

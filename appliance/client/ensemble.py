@@ -1,6 +1,6 @@
 """Ensembles: a graph of served models, run by the client API, with no copy between steps.
 
-An ensemble (appliance/ensembles.py) has no worker of its own. A call to it
+An ensemble (appliance/config/ensembles.py) has no worker of its own. A call to it
 runs its steps from here, each an ordinary call to its model (routed,
 batched, counted and timed as any other), and every protocol calls an
 ensemble as it calls a model.
@@ -35,10 +35,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from appliance import tracing
-from appliance.client.drive import Run, Steps
+from appliance.client.drive import Pick, Run, Steps
 from appliance.client.inflight import (
     Call,
     InferResult,
@@ -49,8 +48,9 @@ from appliance.client.inflight import (
     request_body,
     tensor_of,
 )
-from appliance.client.routing import Router, Target
-from appliance.config import ENSEMBLE, EnsembleConfig
+from appliance.client.routing import Router
+from appliance.config.ensembles import order
+from appliance.config.settings import ENSEMBLE, EnsembleConfig
 from appliance.core.client_memory import ClientTensor
 from appliance.core.descriptor import Placed
 from appliance.core.device_tensors import CudaPlace
@@ -59,7 +59,6 @@ from appliance.core.metadata import ModelMetadata
 from appliance.core.ring import Block
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor, TensorSpec
-from appliance.ensembles import order
 from appliance.errors import (
     ApplianceError,
     BadRequest,
@@ -69,18 +68,11 @@ from appliance.errors import (
     ModelNotReady,
     error_from_code,
 )
-from appliance.metrics import call_totals, record_call
+from appliance.observability import tracing
+from appliance.observability.metrics import call_totals, record_call
 
 _SUPPORTS = {"predict": True, "predict_stream": False}
 _SUPPORTS |= dict.fromkeys(("gradient", "apply_jacobian", "apply_hessian"), False)
-
-
-class Pick(Protocol):
-    """How a step's instance is chosen: the client's one place that picks."""
-
-    def __call__(
-        self, model: str, timeout_s: float | None, parameters: Mapping[str, Any] | None
-    ) -> Steps[tuple[Target, float]]: ...
 
 
 @dataclass(frozen=True, slots=True)

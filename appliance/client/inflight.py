@@ -30,7 +30,7 @@ import orjson
 import zmq
 
 from appliance.client.routing import Router, Target
-from appliance.config import ShmConfig
+from appliance.config.settings import ShmConfig
 from appliance.core.client_memory import ClientTensor
 from appliance.core.descriptor import (
     Kind,
@@ -50,7 +50,7 @@ from appliance.core.status import StatusTable
 from appliance.core.tensor import Tensor
 from appliance.core.tree import owner_pid
 from appliance.errors import BadRequest, ShmExhausted, error_from_code
-from appliance.process import pid_alive
+from appliance.processes.lifetime import pid_alive
 
 # A DeviceTensor is an input in a client's GPU memory (KServe CUDA shared memory),
 # a ClientTensor one in a client's file (system shared memory), read when placed,

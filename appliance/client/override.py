@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 
-from appliance import repository
 from appliance.errors import BadRequest
+from appliance.formats import repository
 
 # Triton's keys -> the [[models]] key each one sets.
 KNOWN = ("max_batch_size", "instance_group", "dynamic_batching", "name")

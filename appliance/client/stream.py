@@ -5,15 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from appliance.client.drive import Run
-from appliance.client.inflight import Call, InferResult, Outbox, TensorLike
+from appliance.client.drive import Pick, Run
+from appliance.client.inflight import Call, InferResult, InFlight, Outbox, TensorLike
 from appliance.errors import ApplianceError, ErrorCode
-from appliance.metrics import record_call
-
-if TYPE_CHECKING:
-    from appliance.client.api import ModelClient
+from appliance.observability.metrics import record_call
 
 
 class StreamCall:
@@ -21,23 +18,22 @@ class StreamCall:
 
     def __init__(
         self,
-        client: ModelClient,
+        pick: Pick,
+        flight: InFlight,
         channel: Outbox,
         body: dict[str, Any],
         inputs: Mapping[str, TensorLike],
         timeout_s: float | None,
     ) -> None:
-        self._client = client
-        self._flight = client._flight
+        self._pick = pick
+        self._flight = flight
         self._request = (channel, body, inputs, timeout_s)
         self._call: Call | None = None
         self._started = 0.0
 
     def open(self) -> Run[None]:
         channel, body, inputs, timeout_s = self._request
-        target, deadline = yield from self._client._pick(
-            body["model"], timeout_s, body.get("params")
-        )
+        target, deadline = yield from self._pick(body["model"], timeout_s, body.get("params"))
         self._call = self._flight.send(channel, target, deadline, body, inputs)
         yield None
 
@@ -56,7 +52,7 @@ class StreamCall:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """End the stream; count it (see appliance.metrics) whichever way it ended."""
+        """End the stream; count it (see appliance.observability.metrics) whichever way it ended."""
         if self._call is not None:
             self._flight.end_stream(self._call)
         model = self._request[1]["model"]

@@ -2,7 +2,7 @@
 
 asyncio's own server takes every connection waiting (up to its backlog)
 each time its socket turns readable. On a socket that several processes
-share (the master's, see ``appliance/listeners.py``), the first process to
+share (the master's, see ``appliance/config/listeners.py``), the first process to
 wake would then take the whole run of connections that arrived together,
 and its siblings none: clients that connect at once and keep their
 connections would all load one process. Taking one connection per turn of

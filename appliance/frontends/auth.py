@@ -41,7 +41,7 @@ import falcon
 import grpc
 import orjson
 
-from appliance.config import ApplianceConfig, read_tokens
+from appliance.config.settings import ApplianceConfig, read_tokens
 from appliance.frontends.observe import Context, Wrap, protocol_of_path, rebuild
 from appliance.protocols.grpc_server import Handler
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance import tracing
 from appliance.client.api import ModelClient
-from appliance.config import ApplianceConfig
-from appliance.config_reader import read_snapshot
+from appliance.config.reader import read_snapshot
+from appliance.config.settings import ApplianceConfig
 from appliance.core.status import StatusTable
 from appliance.core.tree import Tree
+from appliance.observability import tracing
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ until connections are admitted again. Connections already open are served
 as before.
 
 The master raises its soft limit to the hard one at start
-(``appliance.process.raise_descriptor_limit``), and every child inherits it.
+(``appliance.processes.lifetime.raise_descriptor_limit``), and every child inherits it.
 """
 
 from __future__ import annotations

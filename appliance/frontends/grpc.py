@@ -24,18 +24,18 @@ from pathlib import Path
 
 import grpc
 
-from appliance import logs
-from appliance.config import ApplianceConfig
+from appliance.config.listeners import ListenerError, inherited
+from appliance.config.settings import ApplianceConfig
 from appliance.core.status import SlotState
-from appliance.exitcodes import ExitCode
 from appliance.frontends import auth, loops
 from appliance.frontends.context import FrontendContext
 from appliance.frontends.descriptors import Descriptors
 from appliance.frontends.grpc_listener import serve_on
 from appliance.frontends.grpc_registry import Registry, chain
 from appliance.frontends.observe import observe_grpc
-from appliance.listeners import ListenerError, inherited
-from appliance.process import become_child
+from appliance.observability import logs
+from appliance.processes.exitcodes import ExitCode
+from appliance.processes.lifetime import become_child
 from appliance.protocols import health_grpc
 from appliance.protocols.grps import grpc as grps_grpc
 from appliance.protocols.kserve import grpc as kserve_grpc

@@ -38,7 +38,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from appliance.listeners import ListenerError
+from appliance.config.listeners import ListenerError
 
 _EPOLL_CTL_ADD = 1
 

@@ -22,7 +22,6 @@ from typing import Any
 import falcon.asgi
 from gunicorn.app.base import BaseApplication
 
-from appliance import logs
 from appliance.client.api import ModelClient
 from appliance.core.status import Role, SlotState
 from appliance.frontends import auth
@@ -30,7 +29,8 @@ from appliance.frontends.context import FrontendContext
 from appliance.frontends.metrics import MetricsResource
 from appliance.frontends.observe import HttpObserver
 from appliance.frontends.slots import claim_slot
-from appliance.process import become_child
+from appliance.observability import logs
+from appliance.processes.lifetime import become_child
 from appliance.protocols.dashboard import rest as dashboard_rest
 from appliance.protocols.graphpipe import rest as graphpipe_rest
 from appliance.protocols.grps import rest as grps_rest

@@ -50,7 +50,7 @@ from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
 from appliance.frontends.descriptors import Descriptors
-from appliance.process import die_with_parent
+from appliance.processes.lifetime import die_with_parent
 
 # Bodies up to this size must arrive within http.read_timeout_s; larger ones
 # may take longer, each wait for more bytes bounded by http.io_timeout_s.

@@ -1,9 +1,10 @@
 """GET /metrics: Prometheus text for the whole tree, from any HTTP worker.
 
 Counters and histograms come from every process's multiprocess files (see
-``appliance/metrics.py``), merged by ``appliance/metric_files.py``. Gauges are read at
-scrape time: readiness, queue depths and ring occupancy from the status
-table, and restarts, RSS and CPU of every process from the master (one
+``appliance/observability/metrics.py``), merged by
+``appliance/observability/metric_files.py``. Gauges are read at scrape
+time: readiness, queue depths and ring occupancy from the status table, and
+restarts, RSS and CPU of every process from the master (one
 control-socket call per scrape). Triton's families (``nv_inference_*``,
 ``nv_cpu_*``) come beside them from the same counters (triton_metrics.py).
 """
@@ -24,7 +25,7 @@ from appliance.core.segment import Space, held_by
 from appliance.core.status import Role, SlotState
 from appliance.core.tree import PREFIX
 from appliance.frontends import triton_metrics
-from appliance.metric_files import MetricFiles
+from appliance.observability.metric_files import MetricFiles
 from appliance.protocols.web import blocking
 
 

@@ -2,7 +2,7 @@
 
 MIP has no model field, so each configured listener (a port) serves one
 model; every MIP process accepts from every port's socket, which the master
-owns and passes down (``appliance.listeners``), so a MIP process that dies
+owns and passes down (``appliance.config.listeners``), so a MIP process that dies
 takes no queued connection with it. A connection may carry one
 request (as KubeMo's client sends) or many, pipelined: the next request may
 arrive before the last reply was read; up to PIPELINE_DEPTH of them run at
@@ -32,17 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from appliance import logs
 from appliance.client.api import ModelClient
-from appliance.config import ApplianceConfig, MipConfig
+from appliance.config.listeners import ListenerError, inherited
+from appliance.config.settings import ApplianceConfig, MipConfig
 from appliance.core.status import SlotState
-from appliance.exitcodes import ExitCode
 from appliance.frontends import loops
 from appliance.frontends.acceptor import Acceptor
 from appliance.frontends.context import FrontendContext
 from appliance.frontends.descriptors import Descriptors
-from appliance.listeners import ListenerError, inherited
-from appliance.process import become_child
+from appliance.observability import logs
+from appliance.processes.exitcodes import ExitCode
+from appliance.processes.lifetime import become_child
 from appliance.protocols.mip import codec
 from appliance.protocols.mip.codec import BadVersion, ErrorCode, Event, Frame, Kind
 from appliance.protocols.mip.service import MipService

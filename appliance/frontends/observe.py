@@ -1,7 +1,7 @@
 """Per-request bookkeeping on every transport: protocol label, access line, metrics.
 
 Each request is tagged with the protocol it came in by (the client API
-records model calls under that label, see ``appliance/metrics.py``); when it
+records model calls under that label, see ``appliance/observability/metrics.py``); when it
 is answered, the frontend counts it by wire status and writes one access
 line (logger ``appliance.access``, on by default, ``server.access_log``).
 """
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import falcon
 import grpc
 
-from appliance import tracing
-from appliance.metrics import MODEL, PROTOCOL, log_access
+from appliance.observability import tracing
+from appliance.observability.metrics import MODEL, PROTOCOL, log_access
 from appliance.protocols.grpc_server import Handler
 
 # UM-Bridge's routes are the only ones that start with a capital letter.

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from appliance.core.status import Role, SlotState, StatusTable
-from appliance.process import pid_alive
+from appliance.processes.lifetime import pid_alive
 
 
 def claim_slot(status: StatusTable, first: int, count: int, lock_dir: Path, role: Role) -> int:

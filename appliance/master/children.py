@@ -24,7 +24,7 @@ from typing import Protocol
 
 from appliance.core.status import Role, SlotState, StatusTable
 from appliance.core.tree import Tree
-from appliance.exitcodes import ExitCode
+from appliance.processes.exitcodes import ExitCode
 
 log = logging.getLogger("appliance.master")
 

@@ -19,7 +19,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
-from appliance.config import ServerConfig
+from appliance.config.settings import ServerConfig
 from appliance.master.children import Child
 
 log = logging.getLogger("appliance.master")

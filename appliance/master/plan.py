@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appliance.config import ApplianceConfig, ModelConfig
+from appliance.config.settings import ApplianceConfig, ModelConfig
 from appliance.core.status import Role
 from appliance.master.children import ChildSpec
 from appliance.master.ports import Ports

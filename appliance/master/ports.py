@@ -2,7 +2,7 @@
 
 The master listens on every frontend port itself (HTTP, gRPC, each MIP
 listener) and holds the sockets for the tree's lifetime; the frontend
-processes inherit them (``appliance.listeners``). This resolves port 0 to
+processes inherit them (``appliance.config.listeners``). This resolves port 0 to
 one concrete port, fails early with a clear error when another program
 holds a port, and puts the kernel's queue of connections in the master:
 while a frontend process is killed and replaced, new connections wait in
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 
-from appliance.config import ApplianceConfig
+from appliance.config.settings import ApplianceConfig
 
 # gunicorn's own default (it listens again on the socket it is handed, with
 # its backlog): the connections the kernel queues while every process of a

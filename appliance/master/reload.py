@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from appliance.config import ApplianceConfig, ModelConfig, write_snapshot
+from appliance.config.settings import ApplianceConfig, ModelConfig, write_snapshot
 from appliance.core.status import SlotState, StatusTable
 from appliance.errors import ErrorCode
-from appliance.exitcodes import ExitCode
 from appliance.master.children import Child
 from appliance.master.plan import model_specs
+from appliance.processes.exitcodes import ExitCode
 
 log = logging.getLogger("appliance.master")
 

@@ -6,8 +6,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from appliance import sizing
-from appliance.config import ApplianceConfig, EnsembleConfig
+from appliance.config import sizing
+from appliance.config.settings import ApplianceConfig, EnsembleConfig
 from appliance.core.status import Role, SlotState, StatusTable
 from appliance.master.children import Child
 from appliance.master.stats import ProcessFigures

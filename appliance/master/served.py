@@ -19,9 +19,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from appliance import repository
-from appliance.config import ApplianceConfig, EnsembleConfig, ModelConfig
-from appliance.config_reader import load, repository_model, with_overrides
+from appliance.config.reader import load, repository_model, with_overrides
+from appliance.config.settings import ApplianceConfig, EnsembleConfig, ModelConfig
+from appliance.formats import repository
 
 
 class InlineModels:

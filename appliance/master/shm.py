@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from appliance.config import ApplianceConfig
+from appliance.config.settings import ApplianceConfig
 from appliance.core.segment import PAGE, MiB, Space, held_by, mib
 from appliance.core.tree import PREFIX
 

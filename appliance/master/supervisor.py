@@ -26,14 +26,13 @@ from typing import Any
 import orjson
 
 from appliance.client import inline
-from appliance.config import ApplianceConfig, ConfigError, write_snapshot
-from appliance.config_reader import load
+from appliance.config.reader import load
+from appliance.config.settings import ApplianceConfig, ConfigError, write_snapshot
 from appliance.core.segment import Space, mib
 from appliance.core.status import Role, SlotState, StatusTable
 from appliance.core.tree import Tree, new_tree_id
-from appliance.ctl import ControlError, request
 from appliance.errors import ShmExhausted
-from appliance.master import commands, report, served, shm, sweep, systemd, watchdog, zygote
+from appliance.master import commands, forks, report, served, shm, sweep, systemd, watchdog
 from appliance.master.children import Child
 from appliance.master.control import ControlServer
 from appliance.master.drain import Drain, Step
@@ -43,7 +42,8 @@ from appliance.master.ports import PortError, Ports
 from appliance.master.readiness import Readiness
 from appliance.master.reload import Reload
 from appliance.master.stats import ProcessStats, RequestRate
-from appliance.process import pid_alive, raise_descriptor_limit
+from appliance.processes.control import ControlError, request
+from appliance.processes.lifetime import pid_alive, raise_descriptor_limit
 
 log = logging.getLogger("appliance.master")
 
@@ -100,7 +100,7 @@ class Supervisor:
         self.rate = RequestRate()
         self.reloads = 0
         self.watchdog = watchdog.Watchdog()
-        self.zygote: zygote.Zygote | None = None
+        self.zygote: forks.Zygote | None = None
         self.shm_fit = shm.Fit(0, 0, Space(0, 0))
         self.oom = OomWatch()
 
@@ -206,7 +206,7 @@ class Supervisor:
         self.write_layout()
         self._install_signals()
         self._control = ControlServer(tree.control_path, commands.handlers(self), self.selector)
-        self.zygote = zygote.Zygote.for_config(self.config, self.allocate_slot, self.status)
+        self.zygote = forks.Zygote.for_config(self.config, self.allocate_slot, self.status)
         self.children = [*self.zygotes(), *(Child(spec) for spec in self.plan.specs)]
         log.info(
             "starting tree %s: %d models on %s, HTTP %d, gRPC %d, MIP %s (%s)",
@@ -578,7 +578,7 @@ class Supervisor:
         self.status.beat_master()
         pids = self.sample_stats()
         sweep.sweep_dead_processes(self.tree, set(pids))
-        zygote.reap_orphans(c.pid for c in self.children if c.pid)
+        forks.reap_orphans(c.pid for c in self.children if c.pid)
 
 
 def _wake_only(_signum: int, _frame: object) -> None:

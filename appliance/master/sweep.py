@@ -16,7 +16,7 @@ from pathlib import Path
 
 from appliance.core.segment import SHM_DIR
 from appliance.core.tree import PREFIX, Tree, owner_pid, tree_of
-from appliance.process import pid_alive
+from appliance.processes.lifetime import pid_alive
 
 log = logging.getLogger("appliance.master")
 

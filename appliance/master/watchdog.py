@@ -17,7 +17,7 @@ import signal
 import time
 from collections.abc import Iterable, Mapping
 
-from appliance.config import ApplianceConfig
+from appliance.config.settings import ApplianceConfig
 from appliance.core.status import SlotState, StatusTable
 from appliance.master.children import Child
 

@@ -7,7 +7,7 @@ event loops (the model client's asyncio channel, no thread hop). Some calls
 block: loading a model waits for its worker, metadata may ask a worker.
 Those run here, so the loop never stalls. Each job runs in a copy of the
 caller's context, so the per-request protocol label
-(``appliance.metrics``) follows it into the thread.
+(``appliance.observability.metrics``) follows it into the thread.
 """
 
 from __future__ import annotations

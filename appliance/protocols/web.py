@@ -20,7 +20,7 @@ import falcon
 import falcon.asgi
 
 from appliance.errors import BadRequest, TooLarge
-from appliance.metrics import MODEL
+from appliance.observability.metrics import MODEL
 from appliance.protocols.threads import Threads
 
 # The falcon app every protocol's REST routes mount into.

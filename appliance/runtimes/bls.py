@@ -41,7 +41,7 @@ from appliance.runtimes import python_backend_utils as pb_utils
 
 if TYPE_CHECKING:
     from appliance.client.api import ModelClient
-    from appliance.config import ApplianceConfig
+    from appliance.config.settings import ApplianceConfig
     from appliance.core.status import StatusTable
     from appliance.core.tree import Tree
 

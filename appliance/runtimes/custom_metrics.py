@@ -3,7 +3,7 @@
 ``MetricFamily(name, description, kind)`` and its ``Metric(labels)`` write
 into the tree's metric files, as every process of the appliance does
 (prometheus_client's multiprocess files): the /metrics endpoint of each HTTP
-worker merges them (appliance/metric_files.py) and shows them as Triton
+worker merges them (appliance/observability/metric_files.py) and shows them as Triton
 shows them, by the family's own name (a counter without the ``_total``
 prometheus_client adds), its description and type, with the metric's
 labels. A counter and a histogram sum over the model's instances; a gauge
@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client import values
 
-from appliance.metric_files import go_number
+from appliance.observability.metric_files import go_number
 
 COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
 KINDS = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}

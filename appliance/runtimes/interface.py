@@ -1,7 +1,7 @@
 """What every runtime model shares: its options, its declared tensors, batching.
 
 A runtime model is an ordinary :class:`appliance.model.Model` whose entry
-comes from a model repository (see ``appliance/repository.py``). Its options
+comes from a model repository (see ``appliance/formats/repository.py``). Its options
 carry ``path`` (the model file), ``version``, ``threads`` (intra-op threads,
 1 by default: one process per instance, so instances rather than threads
 use the cores), ``description``, and ``inputs``/``outputs`` from the model's
@@ -37,8 +37,8 @@ from appliance.core import dtypes
 from appliance.core.dtypes import DType
 from appliance.core.sequences import CORRID, Control, State, read_controls, read_states
 from appliance.core.tensor import TensorSpec
+from appliance.formats.repository import RUNTIME_PACKAGES
 from appliance.model import Model
-from appliance.repository import RUNTIME_PACKAGES
 
 log = logging.getLogger("appliance.worker")
 

@@ -48,7 +48,7 @@ import numpy as np
 from appliance.core import dtypes
 from appliance.core.dtypes import DType
 from appliance.errors import ApplianceError, BadRequest, ModelFailed, ModelNotFound
-from appliance.mlserver_settings import ADAPTIVE
+from appliance.formats.mlserver.settings import ADAPTIVE
 from appliance.model import Arrays, Outputs, OutputsWithParameters, Request
 from appliance.runtimes.interface import ModelFileError, RuntimeModel
 

@@ -46,7 +46,7 @@ import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from appliance import device as devices
+from appliance.config import device as devices
 from appliance.core.tensor import TensorSpec
 from appliance.errors import (
     ApplianceError,
@@ -206,7 +206,9 @@ class PythonBackendModel(RuntimeModel):
     def triton_config(self) -> dict[str, Any]:
         """The model's config as Triton's JSON, as ``initialize`` gets it in ``args``."""
         if self.pbtxt:
-            from appliance import pbtxt  # a protobuf parser: only for a config.pbtxt
+            from appliance.formats.triton import (
+                config_pbtxt as pbtxt,  # a protobuf parser: only for a config.pbtxt
+            )
 
             config = pbtxt.as_json(self.path.parent.parent / pbtxt.FILE)
         else:

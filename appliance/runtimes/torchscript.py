@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from appliance import device as devices
+from appliance.config import device as devices
 from appliance.core.device_tensors import on_device
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.tensor import TensorSpec

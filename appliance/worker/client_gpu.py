@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance import device as devices
+from appliance.config import device as devices
 from appliance.core.descriptor import Kind, Message
 from appliance.core.device_tensors import (
     OPEN_REGION,

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from appliance import device as devices
-from appliance.config import ModelConfig
+from appliance.config import device as devices
+from appliance.config.settings import ModelConfig
 from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import TensorSpec
 from appliance.model import Model
@@ -44,7 +44,7 @@ def load_model(
     """Import ``config.cls``, instantiate it with its options and load it.
 
     ``device`` is the instance's resolved device (see
-    :func:`appliance.device.resolve`; the config's by default), set on the
+    :func:`appliance.config.device.resolve`; the config's by default), set on the
     model before ``load()``. A runtime checks CUDA in
     its own way; for a Python model, torch must see the GPU.
 

@@ -17,19 +17,20 @@ from typing import Any
 
 import zmq
 
-from appliance import device as devices
-from appliance import logs, scheduling, tracing
-from appliance.config import ConfigError, ModelConfig, ShmConfig
-from appliance.config_reader import read_snapshot
+from appliance.config import device as devices
+from appliance.config import scheduling
+from appliance.config.reader import read_snapshot
+from appliance.config.scheduling import Scheduling
+from appliance.config.settings import ConfigError, ModelConfig, ShmConfig
 from appliance.core import dtypes
 from appliance.core.metadata import ModelMetadata
 from appliance.core.ring import ALIGN, Ring, ring_segment
 from appliance.core.status import SlotState, StatusTable
 from appliance.core.tree import Tree
 from appliance.errors import ModelFailed, ShmExhausted
-from appliance.exitcodes import ExitCode
-from appliance.process import become_child
-from appliance.scheduling import Scheduling
+from appliance.observability import logs, tracing
+from appliance.processes.exitcodes import ExitCode
+from appliance.processes.lifetime import become_child
 from appliance.worker import warmup
 from appliance.worker.batcher import DERIVATIVES
 from appliance.worker.cuda_regions import CudaRegions
@@ -165,7 +166,7 @@ def run(
 
 
 def _scheduling(options: Mapping[str, Any], loaded: Loaded, sequences: bool) -> Scheduling | None:
-    """The model's priorities and queue policies (appliance/scheduling.py), if any.
+    """The model's priorities and queue policies (appliance/config/scheduling.py), if any.
 
     Raises:
         LoadError: the table does not fit the model as loaded.

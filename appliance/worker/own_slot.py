@@ -8,16 +8,16 @@ memory the master and every frontend read.
 
 Counters are added up in the process and written at once when the worker
 goes idle or every COUNTERS_S, with the metrics histograms of the batches
-(appliance/metrics.py), so a busy worker does not write them per request,
+(appliance/observability/metrics.py), so a busy worker does not write them per request,
 and statistics or metrics asked right after an answer include it.
 """
 
 from __future__ import annotations
 
-from appliance import device as devices
+from appliance.config import device as devices
 from appliance.core.ring import Ring
 from appliance.core.status import WORK_COUNTERS, Counter, StatusTable
-from appliance.metrics import flush_batches
+from appliance.observability.metrics import flush_batches
 
 HEARTBEAT_S = 0.25
 COUNTERS_S = 0.1

@@ -1,4 +1,4 @@
-"""Priorities and queue policies of one instance's queue (appliance/scheduling.py).
+"""Priorities and queue policies of one instance's queue (appliance/config/scheduling.py).
 
 A request's ``priority`` parameter is taken out of its parameters (a model
 never sees it, as in Triton); where the model has priority levels it picks
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any
 
+from appliance.config.scheduling import DELAY, Scheduling
 from appliance.errors import BadRequest, Rejected
-from appliance.scheduling import DELAY, Scheduling
 from appliance.worker.batcher import Batcher
 from appliance.worker.pending import Pending
 

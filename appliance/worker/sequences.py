@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from appliance.config import ModelConfig
+from appliance.config.settings import ModelConfig
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.sequences import (
     CONTROLS,

@@ -24,6 +24,7 @@ from typing import Any
 
 import zmq
 
+from appliance.config.scheduling import Scheduling
 from appliance.core.descriptor import (
     Kind,
     Message,
@@ -45,9 +46,8 @@ from appliance.errors import (
     DeadlineExceeded,
     ErrorCode,
 )
-from appliance.metrics import record_batch
-from appliance.process import pid_alive
-from appliance.scheduling import Scheduling
+from appliance.observability.metrics import record_batch
+from appliance.processes.lifetime import pid_alive
 from appliance.worker import execute, methods, refusals, traces
 from appliance.worker.batcher import (
     DERIVATIVES,

@@ -1,7 +1,7 @@
 """A model worker's spans of traced requests: queue, compute (linked to its batch), reply.
 
 A request whose descriptor carries ``"trace"`` (the frontend's ``infer``
-span, see appliance/tracing.py) gets three spans under that one. A batch
+span, see appliance/observability/tracing.py) gets three spans under that one. A batch
 gets one span of its own, linked from each traced request's ``compute``
 span and linking back to each: a batch serves many traces at once, so it
 belongs to none of them. Requests that are not traced cost a dict lookup.
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from appliance import tracing
+from appliance.observability import tracing
 from appliance.worker.pending import Pending
 
 

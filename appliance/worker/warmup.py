@@ -1,4 +1,4 @@
-"""Run a model instance's warmup samples (appliance/warmup.py) before it is ready.
+"""Run a model instance's warmup samples (appliance/config/warmup.py) before it is ready.
 
 Each sample goes through the same checks as a client's request (names,
 dtypes, shapes) and the model's outputs through the same checks as a
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance import warmup
+from appliance.config import warmup
 from appliance.core.tensor import Tensor
 from appliance.errors import ApplianceError
 from appliance.model import Request

@@ -38,15 +38,15 @@ import orjson
 from floor_app import HEADER_LENGTH, answer, respond
 from gunicorn.app.base import BaseApplication
 
-from appliance import logs
 from appliance.client.api import ModelClient
 from appliance.client.inflight import InferResult, Outbox, TensorLike
-from appliance.config import ApplianceConfig
-from appliance.config_reader import read_snapshot
+from appliance.config.reader import read_snapshot
+from appliance.config.settings import ApplianceConfig
 from appliance.core.tensor import Tensor
 from appliance.core.tree import Tree
 from appliance.frontends import auth, http
 from appliance.frontends.observe import HttpObserver
+from appliance.observability import logs
 from appliance.protocols.graphpipe import codec as graphpipe_codec
 from appliance.protocols.threads import Threads
 from appliance.protocols.web import ReadAhead

@@ -27,7 +27,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from appliance.ctl import ControlError, request
+from appliance.processes.control import ControlError, request
 from tests.system.harness import ROOT, _alive, eventually, free_ports
 
 pytestmark = pytest.mark.skipif(

@@ -11,7 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from appliance import config_reader
+from appliance.config import reader as config_reader
 from appliance.master import shm
 from tests.deploy.manifests import DEPLOY, ROOT, containerfile, documents, manifests, validate
 

@@ -28,7 +28,7 @@ import tomli_w
 
 from appliance.client.api import ModelClient
 from appliance.core.status import Counter
-from appliance.ctl import request
+from appliance.processes.control import request
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90.0

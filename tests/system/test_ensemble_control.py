@@ -22,7 +22,7 @@ import pytest
 import tomli_w
 
 from appliance.client.api import ModelClient
-from appliance.ctl import ControlError
+from appliance.processes.control import ControlError
 from tests.system.harness import Appliance, eventually, running
 
 SCALED = {"dtype": "FP32", "shape": [-1, 4]}

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import tomli_w
 
-from appliance.ctl import ControlError, request
+from appliance.processes.control import ControlError, request
 from tests.system.harness import (
     ROOT,
     Appliance,

@@ -1,7 +1,7 @@
 """kill -9 of every kind of frontend, twenty times each, under load.
 
 Every frontend port is a listening socket that the master owns and passes to
-the processes serving it (appliance/listeners.py): a process that dies takes
+the processes serving it (appliance/config/listeners.py): a process that dies takes
 no connection queued for the port with it, and while it is replaced new
 connections wait in the port's queue. So a prober that opens new
 connections to every port in a tight loop throughout, and holds each for a

@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from appliance.ctl import ControlError, request
+from appliance.processes.control import ControlError, request
 from tests.system.harness import ROOT, Appliance, demo_models, running
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (appliance[onnx])")

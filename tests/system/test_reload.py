@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tomli_w
 
-from appliance.ctl import ControlError
 from appliance.errors import ApplianceError, ModelNotFound
+from appliance.processes.control import ControlError
 from tests.system import traffic
 from tests.system.harness import Appliance, demo_models, running
 

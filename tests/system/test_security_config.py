@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance import config as config_module
-from appliance.config import ConfigError
-from appliance.config_reader import from_dict, load
+from appliance.config import settings as config_module
+from appliance.config.reader import from_dict, load
+from appliance.config.settings import ConfigError
 from appliance.frontends import auth
 from tests.system.harness import ROOT
 

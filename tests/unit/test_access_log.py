@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from appliance import logs, metrics
-from appliance.config import ConfigError, to_dict
-from appliance.config_reader import from_dict
+from appliance.config.reader import from_dict
+from appliance.config.settings import ConfigError, to_dict
+from appliance.observability import logs, metrics
 
 MODELS = [{"name": "m", "class": "pkg.mod:Model"}]
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.config import ConfigError, write_snapshot
-from appliance.config_reader import from_dict, load, read_snapshot
+from appliance.config.reader import from_dict, load, read_snapshot
+from appliance.config.settings import ConfigError, write_snapshot
 
 
 def test_the_default_config_serves_the_demo_models() -> None:

@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from appliance import config
+from appliance.config import settings as config
 from tools import config_reference
 
 

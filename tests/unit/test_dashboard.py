@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from appliance.errors import ErrorCode
-from appliance.metrics import PROTOCOL, record_call
+from appliance.observability.metrics import PROTOCOL, record_call
 from appliance.protocols.dashboard import html, traffic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,7 +144,7 @@ def test_traffic_reads_this_process_s_calls_when_not_in_a_tree() -> None:
 RECORD = """
 import time
 from appliance.errors import ErrorCode
-from appliance.metrics import PROTOCOL, record_call
+from appliance.observability.metrics import PROTOCOL, record_call
 PROTOCOL.set("{protocol}")
 for _ in range({count}):
     record_call("m", ErrorCode.OK, time.perf_counter())

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from appliance.config import MAX_INLINE_BYTES, ConfigError
-from appliance.config_reader import from_dict
+from appliance.config.reader import from_dict
+from appliance.config.settings import MAX_INLINE_BYTES, ConfigError
 from appliance.core.descriptor import (
     DescriptorError,
     Kind,

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from appliance import config as config_module
-from appliance.config import EnsembleStep
-from appliance.config_reader import ConfigError, from_dict
-from appliance.repository import BROKEN_CLASS
+from appliance.config import settings as config_module
+from appliance.config.reader import ConfigError, from_dict
+from appliance.config.settings import EnsembleStep
+from appliance.formats.repository import BROKEN_CLASS
 
 IDENTITY = "appliance.demos.identity:Identity"
 TENSOR = {"name": "IN", "dtype": "FP32", "shape": [-1, -1]}

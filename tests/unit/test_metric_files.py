@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from appliance.metric_files import MetricFiles
+from appliance.observability.metric_files import MetricFiles
 
 # One process's metrics, as the appliance's processes record them (and a
 # model's own gauge, which prometheus_client merges).

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from appliance.metrics import Tally
+from appliance.observability.metrics import Tally
 
 # Binary fractions: sums in any order are exact, so expositions compare as text.
 BOUNDS = (0.125, 0.25, 0.5, 1.0, 2.0, 8.0)
@@ -63,7 +63,7 @@ _MULTIPROCESS = """
 import sys
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
-from appliance.metrics import Tally
+from appliance.observability.metrics import Tally
 
 values = [0.0, 0.125, 0.75, 3.0, 1e6, 0.25, 0.25]
 bounds = (0.125, 0.25, 0.5, 1.0, 2.0, 8.0)

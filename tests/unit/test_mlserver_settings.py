@@ -1,4 +1,4 @@
-"""MLServer model folders read by MLServer's discovery rules (appliance/mlserver_settings.py)."""
+"""MLServer model folders read by MLServer's discovery rules (formats/mlserver/settings.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from appliance import mlserver_settings, repository
-from appliance.mlserver_settings import MLSERVER_CLASS
+from appliance.formats import repository
+from appliance.formats.mlserver import settings as mlserver_settings
+from appliance.formats.mlserver.settings import MLSERVER_CLASS
 from appliance.runtimes.interface import ModelFileError
 
 
@@ -88,7 +89,7 @@ def test_without_mlserver_the_model_fails_naming_the_extra(
 
 
 def test_appliance_serve_listens_where_mlserver_start_would(tmp_path: Path) -> None:
-    from appliance import triton_flags
+    from appliance.formats.triton import command_line as triton_flags
 
     settings(tmp_path, "m", {"implementation": "x.Y"})
     config = triton_flags.config(["--model-repository", str(tmp_path)])

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from appliance import pbtxt
-from appliance.repository import BROKEN_CLASS, ONNX_CLASS, TORCHSCRIPT_CLASS, scan
+from appliance.formats.repository import BROKEN_CLASS, ONNX_CLASS, TORCHSCRIPT_CLASS, scan
+from appliance.formats.triton import config_pbtxt as pbtxt
 
 
 def model(root: Path, name: str, pbtxt: str, files: dict[str, str] | None = None) -> Path:

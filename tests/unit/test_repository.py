@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import tomli_w
 
-from appliance import repository
-from appliance.config import ConfigError, write_snapshot
-from appliance.config_reader import load, read_snapshot
-from appliance.repository import (
+from appliance.config.reader import load, read_snapshot
+from appliance.config.settings import ConfigError, write_snapshot
+from appliance.formats import repository
+from appliance.formats.repository import (
     BROKEN_CLASS,
     ONNX_CLASS,
     TORCHSCRIPT_CLASS,

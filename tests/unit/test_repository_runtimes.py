@@ -19,7 +19,7 @@ import torch
 from appliance.core.dtypes import DType
 from appliance.core.tensor import TensorSpec
 from appliance.demos.digits import Digits
-from appliance.repository import scan
+from appliance.formats.repository import scan
 from appliance.runtimes.broken import Broken
 from appliance.runtimes.interface import DEFAULT_MAX_BATCH_SIZE, ModelFileError
 from appliance.runtimes.onnx import OnnxModel

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from appliance import scheduling
+from appliance.config import scheduling
 from appliance.core.descriptor import Kind, Message
 from appliance.worker.batcher import ANY_REQUEST, Batcher
 from appliance.worker.pending import Pending

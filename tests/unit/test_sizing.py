@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from appliance import sizing
-from appliance.config_reader import from_dict
+from appliance.config import sizing
+from appliance.config.reader import from_dict
 
 
 @pytest.mark.parametrize(

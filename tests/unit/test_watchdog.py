@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from appliance import config, config_reader
+from appliance.config import reader as config_reader
+from appliance.config import settings as config
 from appliance.core.status import Role, SlotState, StatusTable
 from appliance.master.children import Child, ChildSpec
 from appliance.master.watchdog import overdue

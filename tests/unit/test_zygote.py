@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from appliance.config import ModelConfig, ShmConfig
+from appliance.config.settings import ModelConfig, ShmConfig
 from appliance.core.metadata import ModelMetadata
 from appliance.model import spec
 from appliance.worker.main import RING_BATCHES, RING_FLOOR_BYTES, response_ring_bytes

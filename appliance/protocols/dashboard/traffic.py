@@ -2,7 +2,7 @@
 
 Every frontend process records each model call (by protocol, model and
 outcome, with its latency) into ``PROMETHEUS_MULTIPROC_DIR`` (see
-``appliance/metrics.py``). Read together, the files give host-wide totals
+``appliance/observability/metrics.py``). Read together, the files give host-wide totals
 that only grow, across frontend and model restarts and reloads, so the page
 can turn two readings into rates and latency quantiles for the interval
 between them.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from appliance.metrics import (
+from appliance.observability.metrics import (
     CALL_SECONDS_BUCKET,
     CALL_SECONDS_COUNT,
     CALL_SECONDS_SUM,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from appliance.config import ENSEMBLE, Declared, EnsembleConfig
+from appliance.config.settings import ENSEMBLE, Declared, EnsembleConfig
 
 
 def ensemble_config(ensemble: EnsembleConfig) -> dict[str, Any]:

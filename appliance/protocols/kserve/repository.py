@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from appliance import repository
 from appliance.client import inline, override
 from appliance.client.api import ModelClient
 from appliance.errors import BadRequest, ControlError, ModelNotFound, ModelNotReady
+from appliance.formats import repository
 from appliance.protocols.kserve.errors import PollFailed
 from appliance.protocols.kserve.service import version_of
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import appliance
-from appliance import tracing
 from appliance.client.api import ModelClient
 from appliance.client.inflight import InferResult
-from appliance.config import ModelConfig
+from appliance.config.settings import ModelConfig
 from appliance.core import cuda, dtypes
 from appliance.core.client_memory import ClientSpan, ClientTensor
 from appliance.core.device_tensors import CudaPlace, DeviceTensor
@@ -27,7 +26,8 @@ from appliance.core.output_parameters import from_body, response_from_body
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Unsupported
-from appliance.metrics import cache_totals
+from appliance.observability import tracing
+from appliance.observability.metrics import cache_totals
 from appliance.protocols.kserve.ensemble import ensemble_config
 from appliance.protocols.kserve.inference import (
     InferRequest,
@@ -233,7 +233,7 @@ def _instance_group(model: str, configured: ModelConfig | None) -> dict[str, Any
 
 
 def _warmup_config(table: dict[str, Any]) -> dict[str, Any]:
-    """A warmup table (appliance/warmup.py) as Triton's ModelWarmup JSON."""
+    """A warmup table (appliance/config/warmup.py) as Triton's ModelWarmup JSON."""
     inputs = {}
     for item in table.get("inputs", ()):
         data = item.get("data")

@@ -11,10 +11,10 @@ import asyncio
 import logging
 import time
 
-from appliance import tracing
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError
-from appliance.metrics import MODEL, PROTOCOL, log_access
+from appliance.observability import tracing
+from appliance.observability.metrics import MODEL, PROTOCOL, log_access
 from appliance.protocols.mip import batch, codec
 from appliance.protocols.mip.batch import Binding, Chunk
 from appliance.protocols.mip.codec import ErrorCode, InferRequest, Kind, MipError
@@ -38,7 +38,7 @@ class MipService:
     async def infer(self, payload: bytes | bytearray) -> bytes:
         """Return the reply frame to one inference payload; log its access line."""
         # Each request runs as a task of its own, with its own copy of these
-        # tags: model calls count under "mip" (see appliance/metrics.py).
+        # tags: model calls count under "mip" (see appliance/observability/metrics.py).
         PROTOCOL.set("mip")
         MODEL.set(self.model)
         tracing.begin_request("mip", _no_context)

@@ -7,7 +7,7 @@ children a JSON snapshot of the resolved configuration (:func:`to_dict` /
 :func:`from_dict`), so a child never sees a file that changed on disk after
 the master read it.
 
-``[[repositories]]`` name model repositories (see ``appliance/repository.py``):
+``[[repositories]]`` name model repositories (see ``appliance/formats/repository.py``):
 :func:`load` scans them and adds their models to ``models`` as ordinary
 entries, so a snapshot carries the versions the master chose.
 """
@@ -23,9 +23,11 @@ from typing import Any
 
 import orjson
 
-from appliance.repository import VersionPolicy
+# Which versions of a repository's model serve: "latest", "all", or the numbers given.
+VersionPolicy = str | tuple[int, ...]
 
-DEFAULT_CONFIG = Path(__file__).with_name("default.toml")
+
+DEFAULT_CONFIG = Path(__file__).parent.parent / "default.toml"
 MiB = 1 << 20
 MAX_INLINE_BYTES = 64 * 1024
 
@@ -55,7 +57,7 @@ class ServerConfig:
     spin_wait_us: int = 200
     # True (or "text"): one text line per request; "json": JSON lines; False: none.
     access_log: bool | str = True
-    # The CPUs "auto" sizes for (appliance/sizing.py); 0 reads them from the
+    # The CPUs "auto" sizes for (appliance/config/sizing.py); 0 reads them from the
     # process's affinity and cgroup quota. A snapshot holds the number found.
     cpus: int = 0
     # The asyncio loop of every frontend process (HTTP workers, gRPC, MIP):
@@ -164,7 +166,8 @@ class ShmConfig:
 
 @dataclass(frozen=True, slots=True)
 class TracesConfig:
-    """Request traces (appliance/tracing.py): where spans go, and the starting settings.
+    """Request traces (appliance/observability/tracing.py): where spans go, and the
+    starting settings.
 
     ``level``, ``rate`` and ``max_traces`` are Triton's trace_level,
     trace_rate and trace_count (0: unlimited); the trace extension's API
@@ -225,7 +228,7 @@ class ModelConfig:
     instances: int = 1
     # Rows per batch, overriding the class's (0: no batching); larger requests are split.
     max_batch_size: int | None = None
-    # "cpu", "cuda" (instance i on GPU i mod count) or "cuda:N"; see appliance/device.py.
+    # "cpu", "cuda" (instance i on GPU i mod count) or "cuda:N"; see appliance/config/device.py.
     device: str = "cpu"
     # An extra wait for a batch to fill (0: natural batching, no wait).
     max_queue_delay_ms: float = 0.0
@@ -324,7 +327,7 @@ def _declared_table(item: Declared) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class RepositoryConfig:
-    """A model repository (see appliance/repository.py), its version policy, and
+    """A model repository (see appliance/formats/repository.py), its version policy, and
     whether models whose runtime is not installed are left out.
 
     ``versions`` is "latest", "all" or the version numbers to serve; a

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from appliance import mlserver_settings
+from appliance.formats.mlserver import settings as mlserver_settings
 
 REPOSITORY_FLAGS = ("--model-repository", "--model-store")
 # Flag -> what it sets, for the --help text.

@@ -5,13 +5,13 @@ The layout is Triton's::
     <repository>/
       <model>/                 the model's name (letters, digits, '_', '.', '-')
         config.toml            optional: batching, instances, device, threads, tensors
-        config.pbtxt           or Triton's form of it (appliance/pbtxt.py), not both
+        config.pbtxt           or Triton's form of it (formats/triton/config_pbtxt.py), not both
         <version>/             a whole number; which ones serve is the version policy
           model.onnx           served by ONNX Runtime  (platform onnxruntime_onnx)
           model.pt             a TorchScript module     (platform pytorch_libtorch)
 
 :func:`scan` turns one repository into entries shaped like the config's
-``[[models]]`` tables, which ``appliance.config`` checks like any other. The
+``[[models]]`` tables, which ``appliance.config.settings`` checks like any other. The
 class of an entry is its runtime; its options carry the file's path, its
 version and a stamp (size and modification time, of the model file and of
 any initial-state data file), so a reload sees a new version, or a file
@@ -20,7 +20,7 @@ replaced in place, as a changed model.
 An ensemble (``platform = "ensemble"`` with ``steps`` in config.toml, or
 Triton's form in config.pbtxt) needs no model file; its version directory
 (Triton wants an empty ``1/``) only names its version. Its entry is the
-``[[models]]`` table of an ensemble (appliance/ensembles.py).
+``[[models]]`` table of an ensemble (appliance/config/ensembles.py).
 
 A model directory that cannot be served (no version, no model file, a bad
 ``config.toml``) still becomes an entry, of the runtime ``Broken``, whose load
@@ -43,8 +43,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from appliance import device as devices
-from appliance import scheduling, warmup
+from appliance.config import device as devices
+from appliance.config import scheduling, warmup
+from appliance.config.settings import VersionPolicy
 from appliance.core.sequences import read_controls, read_states
 
 ONNX_CLASS = "appliance.runtimes.onnx:OnnxModel"
@@ -115,7 +116,6 @@ ENTRY_KEYS = (
 # Fields of a config.pbtxt the appliance does not use, logged by the runtime at load.
 NOTES = "config_notes"
 
-VersionPolicy = str | tuple[int, ...]
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
 
 
@@ -155,7 +155,9 @@ def scan(root: Path, policy: VersionPolicy = "latest") -> list[dict[str, Any]]:
         RepositoryError: ``root`` is not a readable directory, or a model
             directory's name is not a valid model name.
     """
-    from appliance import mlserver_settings  # JSON and directories, as this module
+    from appliance.formats.mlserver import (
+        settings as mlserver_settings,  # JSON and directories, as this module
+    )
 
     if root.is_dir() and mlserver_settings.is_mlserver_folder(root):
         # MLServer serves every version it finds: no version policy applies.
@@ -332,7 +334,9 @@ def _read_pbtxt(model_dir: Path) -> tuple[dict[str, Any], list[str]]:
     Raises:
         RepositoryError: it does not parse or cannot be served (the field named).
     """
-    from appliance import pbtxt  # protobuf's text format: only where a model has one
+    from appliance.formats.triton import (
+        config_pbtxt as pbtxt,  # protobuf's text format: only where a model has one
+    )
 
     try:
         return pbtxt.read(model_dir)
@@ -438,7 +442,7 @@ def _check_reshape(table: object) -> str:
 
 
 def _check_steps(value: object) -> str:
-    """Only the shape here; appliance/ensembles.py checks each step and the graph."""
+    """Only the shape here; appliance/config/ensembles.py checks each step and the graph."""
     if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
         return "expected an array of tables ([[steps]]: model, input_map, output_map)"
     return ""

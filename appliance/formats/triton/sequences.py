@@ -4,7 +4,7 @@ The strategy (direct, oldest), idle time, ``control_input`` (start, end,
 ready, correlation id in the declared type and false/true values) and
 implicit ``state`` (with a zero or a file ``initial_state``), as the
 ``sequence_controls`` and ``sequence_state`` tables a config.toml would
-hold; Triton's rules for them are checked here (appliance/pbtxt.py reads
+hold; Triton's rules for them are checked here (appliance/formats/triton/config_pbtxt.py reads
 the rest of the config).
 """
 

@@ -32,9 +32,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from appliance.config import ENSEMBLE, Declared, EnsembleConfig, EnsembleStep, ModelConfig
+from appliance.config.settings import ENSEMBLE, Declared, EnsembleConfig, EnsembleStep, ModelConfig
 from appliance.core.dtypes import DType
-from appliance.repository import NOTES, broken
+from appliance.formats.repository import NOTES, broken
 
 log = logging.getLogger("appliance.config")
 

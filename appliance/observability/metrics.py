@@ -26,9 +26,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Histogram
 
-from appliance import logs
 from appliance.errors import ErrorCode
-from appliance.metric_files import MetricFiles
+from appliance.observability import logs
+from appliance.observability.metric_files import MetricFiles
 
 PROTOCOL: contextvars.ContextVar[str] = contextvars.ContextVar("protocol", default="internal")
 MODEL: contextvars.ContextVar[str] = contextvars.ContextVar("model", default="")

@@ -1,6 +1,6 @@
 """Reading a configuration: every value checked once, every error naming its key.
 
-The only builder of the dataclasses of ``appliance/config.py``: :func:`load`
+The only builder of the dataclasses of ``appliance/config/settings.py``: :func:`load`
 reads a TOML file, :func:`read_snapshot` the master's JSON snapshot, and
 :func:`from_dict` (through :func:`build`) checks either mapping; a bad value
 raises ConfigError with the file, the key and what was expected.
@@ -20,9 +20,9 @@ from typing import Any, NoReturn
 
 import orjson
 
-from appliance import device as devices
-from appliance import ensembles, repository, sizing
-from appliance.config import (
+from appliance.config import device as devices
+from appliance.config import ensembles, sizing
+from appliance.config.settings import (
     DEFAULT_CONFIG,
     MAX_INLINE_BYTES,
     ApplianceConfig,
@@ -42,8 +42,9 @@ from appliance.config import (
     read_tokens,
 )
 from appliance.core.sequences import STRATEGIES
-from appliance.repository import RepositoryError
-from appliance.tracing import LEVELS as TRACE_LEVELS
+from appliance.formats import repository
+from appliance.formats.repository import RepositoryError
+from appliance.observability.tracing import LEVELS as TRACE_LEVELS
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
 

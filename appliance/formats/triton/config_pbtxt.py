@@ -3,7 +3,7 @@
 A Triton model repository describes each model in ``config.pbtxt``: protobuf
 text of Triton's ModelConfig (protos/triton_model_config.proto, parsed by
 protobuf's own text format parser). :func:`read` maps what it means onto the
-appliance's settings (appliance/repository.py), field by field:
+appliance's settings (appliance/formats/repository.py), field by field:
 
 - ``platform`` / ``backend``: onnxruntime_onnx (backend onnxruntime) and
   pytorch_libtorch (backend pytorch) pick their runtime; ``default_model_filename``
@@ -16,15 +16,15 @@ appliance's settings (appliance/repository.py), field by field:
   the listed GPU (``gpus`` with one GPU) or spread over all (no ``gpus``);
 - ``dynamic_batching``: ``max_queue_delay_microseconds``, and its priorities,
   queue policies and preferred batch sizes as the ``scheduling`` option
-  (appliance/scheduling.py);
-- ``sequence_batching``: read in appliance/pbtxt_sequences.py;
+  (appliance/config/scheduling.py);
+- ``sequence_batching``: read in appliance/formats/triton/sequences.py;
 - ``version_policy``: latest (with num_versions), all, specific;
 - ``parameters``: ``intra_op_thread_count`` (ONNX) as the runtime's threads;
-- ``model_warmup``: the ``warmup`` option (appliance/warmup.py);
+- ``model_warmup``: the ``warmup`` option (appliance/config/warmup.py);
 - ``response_cache``: the ``response_cache`` option (client/cache.py);
 - ``platform: "ensemble"`` with ``ensemble_scheduling``: an ensemble's steps
   (model, version, input_map, output_map) and its declared tensors, read as
-  appliance/ensembles.py reads the same in TOML; the scheduling fields of a
+  appliance/config/ensembles.py reads the same in TOML; the scheduling fields of a
   model (instances, batching, parameters) do not apply to it and are noted.
 
 A field that would change what a client sees and that the appliance cannot
@@ -48,8 +48,8 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from appliance._generated import triton_model_config_pb2 as mc
-from appliance.pbtxt_sequences import PbtxtError as PbtxtError
-from appliance.pbtxt_sequences import SequenceFields, is_set
+from appliance.formats.triton.sequences import PbtxtError as PbtxtError
+from appliance.formats.triton.sequences import SequenceFields, is_set
 
 FILE = "config.pbtxt"
 PYTHON = "python"
@@ -173,7 +173,7 @@ class _Reader(SequenceFields):
         return {"warmup": [self._warmup(i, s) for i, s in enumerate(samples)]} if samples else {}
 
     def _warmup(self, index: int, sample: Any) -> dict[str, Any]:
-        """One model_warmup sample as a ``warmup`` table (appliance/warmup.py checks it)."""
+        """One model_warmup sample as a ``warmup`` table (appliance/config/warmup.py checks it)."""
         where = f"model_warmup[{index}] ({sample.name or 'no name'})"
         inputs = []
         for name, item in sorted(sample.inputs.items()):
@@ -227,7 +227,7 @@ class _Reader(SequenceFields):
             )
 
     def _ensemble(self) -> dict[str, Any]:
-        """An ensemble's table, in the shape appliance/ensembles.py reads."""
+        """An ensemble's table, in the shape appliance/config/ensembles.py reads."""
         config = self.config
         if not config.ensemble_scheduling.step:
             raise PbtxtError("ensemble_scheduling.step: an ensemble needs at least one step")
@@ -396,7 +396,7 @@ class _Reader(SequenceFields):
 
     def _queue_scheduling(self, batching: Any) -> dict[str, Any]:
         """dynamic_batching's priorities, queue policies and preferred sizes as a
-        ``scheduling`` table (appliance/scheduling.py); {} when none is set."""
+        ``scheduling`` table (appliance/config/scheduling.py); {} when none is set."""
         table: dict[str, Any] = {}
         if batching.priority_levels:
             table["priority_levels"] = int(batching.priority_levels)

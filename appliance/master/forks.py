@@ -30,7 +30,7 @@ from pathlib import Path
 
 import orjson
 
-from appliance.config import ApplianceConfig
+from appliance.config.settings import ApplianceConfig
 from appliance.core.status import Role, SlotState, StatusTable
 from appliance.core.tree import Tree
 from appliance.master.children import Child, ChildSpec

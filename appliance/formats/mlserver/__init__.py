@@ -1,0 +1,1 @@
+"""MLServer's forms: model-settings.json folders."""

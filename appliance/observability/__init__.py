@@ -1,0 +1,1 @@
+"""What the appliance shows of itself: metrics, their files, traces and logs."""
