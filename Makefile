@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?=
 GENERATED := appliance/_generated
 
-.PHONY: help install upgrade run test test-long test-unit test-image test-peers lint fmt generate generate-check docs docs-reference docs-check bench soak fuzz wire-capture clean install-systemd image image-base
+.PHONY: help install upgrade run test test-long test-unit test-image test-peers lint fmt generate generate-check docs docs-reference docs-check docs-architecture bench soak fuzz wire-capture clean install-systemd image image-base
 
 # install-systemd: a virtual environment of its own under PREFIX, the unit, and
 # an example config (never overwritten). DESTDIR stages it elsewhere.
@@ -23,6 +23,7 @@ help:
 	@echo "make lint      ruff format --check, ruff check, mypy, import contracts, generated code and docs"
 	@echo "make docs      build the manual (docs/, mkdocs --strict) into build/site"
 	@echo "make docs-reference  regenerate docs/reference/ (configuration.md, triton-model-config.md)"
+	@echo "make docs-architecture  redraw the package map in docs/architecture.md from the imports"
 	@echo "make upgrade   bring the venv's packages to the newest versions pyproject allows"
 	@echo "make bench     run the benchmarks; results in bench/results/"
 	@echo "make soak      10 minutes of load on every protocol; fails if memory, fds or shm grow"
@@ -114,6 +115,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check appliance tests bench tools deploy
 	$(BIN)/mypy appliance tools/config_reference.py tools/model_config_coverage.py
 	$(BIN)/lint-imports --no-cache
+	$(PY) tools/import_cycles.py
 	$(MAKE) --no-print-directory generate-check
 	$(MAKE) --no-print-directory docs-check
 
@@ -145,6 +147,11 @@ docs-reference: $(STAMP)
 docs-check: $(STAMP)
 	$(PY) tools/config_reference.py --check
 	$(PY) tools/model_config_coverage.py --check
+	$(PY) tools/package_map.py --check
+
+# The package map of docs/architecture.md, drawn from the imports.
+docs-architecture: $(STAMP)
+	$(PY) tools/package_map.py
 
 # BENCH_ARGS reaches every script, e.g. `make bench BENCH_ARGS=--quick`.
 # bench_peers.py installs its peers into bench/.peers/ on first use.

@@ -20,7 +20,7 @@ from appliance import roles
 from appliance.config.reader import from_dict, load
 from appliance.config.settings import DEFAULT_CONFIG, ConfigError
 from appliance.core.tree import Tree
-from appliance.formats.triton import command_line as triton_flags
+from appliance.formats import command_line as triton_flags
 from appliance.observability import logs
 
 log = logging.getLogger("appliance")

@@ -1,8 +1,8 @@
 """bench_peers.py's HTTP tables (the floors, new connections, the ladder) and the rows'
-labels, for the performance page (bench/doc_tables.py) and the README.
+labels, for the performance page (bench/doc_tables.py).
 
-:func:`readme_http` builds the README's HTTP tables, which every run puts
-between the README's ``<!-- bench-http:begin -->`` and ``<!-- bench-http:end -->``.
+:func:`http_section` builds the HTTP stack's tables, which every run puts between
+the performance page's ``<!-- bench-http:begin -->`` and ``<!-- bench-http:end -->``.
 """
 
 from __future__ import annotations
@@ -208,8 +208,8 @@ def http_tables(summary: Summary) -> list[str]:
     ]
 
 
-def readme_http(record: dict[str, Any], summary: Summary) -> str:
-    """The README's HTTP tables: the floors, the new connections and the ladder, this run's."""
+def http_section(record: dict[str, Any], summary: Summary) -> str:
+    """The HTTP stack's tables: the floors, the new connections and the ladder, this run's."""
     args = record["args"]
     how = "--quick " * bool(args["quick"]) + "--no-scaling " * bool(args["no_scaling"])
     return "\n".join(
@@ -217,8 +217,8 @@ def readme_http(record: dict[str, Any], summary: Summary) -> str:
             f"`bench/bench_peers.py {how}--repeats {record['grid_repeats']}` on "
             f"{datetime.date.today().isoformat()}, {os.cpu_count()} vCPUs: medians of "
             f"{record['grid_repeats']} repeat(s) of {args['seconds']:g} s per cell, server µs/req "
-            "the CPU of the server's whole process tree per request. "
-            "[The performance page](docs/performance.md) has every row and the targets.",
+            "the CPU of the server's whole process tree per request (every row and the "
+            "targets: below).",
             "",
             *http_tables(summary),
         ]

@@ -1,5 +1,5 @@
 """bench_peers.py's end: medians, targets, tables on the console, the results file,
-the plot, and the tables of the README and the performance page."""
+the plot, and the tables of the performance page."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from bench.plan import SCALING_SPLIT_CPUS
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PAGE = doc_tables.PAGE
-README = ROOT / "README.md"
 
 
 def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
@@ -69,8 +68,8 @@ def finish(args: argparse.Namespace, record: dict[str, Any]) -> None:
                 print(f"updated the {tag} table in {PAGE.relative_to(ROOT)}")
         return
     plot(results, RESULTS / f"{name}.png")
-    if doc_tables.update(README, doc_http.readme_http(record, summary), f"{tag}-http"):
-        print(f"updated the {tag}-http tables in {README.relative_to(ROOT)}")
+    if doc_tables.update(PAGE, doc_http.http_section(record, summary), f"{tag}-http"):
+        print(f"updated the {tag}-http tables in {PAGE.relative_to(ROOT)}")
     if not args.quick:
         text = doc_tables.render(
             record, summary, ratios, batching_rows, scaling_rows, reached, loop_rows, hop_rows

@@ -1,7 +1,7 @@
 """``appliance serve --model-repository DIR``: a Triton repository served from tritonserver's flags.
 
 A Triton user's command line, with no config written: the flags become the
-config (appliance/formats/triton/command_line.py), in a file of the appliance's own that is
+config (appliance/formats/command_line.py), in a file of the appliance's own that is
 gone once it stops. tritonclient drives it on the ports the flags named.
 """
 

@@ -89,7 +89,7 @@ def test_without_mlserver_the_model_fails_naming_the_extra(
 
 
 def test_appliance_serve_listens_where_mlserver_start_would(tmp_path: Path) -> None:
-    from appliance.formats.triton import command_line as triton_flags
+    from appliance.formats import command_line as triton_flags
 
     settings(tmp_path, "m", {"implementation": "x.Y"})
     config = triton_flags.config(["--model-repository", str(tmp_path)])

@@ -1,2 +1,5 @@
-"""Triton Inference Server's forms: config.pbtxt (with its sequence and scheduling fields)
-and tritonserver's command line."""
+"""Triton Inference Server's model form: config.pbtxt, with its sequence and scheduling fields.
+
+tritonserver's command line, which serves any repository the formats read, is
+formats/command_line.py.
+"""
