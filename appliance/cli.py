@@ -116,7 +116,8 @@ def _serve_repositories(flags: list[str]) -> int:
 
 
 def _run(config_path: Path | None) -> int:
-    from appliance.master.supervisor import StartError, Supervisor
+    from appliance.master.supervisor import Supervisor
+    from appliance.master.tree_files import StartError
 
     logs.setup("master")
     try:

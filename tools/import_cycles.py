@@ -17,61 +17,19 @@ import grimp
 
 
 def cycles(package: str) -> list[list[str]]:
-    """Each group of modules that import one another (Tarjan's strongly connected components)."""
+    """Each circle of imports, as the modules on it (first the one whose import closes it)."""
     graph = grimp.build_graph(package)
-    modules = sorted(graph.modules)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    counter = 0
-
-    def visit(root: str) -> None:
-        # Iterative, so a deep import chain cannot exhaust the recursion limit.
-        nonlocal counter
-        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            module, imported = work[-1]
-            advanced = False
-            for other in imported:
-                if other not in graph.modules:
-                    continue
-                if other not in index:
-                    index[other] = low[other] = counter
-                    counter += 1
-                    stack.append(other)
-                    on_stack.add(other)
-                    work.append((other, iter(sorted(graph.find_modules_directly_imported_by(other)))))
-                    advanced = True
-                    break
-                if other in on_stack:
-                    low[module] = min(low[module], index[other])
-            if advanced:
+    found: dict[frozenset[str], list[str]] = {}
+    for importer in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            if imported == importer or imported not in graph.modules:
                 continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[module])
-            if low[module] == index[module]:
-                group = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    group.append(member)
-                    if member == module:
-                        break
-                if len(group) > 1:
-                    found.append(sorted(group))
-
-    for module in modules:
-        if module not in index:
-            visit(module)
-    return sorted(found)
+            # importer -> imported closes a circle if imported leads back to importer.
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back:
+                circle = [importer, *back[:-1]]
+                found.setdefault(frozenset(circle), circle)
+    return sorted(found.values())
 
 
 def main() -> int:

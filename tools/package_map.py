@@ -81,7 +81,7 @@ def render() -> str:
         "flowchart TD",
     ]
     for room in rooms:
-        lines.append(f"    {_node(room)}[\"{short(room)}\"]")
+        lines.append(f'    {_node(room)}["{short(room)}"]')
     for room in rooms:
         for other in sorted(arrows.get(room, ())):
             lines.append(f"    {_node(room)} --> {_node(other)}")

@@ -7,10 +7,11 @@ descriptor to the least-loaded instance, and hands back the outputs as
 read-only views into the worker's response ring, valid until the
 :class:`InferResult` is released. It is safe to use from many threads.
 
-This module holds the entry points; inflight.py keeps the requests in
-flight and the ring space they hold, drive.py waits for replies (in a
-thread or an event loop), control.py asks the master to load, unload or go
-offline, and routing.py picks the instance.
+This module holds the client and its entry points; call_cores.py holds
+each call's core (infer, stream, derivative), inflight.py keeps the
+requests in flight and the ring space they hold, drive.py waits for
+replies (in a thread or an event loop), control.py asks the master to
+load, unload or go offline, and routing.py picks the instance.
 
 Example:
     >>> client = ModelClient.connect(Path("/tmp/appliance-0"))
@@ -29,41 +30,29 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import orjson
 import zmq
 
-from appliance.client import control
+from appliance.client import call_cores, control
 from appliance.client.aio import AsyncChannel
-from appliance.client.cache import OPTION as cache_option
 from appliance.client.cache import ResponseCache
 from appliance.client.channel import Channel, Wiring
-from appliance.client.drive import Run, Steps, in_loop, in_thread, stream_in_loop, stream_in_thread
+from appliance.client.drive import in_loop, in_thread, stream_in_loop, stream_in_thread
 from appliance.client.ensemble import Ensembles
-from appliance.client.inflight import (
-    InferResult,
-    InFlight,
-    Outbox,
-    TensorLike,
-    request_body,
-)
+from appliance.client.inflight import InFlight
 from appliance.client.restarts import RestartWaits
-from appliance.client.routing import Router, Target
-from appliance.client.stream import StreamCall
+from appliance.client.result import InferResult
+from appliance.client.routing import Router
 from appliance.config.reader import read_snapshot
 from appliance.config.settings import ApplianceConfig, ConfigError, EnsembleConfig, ModelConfig
-from appliance.core.device_tensors import OPEN_REGION, CudaPlace
 from appliance.core.metadata import ModelMetadata
-from appliance.core.status import Counter, SlotState, StatusTable
+from appliance.core.status import Counter, StatusTable
 from appliance.core.tree import Tree
-from appliance.errors import ApplianceError, ErrorCode, ModelNotFound, ModelNotReady, Unsupported
-from appliance.observability import tracing
-from appliance.observability.metrics import record_call
+from appliance.errors import ApplianceError, ModelNotFound, ModelNotReady
 from appliance.processes.lifetime import pid_alive
 
 _DEFAULT_MODEL_CONFIG = ModelConfig("", "")
@@ -181,227 +170,18 @@ class ModelClient:
         self.router.follow()
         return self._served_ensembles
 
-    # -- the calls: one core each, with sync and async faces (drive.py) -------
+    # -- the calls: one core each (call_cores.py), sync and async faces (drive.py)
 
-    def _infer(
-        self,
-        channel: Outbox,
-        model: str,
-        inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-        targets: Mapping[str, CudaPlace] | None = None,
-        request_id: str = "",
-    ) -> Run[InferResult]:
-        """Run ``model`` on named inputs; return its (requested) outputs.
-
-        Args:
-            model: the model's name.
-            inputs: tensors or numpy arrays by input name; a DeviceTensor
-                names an input in a client's GPU memory.
-            outputs: the outputs wanted, all when None.
-            parameters: request parameters passed to the model.
-            timeout_s: give up after this long (DeadlineExceeded).
-            targets: outputs the worker writes into a client's GPU memory;
-                the result holds them as placeholders without bytes.
-            request_id: the client's id for the request, which a model may read
-                (Triton's ``request.request_id()``).
-
-        Raises:
-            ApplianceError: any subclass, with a message for the user.
-        """
-        ensembles = self._ensembles
-        if model in ensembles:
-            return ensembles.run(channel, model, inputs, outputs, parameters, timeout_s, targets)
-        body = request_body(model, "predict", outputs, parameters, None, targets)
-        if request_id:
-            body["id"] = request_id
-        run = self._unary(channel, body, inputs, timeout_s)
-        cache = self._cache
-        if cache is None or targets or not self.caches(model):
-            return run
-        return self._cached(cache, model, (inputs, outputs, parameters), run)
-
-    infer = in_thread(_infer)
-    infer_async = in_loop(_infer)
-
-    def caches(self, model: str) -> bool:
-        """Whether ``model``'s answers are kept in the response cache (cache.py)."""
-        if self._cache is None:
-            return False
-        configured = self.config.model(model)
-        return configured is not None and bool(configured.options.get(cache_option))
-
-    def _cached(
-        self, cache: ResponseCache, model: str, request: tuple[Any, ...], run: Run[InferResult]
-    ) -> Run[InferResult]:
-        """``run``, unless the cache holds its answer; a fresh answer is kept (cache.py)."""
-        started = time.perf_counter()
-        try:
-            key = cache.key(model, self.metadata(model).versions, *request)
-        except ApplianceError:
-            key = None  # not ready: the run says why
-        hit = None if key is None else cache.get(model, key, started)
-        if hit is not None:
-            record_call(model, ErrorCode.OK, started)
-            yield hit
-            return
-        looked_s = time.perf_counter() - started
-        for step in run:
-            if key is not None and isinstance(step, InferResult):
-                cache.put(model, key, step, looked_s)
-            yield step
-
-    def _stream(
-        self,
-        channel: Outbox,
-        model: str,
-        inputs: Mapping[str, TensorLike],
-        outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-        request_id: str = "",
-    ) -> StreamCall:
-        """Yield the model's streamed parts as they come.
-
-        Each part is released when the next one is requested; closing the
-        generator early (``close``, ``aclose``) cancels the stream in the worker.
-        ``request_id``: as for :meth:`infer`.
-        """
-        body = request_body(model, "stream", outputs, parameters, None)
-        if request_id:
-            body["id"] = request_id
-        return StreamCall(self._pick, self._flight, channel, body, inputs, timeout_s)
-
-    stream = stream_in_thread(_stream)
-    stream_async = stream_in_loop(_stream)
-
-    def _derivative(
-        self,
-        channel: Outbox,
-        model: str,
-        method: str,
-        inputs: Mapping[str, TensorLike],
-        *,
-        out_wrt: str,
-        in_wrt: str | None = None,
-        in_wrt2: str | None = None,
-        sens: npt.ArrayLike | None = None,
-        vec: npt.ArrayLike | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-    ) -> Run[npt.NDArray[np.float64]]:
-        """Run ``gradient``, ``apply_jacobian`` or ``apply_hessian``.
-
-        For ``apply_hessian``, ``in_wrt`` is the first input and ``in_wrt2``
-        the second. Returns a private float64 copy of the model's result.
-        """
-        wrt = (out_wrt, in_wrt, in_wrt2)
-        body, tensors = _derivative_request(model, method, inputs, parameters, wrt, sens, vec)
-        for step in self._unary(channel, body, tensors, timeout_s):
-            if isinstance(step, InferResult):
-                with step:
-                    yield np.array(step.array("output"), dtype=np.float64)
-            else:
-                yield step
-
-    derivative = in_thread(_derivative)
-    derivative_async = in_loop(_derivative)
-
-    def _open_region(
-        self, channel: Outbox, place: CudaPlace, timeout_s: float | None = 30.0
-    ) -> Run[int | None]:
-        """Have a model worker on the region's GPU open it, as it will to serve it.
-
-        Returns the bytes its device buffer holds from ``place.offset`` on,
-        or None when no ready instance runs on that GPU (then nothing opened it).
-
-        Raises:
-            BadRequest: the handle does not open there.
-        """
-        target = self._instance_on(f"cuda:{place.device}")
-        if target is None:
-            yield None
-            return
-        model, picked = target
-        body = {"model": model, "method": OPEN_REGION, "region": place.to_body()}
-        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
-        call = self._flight.send(channel, picked, deadline, body, {})
-        yield call
-        with self._flight.settle(call) as result:
-            yield int(result.array(OPEN_REGION)[0])
-
-    open_region = in_thread(_open_region)
-
-    def _instance_on(self, device: str) -> tuple[str, Target] | None:
-        """A ready instance (of any model) whose worker runs on ``device``."""
-        for model, slots in self.router.slots.items():
-            for slot in slots:
-                info = self.status.read(slot)
-                if info.device == device and info.state == SlotState.READY:
-                    return model, Target(slot, info.generation, info.pid)
-        return None
-
-    def _unary(
-        self,
-        channel: Outbox,
-        body: dict[str, Any],
-        inputs: Mapping[str, TensorLike],
-        timeout_s: float | None,
-    ) -> Run[InferResult]:
-        """One request, one reply: the core of infer and derivative."""
-        model = body["model"]
-        # PERF: try/except rather than the _recorded context manager: this is
-        # every call's path.
-        started = time.perf_counter()
-        traced, traceparent = tracing.start_call(model)
-        if traceparent:
-            body["trace"] = traceparent  # the worker's spans go under this call's
-        try:
-            target, deadline = yield from self._pick(model, timeout_s, body.get("params"))
-            call = self._flight.send(channel, target, deadline, body, inputs)
-            yield call
-            result = self._flight.settle(call)
-        except ApplianceError as ex:
-            record_call(model, ex.code, started)
-            if traced is not None:
-                traced.end(ex.message)
-            raise
-        record_call(model, ErrorCode.OK, started)
-        if traced is not None:
-            traced.end()
-        yield result
-
-    def _pick(
-        self, model: str, timeout_s: float | None, parameters: Mapping[str, Any] | None
-    ) -> Steps[tuple[Target, float]]:
-        """Choose the instance a call goes to: the one place that picks.
-
-        ``parameters`` may name a sequence, whose instance it must be (routing.py).
-
-        Returns it and the call's deadline. While no instance is ready but
-        one is (re)starting, yields how long to pause before trying again
-        (restarts.py).
-        """
-        deadline = time.monotonic() + timeout_s if timeout_s else 0.0
-        try:
-            return self.router.pick(model, parameters), deadline
-        except ModelNotReady:
-            pass
-        except ModelNotFound:
-            if model in self._ensembles:
-                raise Unsupported(
-                    f"{model} is an ensemble: it answers predictions (infer) only, not streams "
-                    "or derivatives"
-                ) from None
-            raise
-        with contextlib.closing(self._restarts.waits(model, deadline)) as waits:
-            for delay in waits:
-                yield delay
-                with contextlib.suppress(ModelNotReady):
-                    return self.router.pick(model, parameters), deadline
-        raise AssertionError("waits() ends by raising")
+    infer = in_thread(call_cores.infer)
+    infer_async = in_loop(call_cores.infer)
+    caches = call_cores.caches
+    stream = stream_in_thread(call_cores.stream)
+    stream_async = stream_in_loop(call_cores.stream)
+    derivative = in_thread(call_cores.derivative)
+    derivative_async = in_loop(call_cores.derivative)
+    open_region = in_thread(call_cores.open_region)
+    # The one place that picks an instance, as streams and ensembles take it.
+    _pick = call_cores.pick
 
     # -- what is served --------------------------------------------------------
 
@@ -565,30 +345,6 @@ class ModelClient:
         for async_channel in list(self._async_channels.values()):
             async_channel.close()
         self._context.destroy(linger=0)
-
-
-def _derivative_request(
-    model: str,
-    method: str,
-    inputs: Mapping[str, TensorLike],
-    parameters: Mapping[str, Any] | None,
-    wrt: tuple[str, str | None, str | None],
-    sens: npt.ArrayLike | None,
-    vec: npt.ArrayLike | None,
-) -> tuple[dict[str, Any], dict[str, TensorLike]]:
-    """The body and tensors of a derivative call (see ModelClient.derivative)."""
-    out_wrt, in_wrt, in_wrt2 = wrt
-    tensors: dict[str, TensorLike] = dict(inputs)
-    if sens is not None:
-        tensors["__sens__"] = np.asarray(sens, dtype=np.float64)
-    if vec is not None:
-        tensors["__vec__"] = np.asarray(vec, dtype=np.float64)
-    args: dict[str, Any] = {"out_wrt": out_wrt}
-    if method == "apply_hessian":
-        args.update(in_wrt1=in_wrt, in_wrt2=in_wrt2)
-    else:
-        args["in_wrt"] = in_wrt
-    return request_body(model, method, None, parameters, args), tensors
 
 
 __all__ = ["ApplianceError", "InferResult", "ModelClient"]

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from appliance.client.inflight import InferResult
+from appliance.client.result import InferResult
 from appliance.core import dtypes
 from appliance.core.tensor import Tensor
 from appliance.observability.metrics import record_cache

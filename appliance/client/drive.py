@@ -1,8 +1,8 @@
 """Run a call's steps in a thread or in an event loop: the only places a call waits.
 
-Each call of the client API (api.py) is written once, as a generator: it
+Each call of the client API (call_cores.py) is written once, as a generator: it
 yields a float to pause before trying a (re)starting model again, a
-:class:`~appliance.client.inflight.Call` to wait for that call's next reply,
+:class:`~appliance.client.call.Call` to wait for that call's next reply,
 and last its result. :func:`run` blocks on a thread's :class:`Channel`;
 :func:`run_async` awaits an event loop's :class:`AsyncChannel`. The reply,
 or the wait's error, is put on the Call, so the call gives back what it
@@ -27,8 +27,9 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from appliance.client.aio import AsyncChannel
+from appliance.client.call import Call, Outbox
 from appliance.client.channel import Channel
-from appliance.client.inflight import Call, InferResult, Outbox
+from appliance.client.result import InferResult
 from appliance.client.routing import Target
 
 T = TypeVar("T")

@@ -10,7 +10,9 @@ cancelled caller) keeps its blocks in the abandoned table until its late
 reply arrives, since the worker may still read them.
 
 Nothing here waits: the calls in api.py wait for replies on a channel (a
-thread's or an event loop's), through the drivers in drive.py.
+thread's or an event loop's), through the drivers in drive.py. What a call
+in flight is (call.py), what it answers (result.py) and how its body is
+built (request.py) live apart: this module keeps the table and the ring.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
-import numpy.typing as npt
-import orjson
 import zmq
 
+from appliance.client.call import Call, Outbox
+from appliance.client.request import TensorLike, tensor_of
+from appliance.client.result import InferResult
 from appliance.client.routing import Router, Target
 from appliance.config.settings import ShmConfig
 from appliance.core.client_memory import ClientTensor
@@ -43,101 +45,15 @@ from appliance.core.descriptor import (
     read_tensors,
     ring_blocks,
 )
-from appliance.core.device_tensors import CudaPlace, DeviceTensor
 from appliance.core.ring import Block, Ring, is_spill, ring_segment
 from appliance.core.segment import Segment
 from appliance.core.status import StatusTable
 from appliance.core.tensor import Tensor
 from appliance.core.tree import owner_pid
-from appliance.errors import BadRequest, ShmExhausted, error_from_code
+from appliance.errors import ShmExhausted, error_from_code
 from appliance.processes.lifetime import pid_alive
 
-# A DeviceTensor is an input in a client's GPU memory (KServe CUDA shared memory),
-# a ClientTensor one in a client's file (system shared memory), read when placed,
-# a Placed one already in shared memory (an ensemble's intermediate), never copied.
-TensorLike = Tensor | DeviceTensor | ClientTensor | Placed | npt.NDArray[Any]
-# What a TensorLike becomes before it is sent.
-TensorOf = Tensor | DeviceTensor | ClientTensor | Placed
-
 log = logging.getLogger("appliance.client")
-
-
-class Outbox(Protocol):
-    """What a call needs of a channel besides waiting (both channel kinds have it)."""
-
-    def send(self, target: Target, message: Message, flags: int = 0) -> None: ...
-
-    def expect(self, request_id: int) -> None: ...
-
-    def forget(self, request_id: int) -> None: ...
-
-
-class InferResult:
-    """Outputs of one request, as views into the worker's response ring.
-
-    Release it (or use it as a context manager) once the outputs have been
-    encoded or copied: the worker reuses the space afterwards.
-    """
-
-    __slots__ = ("__weakref__", "_release", "body", "outputs")
-
-    def __init__(
-        self, outputs: dict[str, Tensor], release: Any, body: dict[str, Any] | None = None
-    ) -> None:
-        self.outputs = outputs
-        self._release = release
-        # The reply's body: where each output lies (an ensemble passes them on from there).
-        self.body = body
-
-    def __getitem__(self, name: str) -> Tensor:
-        return self.outputs[name]
-
-    def array(self, name: str) -> npt.NDArray[Any]:
-        return self.outputs[name].array()
-
-    def release(self) -> None:
-        release, self._release = self._release, None
-        if release is not None:
-            release()
-
-    def __enter__(self) -> InferResult:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.release()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.release()
-
-
-@dataclass(slots=True)
-class Call:
-    """A request in flight: where it went, what it holds, and (a stream) how far it got."""
-
-    channel: Outbox
-    target: Target
-    id: int
-    blocks: list[Block]
-    deadline: float
-    # What the last wait brought (see drive.py): a reply, or the wait's error.
-    reply: Message | None = None
-    error: BaseException | None = None
-    previous: InferResult | None = None
-    finished: bool = False
-    # Run once the worker is done with the inputs of a call given up on (a
-    # deadline, a failed wait): at once if it died, else when its late reply
-    # comes. An ensemble keeps the blocks it sent by reference alive until then.
-    after: Callable[[], None] | None = None
-
-    def take(self) -> Message:
-        """The reply the last wait brought, or raise the wait's error."""
-        reply, error = self.reply, self.error
-        self.reply = self.error = None
-        if error is not None:
-            raise error
-        assert reply is not None
-        return reply
 
 
 class InFlight:
@@ -448,50 +364,6 @@ def request_ring(size: tuple[int, int], name: str, max_tensor: int, spill_limit:
     return Ring(segment, name, max_tensor, spill_limit, limit_hint=hint, regrow=make)
 
 
-def request_body(
-    model: str,
-    method: str,
-    outputs: Sequence[str] | None,
-    parameters: Mapping[str, Any] | None,
-    args: dict[str, Any] | None,
-    targets: Mapping[str, CudaPlace] | None = None,
-) -> dict[str, Any]:
-    """A request descriptor's body, less its tensors (see :meth:`InFlight.send`).
-
-    ``targets``: outputs the worker writes into a client's GPU memory.
-    """
-    body: dict[str, Any] = {"model": model, "method": method}
-    if parameters:
-        check_parameters(parameters)
-        body["params"] = dict(parameters)
-    if outputs is not None:
-        body["outputs"] = list(outputs)
-    if args is not None:
-        body["args"] = args
-    if targets:
-        body["targets"] = {name: place.to_body() for name, place in targets.items()}
-    return body
-
-
-def check_parameters(parameters: Mapping[str, Any]) -> None:
-    """Refuse parameters a descriptor cannot carry: too deep, or an integer past 64 bits.
-
-    Every protocol hands its client's parameters (JSON objects, query
-    strings) to the model this way, so the check is made once, here: by
-    encoding them as the descriptor will (orjson, at C speed), nested as deep.
-
-    Raises:
-        BadRequest: saying what orjson refused.
-    """
-    try:
-        orjson.dumps({"params": parameters})
-    except TypeError as ex:
-        raise BadRequest(
-            f"the request's parameters cannot be passed to the model ({ex}): they may nest "
-            "about 250 levels deep and hold integers of 64 bits; send larger ones as strings"
-        ) from None
-
-
 def _contains(outer: Block, inner: Block) -> bool:
     return (
         outer.segment == inner.segment
@@ -503,21 +375,6 @@ def _contains(outer: Block, inner: Block) -> bool:
 def _raise_for(reply: Message) -> None:
     if reply.code:
         raise error_from_code(reply.code, reply.error_message)
-
-
-def tensor_of(name: str, value: TensorLike) -> TensorOf:
-    """A numpy array as a Tensor; the other kinds as they are.
-
-    Raises:
-        BadRequest: the array's element type has no appliance dtype.
-    """
-    # PERF: a tuple, not a union (which is built anew at each call).
-    if isinstance(value, (Tensor, DeviceTensor, ClientTensor, Placed)):
-        return value
-    try:
-        return Tensor.from_array(value)
-    except (ValueError, TypeError) as ex:
-        raise BadRequest(f"input {name}: {ex}") from None
 
 
 def _owner_alive(segment_name: str) -> bool:

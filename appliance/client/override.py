@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from appliance.errors import BadRequest
-from appliance.formats import repository
+from appliance.formats.repository_layout import PLATFORMS
 
 # Triton's keys -> the [[models]] key each one sets.
 KNOWN = ("max_batch_size", "instance_group", "dynamic_batching", "name")
@@ -69,7 +69,7 @@ def parse(model: str, text: Any, files: Collection[str] | None = None) -> dict[s
 def _check_kind(model: str, config: Mapping[str, Any], files: Collection[str]) -> None:
     """Refuse a ``platform`` or ``backend`` that names no model file shipped."""
     shipped = {path.split("/")[-1] for path in files if path.count("/") == 1}
-    platforms = {name: filename for name, (filename, _cls) in repository.PLATFORMS.items()}
+    platforms = {name: filename for name, (filename, _cls) in PLATFORMS.items()}
     for key, kinds in (("platform", platforms), ("backend", BACKENDS)):
         if key not in config:
             continue

@@ -7,8 +7,11 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
+from appliance.client.call import Call, Outbox
 from appliance.client.drive import Pick, Run
-from appliance.client.inflight import Call, InferResult, InFlight, Outbox, TensorLike
+from appliance.client.inflight import InFlight
+from appliance.client.request import TensorLike
+from appliance.client.result import InferResult
 from appliance.errors import ApplianceError, ErrorCode
 from appliance.observability.metrics import record_call
 

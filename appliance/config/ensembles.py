@@ -34,7 +34,8 @@ from typing import Any
 
 from appliance.config.settings import ENSEMBLE, Declared, EnsembleConfig, EnsembleStep, ModelConfig
 from appliance.core.dtypes import DType
-from appliance.formats.repository import NOTES, broken
+from appliance.formats.repository import broken
+from appliance.formats.repository_layout import NOTES
 
 log = logging.getLogger("appliance.config")
 

@@ -4,27 +4,29 @@ The only builder of the dataclasses of ``appliance/config/settings.py``: :func:`
 reads a TOML file, :func:`read_snapshot` the master's JSON snapshot, and
 :func:`from_dict` (through :func:`build`) checks either mapping; a bad value
 raises ConfigError with the file, the key and what was expected.
+
+The reading is layered: one value against its field's type
+(value_reader.py), the ``[[models]]`` and ``[[repositories]]`` tables
+(model_reader.py), the sections read here, and the checks of the built
+config as a whole (checks.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
-import re
 import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 
-from appliance.config import device as devices
-from appliance.config import ensembles, sizing
+from appliance.config import checks, ensembles, sizing
+from appliance.config.model_reader import ModelReader
 from appliance.config.settings import (
     DEFAULT_CONFIG,
-    MAX_INLINE_BYTES,
     ApplianceConfig,
     AuthConfig,
     ConfigError,
@@ -34,22 +36,12 @@ from appliance.config.settings import (
     MipConfig,
     MipListener,
     ModelConfig,
-    RepositoryConfig,
     ServerConfig,
     ShmConfig,
     TlsConfig,
     TracesConfig,
     read_tokens,
 )
-from appliance.core.sequences import STRATEGIES
-from appliance.formats import repository
-from appliance.formats.repository import RepositoryError
-from appliance.observability.tracing import LEVELS as TRACE_LEVELS
-
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
-
-
-log = logging.getLogger("appliance.config")
 
 
 def load(path: Path | None = None) -> ApplianceConfig:
@@ -178,94 +170,12 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
         ensembles=served_ensembles,
         auto=(*reader.value("auto", data.get("auto", ()), "tuple[str, ...]"), *reader.auto),
     )
-    _check(config, reader)
+    checks.check(config, reader)
     return config
 
 
-CUDA_COPIES = ("model_worker", "frontend")
-EVENT_LOOPS = ("uvloop", "asyncio")
-MODEL_STARTS = ("zygote", "exec")
-
-
-def _check(config: ApplianceConfig, reader: Reader) -> None:
-    if config.traces.level.upper() not in TRACE_LEVELS:
-        reader.fail("traces.level", f"expected one of {', '.join(TRACE_LEVELS)}")
-    if config.traces.rate < 1:
-        reader.fail("traces.rate", "expected a whole number >= 1 (trace every N-th request)")
-    names = [model.name for model in config.models]
-    names += [ensemble.name for ensemble in config.ensembles]
-    for name in names:
-        if names.count(name) > 1:
-            reader.fail("models", f"model name {name!r} appears more than once")
-    named = [
-        ("server.default_model", config.server.default_model),
-        ("http.graphpipe_model", config.http.graphpipe_model),
-    ]
-    named += [
-        (f"mip.listeners[{index}].model", listener.model)
-        for index, listener in enumerate(config.mip.listeners)
-    ]
-    for key, value in named:
-        if value and value not in names:
-            reader.fail(key, f"names model {value!r}, which is not configured")
-    if config.shm.inline_threshold_bytes > MAX_INLINE_BYTES:
-        reader.fail(
-            "shm.inline_threshold_bytes",
-            f"must be at most {MAX_INLINE_BYTES} (tensor bytes above 64 KiB never "
-            "travel through a socket)",
-        )
-    if config.shm.cuda_copies not in CUDA_COPIES:
-        reader.fail(
-            "shm.cuda_copies",
-            f'expected "model_worker" or "frontend", got {config.shm.cuda_copies!r}',
-        )
-    ports = [("http.port", config.http.port), ("grpc.port", config.grpc.port)]
-    ports += [
-        (f"mip.listeners[{index}].port", listener.port)
-        for index, listener in enumerate(config.mip.listeners)
-    ]
-    for port_key, port in ports:
-        if not 0 <= port <= 65535:
-            reader.fail(port_key, f"expected a port 0..65535, got {port}")
-    _check_http(config.http, reader)
-    _check_server(config.server, reader)
-
-
-def _check_server(server: ServerConfig, reader: Reader) -> None:
-    if server.log_level.lower() not in ("debug", "info", "warning", "error"):
-        reader.fail("server.log_level", "expected one of debug, info, warning, error")
-    if server.event_loop not in EVENT_LOOPS:
-        reader.fail(
-            "server.event_loop",
-            f'expected "uvloop" or "asyncio", got {server.event_loop!r}',
-        )
-    if server.model_start not in MODEL_STARTS:
-        reader.fail(
-            "server.model_start",
-            f'expected "zygote" or "exec", got {server.model_start!r}',
-        )
-    if server.access_log not in (True, False, "text", "json"):
-        reader.fail(
-            "server.access_log",
-            f'expected true, false, "text" or "json", got {server.access_log!r}',
-        )
-
-
-def _check_http(http: HttpConfig, reader: Reader) -> None:
-    if http.max_body_bytes < 1:
-        reader.fail("http.max_body_bytes", "expected an integer >= 1")
-    for name in ("read_timeout_s", "io_timeout_s", "keepalive_s"):
-        if not getattr(http, name) > 0:
-            reader.fail(f"http.{name}", "expected a number of seconds > 0")
-
-
-class Reader:
-    """Check values against the dataclasses' field types, naming keys."""
-
-    def __init__(self, source: str, n_cpus: int = 1) -> None:
-        self.source = source
-        self.n_cpus = n_cpus
-        self.auto: list[str] = []  # the settings resolved from "auto"
+class Reader(ModelReader):
+    """Check a whole config's sections, naming keys."""
 
     def cpus(self, server: Any) -> int:
         """server.cpus, or (0, the default) the CPUs this process may use."""
@@ -282,62 +192,6 @@ class Reader:
             return data
         self.auto.append(f"{section}.workers")
         return {**data, "workers": sizing.auto(f"{section}.workers", self.n_cpus)}
-
-    def fail(self, key: str, message: str) -> NoReturn:
-        raise ConfigError(f"{self.source}: {key}: {message}")
-
-    def no_extra(self, data: Mapping[str, Any], known: set[str], where: str) -> None:
-        if not isinstance(data, Mapping):
-            self.fail(where or "(top level)", f"expected a table, got {type(data).__name__}")
-        for key in data:
-            if key not in known:
-                prefix = f"{where}." if where else ""
-                allowed = ", ".join(sorted(known - {"source"}))
-                self.fail(f"{prefix}{key}", f"unknown key; expected one of {allowed}")
-
-    def section(self, cls: Any, data: Mapping[str, Any], where: str) -> Any:
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        self.no_extra(data, set(fields), where)
-        values = {
-            name: self.value(f"{where}.{name}", data[name], fields[name].type)
-            for name in fields
-            if name in data
-        }
-        return cls(**values)
-
-    def value(self, key: str, raw: Any, kind: Any) -> Any:
-        kind = str(kind)
-        if kind in ("bool", "bool | str"):
-            return self.flag(key, raw, strings=kind != "bool")
-        if kind in ("int", "int | None"):
-            if raw is None and "None" in kind:
-                return None
-            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-                self.fail(key, f"expected an integer >= 0, got {raw!r}")
-            return raw
-        if kind in ("float", "float | None"):
-            if raw is None and "None" in kind:
-                return None
-            if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < 0:
-                self.fail(key, f"expected a number >= 0, got {raw!r}")
-            return float(raw)
-        if kind == "str":
-            if not isinstance(raw, str):
-                self.fail(key, f"expected a string, got {raw!r}")
-            return raw
-        if kind == "tuple[str, ...]":
-            if not isinstance(raw, list | tuple) or not all(isinstance(s, str) for s in raw):
-                self.fail(key, f"expected a list of strings, got {raw!r}")
-            return tuple(raw)
-        raise AssertionError(f"no reader for {kind}")
-
-    def flag(self, key: str, raw: Any, strings: bool) -> bool | str:
-        """A boolean, or (``strings``) a boolean or a string (checked in _check)."""
-        if not isinstance(raw, bool | str) or (isinstance(raw, str) and not strings):
-            self.fail(
-                key, f"expected true or false{' or a string' if strings else ''}, got {raw!r}"
-            )
-        return raw
 
     def mip(self, data: Any) -> MipConfig:
         limits = {
@@ -371,16 +225,6 @@ class Reader:
             trusted = self.value(f"{where}.trusted", item.get("trusted", False), "bool")
             listeners.append(MipListener(port, model, trusted))
         return MipConfig(workers, tuple(listeners), **values)
-
-    def path(self, key: str, raw: Any) -> str:
-        """A file's path; a relative one starts at the config file's directory."""
-        text = self.value(key, raw, "str")
-        if not text:
-            return ""
-        path = Path(text).expanduser()
-        if not path.is_absolute():
-            path = Path(self.source).parent.absolute() / path
-        return os.path.normpath(path)
 
     def tls(self, data: Any) -> TlsConfig:
         self.no_extra(data, {"cert", "key"}, "tls")
@@ -421,179 +265,3 @@ class Reader:
                 f"{path} has mode {mode:04o}, readable by others; "
                 f"chmod {mode & ~forbidden:04o} it (it holds secrets)",
             )
-
-    def repositories(self, raw: Any) -> list[RepositoryConfig]:
-        if not isinstance(raw, list):
-            self.fail("repositories", "expected an array of tables ([[repositories]])")
-        found = []
-        for index, item in enumerate(raw):
-            where = f"repositories[{index}]"
-            self.no_extra(item, {"path", "versions", "skip_unavailable"}, where)
-            if "path" not in item:
-                self.fail(f"{where}.path", "missing; a repository needs the directory's path")
-            path = Path(self.value(f"{where}.path", item["path"], "str")).expanduser()
-            if not path.is_absolute():
-                path = Path(self.source).parent.absolute() / path
-            try:
-                versions = repository.parse_versions(item.get("versions", "latest"))
-            except RepositoryError as ex:
-                self.fail(f"{where}.versions", str(ex))
-            skip = self.value(
-                f"{where}.skip_unavailable", item.get("skip_unavailable", False), "bool"
-            )
-            found.append(RepositoryConfig(os.path.normpath(path), versions, skip))
-        return found
-
-    def repository_models(
-        self, repositories: tuple[RepositoryConfig, ...]
-    ) -> list[ModelConfig | EnsembleConfig]:
-        """Scan each repository; an entry that does not check out is served Broken."""
-        models: list[ModelConfig | EnsembleConfig] = []
-        for index, repo in enumerate(repositories):
-            where = f"repositories[{index}]"
-            try:
-                entries = repository.scan(Path(repo.path), repo.versions)
-            except RepositoryError as ex:
-                self.fail(f"{where}.path", str(ex))
-            for entry in entries:
-                missing = repository.missing_runtime(entry) if repo.skip_unavailable else None
-                if missing:
-                    log.warning("%s: model %s is left out: %s", where, entry["name"], missing)
-                    continue
-                if ensembles.is_ensemble(entry):
-                    read = ensembles.from_repository(where, entry)
-                    models.append(
-                        read if isinstance(read, EnsembleConfig) else self.model(where, read)
-                    )
-                    continue
-                try:
-                    models.append(self.model(f"{where} model {entry['name']}", entry))
-                except ConfigError as ex:
-                    reason = str(ex).removeprefix(f"{self.source}: ")
-                    models.append(self.model(where, repository.broken(entry["name"], reason)))
-        return models
-
-    def models(self, raw: Any) -> list[ModelConfig | EnsembleConfig]:
-        if not isinstance(raw, list):
-            self.fail("models", "expected an array of tables ([[models]])")
-        return [self.entry(f"models[{index}]", entry) for index, entry in enumerate(raw)]
-
-    def entry(self, where: str, data: Any) -> ModelConfig | EnsembleConfig:
-        """A [[models]] table: a model class, or an ensemble (one with steps)."""
-        if not isinstance(data, Mapping) or not ensembles.is_ensemble(data):
-            return self.model(where, data)
-        try:
-            return ensembles.read(data)
-        except ensembles.EnsembleError as ex:
-            self.fail(where, f"ensemble {data.get('name')!r}: {ex}")
-
-    def model_limits(self, where: str, data: Mapping[str, Any]) -> tuple[int, float | None]:
-        """Read a model's max_queue and max_busy_s."""
-        max_queue = self.value(f"{where}.max_queue", data.get("max_queue", 1024), "int")
-        if max_queue < 1:
-            self.fail(f"{where}.max_queue", f"expected an integer >= 1, got {max_queue}")
-        max_busy_s = self.value(f"{where}.max_busy_s", data.get("max_busy_s"), "float | None")
-        if max_busy_s is not None and max_busy_s <= 0:
-            self.fail(f"{where}.max_busy_s", f"expected a number of seconds > 0, got {max_busy_s}")
-        return max_queue, max_busy_s
-
-    def model(self, where: str, data: Any) -> ModelConfig:
-        known = {
-            "name",
-            "class",
-            "instances",
-            "max_batch_size",
-            "max_queue_delay_ms",
-            "response_ring_bytes",
-            "passthrough",
-            "options",
-            "max_queue",
-            "max_busy_s",
-            "restart_wait_s",
-            "device",
-            "sequence_batching",
-            "max_sequence_idle_s",
-            "sequence_strategy",
-            "max_candidate_sequences",
-        }
-        self.no_extra(data, known, where)
-        for required in ("name", "class"):
-            if required not in data:
-                self.fail(f"{where}.{required}", "missing; every model needs a name and a class")
-        name = self.value(f"{where}.name", data["name"], "str")
-        if not _NAME.match(name):
-            self.fail(f"{where}.name", f"{name!r}: use 1-63 letters, digits, '_', '.' or '-'")
-        cls = self.value(f"{where}.class", data["class"], "str")
-        if ":" not in cls:
-            self.fail(f"{where}.class", f"expected 'module:Class', got {cls!r}")
-        instances = data.get("instances", 1)
-        if instances == "auto":
-            self.auto.append(f"models.{name}.instances")
-            instances = sizing.auto("instances", self.n_cpus)
-        instances = self.value(f"{where}.instances", instances, "int")
-        if instances < 1:
-            self.fail(f"{where}.instances", f"expected an integer >= 1, got {instances}")
-        options = data.get("options", {})
-        if not isinstance(options, Mapping):
-            self.fail(f"{where}.options", "expected a table")
-        max_queue, max_busy_s = self.model_limits(where, data)
-        restart_wait_s = self.value(
-            f"{where}.restart_wait_s", data.get("restart_wait_s", 5.0), "float"
-        )
-        device = data.get("device", "cpu")
-        problem = devices.check(device)
-        if problem:
-            self.fail(f"{where}.device", problem)
-        return ModelConfig(
-            name=name,
-            cls=cls,
-            instances=instances,
-            max_batch_size=self.value(
-                f"{where}.max_batch_size", data.get("max_batch_size"), "int | None"
-            ),
-            max_queue_delay_ms=self.value(
-                f"{where}.max_queue_delay_ms", data.get("max_queue_delay_ms", 0.0), "float"
-            ),
-            response_ring_bytes=self.value(
-                f"{where}.response_ring_bytes", data.get("response_ring_bytes"), "int | None"
-            ),
-            passthrough=self.value(f"{where}.passthrough", data.get("passthrough", True), "bool"),
-            options=dict(options),
-            max_queue=max_queue,
-            max_busy_s=max_busy_s,
-            restart_wait_s=restart_wait_s,
-            device=device,
-            **self.sequence_keys(where, data),
-        )
-
-    def sequence_keys(self, where: str, data: Mapping[str, Any]) -> dict[str, Any]:
-        """Read a model's sequence batching keys (see appliance/core/sequences.py)."""
-        idle = self.value(
-            f"{where}.max_sequence_idle_s", data.get("max_sequence_idle_s", 60.0), "float"
-        )
-        if idle <= 0:
-            self.fail(f"{where}.max_sequence_idle_s", f"expected seconds > 0, got {idle}")
-        strategy = self.value(
-            f"{where}.sequence_strategy", data.get("sequence_strategy", "direct"), "str"
-        )
-        if strategy not in STRATEGIES:
-            self.fail(
-                f"{where}.sequence_strategy",
-                f"expected one of {', '.join(STRATEGIES)}, got {strategy!r}",
-            )
-        candidates = self.value(
-            f"{where}.max_candidate_sequences", data.get("max_candidate_sequences", 1024), "int"
-        )
-        if candidates < 1:
-            self.fail(
-                f"{where}.max_candidate_sequences", f"expected an integer >= 1, got {candidates}"
-            )
-        enabled = data.get("sequence_batching")
-        return {
-            "sequence_batching": None
-            if enabled is None
-            else self.value(f"{where}.sequence_batching", enabled, "bool"),
-            "max_sequence_idle_s": idle,
-            "sequence_strategy": strategy,
-            "max_candidate_sequences": candidates,
-        }

@@ -6,7 +6,7 @@ opens the handle in the primary context of that GPU (the one torch and ONNX
 Runtime use too), feeds its model from it and writes the outputs into the
 client's buffers; a frontend only counts GPUs (``cuInit`` and
 ``cuDeviceGetCount`` make no context), unless ``cuda_shm_copies`` is
-"frontend" (appliance/worker/cuda_regions.py, kserve/shm.py).
+"frontend" (appliance/worker/cuda_regions.py, kserve/shm_cuda_handles.py).
 
 Why the driver API through ctypes: ``libcuda.so.1`` comes with the NVIDIA
 driver on every GPU host, whatever CUDA toolkit and Python packages are

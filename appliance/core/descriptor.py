@@ -38,7 +38,7 @@ worker/passthrough.py): their bytes are not the worker's to lease.
 
 A segment may be any process's of the tree: a request's tensor may lie in
 the sender's request ring, or (a :class:`Placed` tensor: an ensemble's
-intermediate, see appliance/client/ensemble.py) in the response ring of the
+intermediate, see appliance/client/ensemble_run.py) in the response ring of the
 worker that made it, read in place by the next.
 
 SAFETY: payloads are sent with copying sends; a view of a ring is never

@@ -1,7 +1,7 @@
 """The hang watchdog: kill a model instance stuck in one batch too long.
 
 A model worker writes ``busy_since`` into its status slot around each batch
-(worker/server.py ``_predict``). A predict that never returns leaves it set,
+(worker/batch_runner.py ``_predict``). A predict that never returns leaves it set,
 and the instance serves nothing else meanwhile; a request without a deadline
 would wait for ever. Once an instance has been busy longer than its model's
 ``max_busy_s``, the master kills it with SIGKILL: clients watching the slot

@@ -23,12 +23,18 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from appliance.core.sequences import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START
+from appliance.core.sequences import (
+    FLAG_END,
+    FLAG_START,
+    SEQUENCE_END,
+    SEQUENCE_ID,
+    SEQUENCE_START,
+)
 from appliance.errors import (
     ApplianceError,
     BadRequest,
@@ -37,7 +43,7 @@ from appliance.errors import (
     ModelNotFound,
     ModelNotReady,
 )
-from appliance.runtimes import python_backend_utils as pb_utils
+from appliance.runtimes.pb_types import InferenceResponse, Tensor, TritonError
 
 if TYPE_CHECKING:
     from appliance.client.api import ModelClient
@@ -50,6 +56,31 @@ if TYPE_CHECKING:
 RING_BYTES = 8 << 20
 # Loading imports the model and its runtime (torch alone takes seconds).
 LOAD_TIMEOUT_S = 300.0
+
+
+class CallRequest(Protocol):
+    """What a call reads of the request a model made (``pb_utils.InferenceRequest``).
+
+    Described here, not imported: python_backend_utils.py, which defines the
+    request, calls this module.
+    """
+
+    def model_name(self) -> str: ...
+
+    def inputs(self) -> Iterable[Tensor]: ...
+
+    def requested_output_names(self) -> Sequence[str]: ...
+
+    def parameters(self) -> str: ...
+
+    def timeout(self) -> int: ...
+
+    def correlation_id(self) -> int | str: ...
+
+    def flags(self) -> int: ...
+
+    def request_id(self) -> str: ...
+
 
 _where: tuple[Tree, ApplianceConfig, StatusTable] | None = None
 _client: ModelClient | None = None
@@ -71,7 +102,7 @@ def close() -> None:
         client.close()
 
 
-def infer(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+def infer(request: CallRequest) -> InferenceResponse:
     """Run ``request`` on its model; its outputs, or its error, as a response."""
     try:
         with _the_client().infer(**_call(request)) as result:
@@ -80,7 +111,7 @@ def infer(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         return _failed(ex)
 
 
-async def infer_async(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+async def infer_async(request: CallRequest) -> InferenceResponse:
     """:func:`infer`, awaited in the running event loop (``async def execute``)."""
     try:
         result = await _the_client().infer_async(**_call(request))
@@ -90,7 +121,7 @@ async def infer_async(request: pb_utils.InferenceRequest) -> pb_utils.InferenceR
         return _response(result.outputs)
 
 
-def stream(request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
+def stream(request: CallRequest) -> Iterator[InferenceResponse]:
     """A decoupled model's responses to ``request``, then the empty final one.
 
     An error ends the responses with a response carrying it.
@@ -110,8 +141,8 @@ def stream(request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceRes
 
 
 async def stream_async(
-    request: pb_utils.InferenceRequest,
-) -> AsyncIterator[pb_utils.InferenceResponse]:
+    request: CallRequest,
+) -> AsyncIterator[InferenceResponse]:
     """:func:`stream`, awaited in the running event loop."""
     try:
         async with contextlib.aclosing(_the_client().stream_async(**_call(request))) as parts:
@@ -183,7 +214,7 @@ def _the_client() -> ModelClient:
         return _client
 
 
-def _call(request: pb_utils.InferenceRequest) -> dict[str, Any]:
+def _call(request: CallRequest) -> dict[str, Any]:
     """The client's arguments for ``request``."""
     timeout_us = request.timeout()
     parameters = json.loads(request.parameters())
@@ -192,8 +223,8 @@ def _call(request: pb_utils.InferenceRequest) -> dict[str, Any]:
         # A step of a sequence model's sequence, as a client's request says it.
         flags = request.flags()
         parameters[SEQUENCE_ID] = sequence
-        parameters[SEQUENCE_START] = bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
-        parameters[SEQUENCE_END] = bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+        parameters[SEQUENCE_START] = bool(flags & FLAG_START)
+        parameters[SEQUENCE_END] = bool(flags & FLAG_END)
     return {
         "model": request.model_name(),
         "inputs": {tensor.name(): tensor.as_numpy() for tensor in request.inputs()},
@@ -204,20 +235,20 @@ def _call(request: pb_utils.InferenceRequest) -> dict[str, Any]:
     }
 
 
-def _response(outputs: dict[str, Any]) -> pb_utils.InferenceResponse:
+def _response(outputs: dict[str, Any]) -> InferenceResponse:
     # Copied: the views are of the called model's ring, which it reuses.
-    tensors = [pb_utils.Tensor(name, np.array(t.array())) for name, t in outputs.items()]
-    return pb_utils.InferenceResponse(output_tensors=tensors)
+    tensors = [Tensor(name, np.array(t.array())) for name, t in outputs.items()]
+    return InferenceResponse(output_tensors=tensors)
 
 
-def _failed(ex: ApplianceError) -> pb_utils.InferenceResponse:
-    code = _CODES.get(ex.code, pb_utils.TritonError.INTERNAL)
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(ex.message, code))
+def _failed(ex: ApplianceError) -> InferenceResponse:
+    code = _CODES.get(ex.code, TritonError.INTERNAL)
+    return InferenceResponse(error=TritonError(ex.message, code))
 
 
 _CODES = {
-    ErrorCode.BAD_REQUEST: pb_utils.TritonError.INVALID_ARG,
-    ErrorCode.MODEL_NOT_FOUND: pb_utils.TritonError.NOT_FOUND,
-    ErrorCode.MODEL_NOT_READY: pb_utils.TritonError.UNAVAILABLE,
-    ErrorCode.UNSUPPORTED: pb_utils.TritonError.UNSUPPORTED,
+    ErrorCode.BAD_REQUEST: TritonError.INVALID_ARG,
+    ErrorCode.MODEL_NOT_FOUND: TritonError.NOT_FOUND,
+    ErrorCode.MODEL_NOT_READY: TritonError.UNAVAILABLE,
+    ErrorCode.UNSUPPORTED: TritonError.UNSUPPORTED,
 }

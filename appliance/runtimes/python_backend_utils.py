@@ -12,23 +12,22 @@ with its codes, :class:`TritonModelException`, :class:`Logger`, the helpers
 that look tensors and tensor configs up by name and convert Triton's type
 names, the request and response flags, :class:`ModelConfig` for
 ``auto_complete_config``, and :class:`MetricFamily` for the model's own metrics.
+The values its BLS calls (bls.py) hand back too, :class:`Tensor`,
+:class:`InferenceResponse`, :class:`TritonError`, :class:`TritonModelException`
+and the byte tensors' (de)serializers, are pb_types.py's, exported here as
+the same objects, so a model's ``isinstance`` checks hold either way.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from appliance.core import dtypes
 from appliance.core.sequences import FLAG_END, FLAG_START
 from appliance.errors import ApplianceError
-from appliance.runtimes import custom_metrics
+from appliance.runtimes import bls, custom_metrics
 
 # Triton's names, exported as its module exports them.
 from appliance.runtimes.pb_config import TRITON_STRING_TO_NUMPY as TRITON_STRING_TO_NUMPY
@@ -36,6 +35,13 @@ from appliance.runtimes.pb_config import ModelConfig as ModelConfig
 from appliance.runtimes.pb_config import numpy_to_triton_type as numpy_to_triton_type
 from appliance.runtimes.pb_config import triton_string_to_numpy as triton_string_to_numpy
 from appliance.runtimes.pb_config import triton_to_numpy_type as triton_to_numpy_type
+from appliance.runtimes.pb_types import InferenceResponse as InferenceResponse
+from appliance.runtimes.pb_types import Tensor as Tensor
+from appliance.runtimes.pb_types import TritonError as TritonError
+from appliance.runtimes.pb_types import TritonModelException as TritonModelException
+from appliance.runtimes.pb_types import deserialize_bytes_tensor as deserialize_bytes_tensor
+from appliance.runtimes.pb_types import json_text
+from appliance.runtimes.pb_types import serialize_byte_tensor as serialize_byte_tensor
 
 log = logging.getLogger("appliance.model")
 
@@ -44,166 +50,6 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = FLAG_END
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-
-
-def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> npt.NDArray[np.uint8] | None:
-    """BYTES elements as Triton lays them out: a 4-byte little-endian length, then the bytes."""
-    if input_tensor.size == 0:
-        return None
-    return np.frombuffer(dtypes.pack_bytes(input_tensor), dtype=np.uint8)
-
-
-def deserialize_bytes_tensor(encoded_tensor: bytes | npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """The inverse of :func:`serialize_byte_tensor`: an object array of bytes."""
-    data = bytes(encoded_tensor)
-    items, at = [], 0
-    while at < len(data):
-        length = int.from_bytes(data[at : at + 4], "little")
-        items.append(data[at + 4 : at + 4 + length])
-        at += 4 + length
-    array = np.empty(len(items), dtype=np.object_)
-    array[:] = items
-    return array
-
-
-class TritonError:
-    """An error a model returns in a response (or a BLS call returns to it)."""
-
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
-
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
-        self._message = str(message)
-        self._code = int(code)
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> int:
-        return self._code
-
-    def __repr__(self) -> str:
-        return f"TritonError({self._message!r}, {self._code})"
-
-
-class TritonModelException(Exception):
-    """Raised to the model by this module's calls that fail."""
-
-    def message(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class _Capsule:
-    """A DLPack capsule as numpy.from_dlpack takes it (it wants ``__dlpack__``)."""
-
-    def __init__(self, capsule: Any) -> None:
-        self._capsule = capsule
-
-    def __dlpack__(self, stream: Any = None, **_kwargs: Any) -> Any:
-        return self._capsule
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)  # kDLCPU
-
-
-class Tensor:
-    """A named tensor: an input the model got, or an output it returns.
-
-    Args:
-        name: the tensor's name in the model's config.
-        data: a numpy array (BYTES as an object array of bytes or str).
-    """
-
-    def __init__(self, name: str, data: Any, dtype: Any = None) -> None:
-        if not isinstance(data, np.ndarray):
-            raise TritonModelException(
-                f"tensor {name!r}: expected a numpy array, got {type(data).__name__} "
-                "(Tensor.from_dlpack takes DLPack tensors)"
-            )
-        self._name = name
-        self._array = data if dtype is None else data.astype(dtype, copy=False)
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> npt.NDArray[Any]:
-        return self._array
-
-    def shape(self) -> list[int]:
-        return list(self._array.shape)
-
-    def triton_dtype(self) -> int | None:
-        return numpy_to_triton_type(self._array.dtype)
-
-    def is_cpu(self) -> bool:
-        return True
-
-    def to_dlpack(self) -> Any:
-        if self._array.dtype == np.object_:
-            raise TritonModelException(f"tensor {self._name!r}: BYTES tensors have no DLPack form")
-        return self._array.__dlpack__()
-
-    def __dlpack__(self, stream: Any = None) -> Any:
-        return self.to_dlpack()
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)  # kDLCPU, device 0: every tensor here is in host memory
-
-    @staticmethod
-    def from_dlpack(name: str, capsule: Any) -> Tensor:
-        source = capsule if hasattr(capsule, "__dlpack__") else _Capsule(capsule)
-        try:
-            array = np.from_dlpack(source)
-        except (TypeError, RuntimeError, BufferError) as ex:
-            raise TritonModelException(
-                f"tensor {name!r}: cannot read a DLPack tensor on the CPU: {ex}"
-            ) from None
-        return Tensor(name, array)
-
-    def __repr__(self) -> str:
-        return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
-
-
-class InferenceResponse:
-    """What a model answers one request with: its outputs, or an error."""
-
-    def __init__(
-        self,
-        output_tensors: Sequence[Tensor] | None = None,
-        error: TritonError | None = None,
-        parameters: Mapping[str, Any] | str | None = None,
-    ) -> None:
-        self._outputs = list(output_tensors or ())
-        self._error = error
-        # As given (a dict or JSON text): made JSON only when asked for.
-        self._parameters: Mapping[str, Any] | str = parameters or {}
-
-    def output_tensors(self) -> list[Tensor]:
-        return self._outputs
-
-    def has_error(self) -> bool:
-        return self._error is not None
-
-    def error(self) -> TritonError | None:
-        return self._error
-
-    def parameters(self) -> str:
-        return _json_text(self._parameters)
-
-    def parameters_given(self) -> dict[str, Any]:
-        """The parameters as the model gave them, as a dict (the runtime's)."""
-        given = self._parameters
-        return dict(json.loads(given) if isinstance(given, str) else given)
-
-
-def _json_text(parameters: Mapping[str, Any] | str) -> str:
-    return parameters if isinstance(parameters, str) else json.dumps(parameters)
 
 
 class InferenceResponseSender:
@@ -311,7 +157,7 @@ class InferenceRequest:
 
     def parameters(self) -> str:
         """The request's parameters as a JSON object's text."""
-        return _json_text(self._parameters)
+        return json_text(self._parameters)
 
     def timeout(self) -> int:
         return self._timeout
@@ -353,15 +199,11 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` (BLS): its InferenceResponse, or (a
         decoupled model) an iterator of them ending with an empty final one."""
-        from appliance.runtimes import bls
-
         return ResponseIterator(bls.stream(self)) if decoupled else bls.infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """:meth:`exec` in ``async def execute``: other calls run while this one waits
         (a decoupled model's responses come as a list, once its stream ended)."""
-        from appliance.runtimes import bls
-
         if decoupled:
             return [response async for response in bls.stream_async(self)]
         return await bls.infer_async(self)
@@ -420,8 +262,6 @@ def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | N
     Raises:
         TritonModelException: it was refused or did not become ready.
     """
-    from appliance.runtimes import bls
-
     try:
         bls.load_model(model_name, config, files)
     except ApplianceError as ex:
@@ -435,8 +275,6 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     Raises:
         TritonModelException: it is not served, or a reload is running.
     """
-    from appliance.runtimes import bls
-
     try:
         bls.unload_model(model_name)
     except ApplianceError as ex:
@@ -444,8 +282,6 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    from appliance.runtimes import bls
-
     return bls.is_model_ready(model_name, model_version)
 
 

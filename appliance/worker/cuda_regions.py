@@ -39,7 +39,7 @@ from appliance.errors import BadRequest, ModelFailed
 
 log = logging.getLogger("appliance.worker")
 
-# Written by appliance/protocols/kserve/shm.py; read here, never written.
+# Written by appliance/protocols/kserve/shm_registry.py; read here, never written.
 REGISTRY_FILE = "kserve-shm.json"
 
 

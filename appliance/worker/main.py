@@ -36,7 +36,7 @@ from appliance.worker.batcher import DERIVATIVES
 from appliance.worker.cuda_regions import CudaRegions
 from appliance.worker.loader import Loaded, LoadError, load_model
 from appliance.worker.reshape import Reshapes
-from appliance.worker.sequences import settings_for
+from appliance.worker.sequence_settings import settings_for
 from appliance.worker.server import WorkerServer
 
 log = logging.getLogger("appliance.worker")

@@ -1,4 +1,4 @@
-"""Stateful sequences in a model worker: admission, implicit state, batches of steps.
+"""Stateful sequences in a model worker: the live sequences, their admission and state.
 
 Every step of a sequence reaches the same instance (the client's router
 sees to that, see client/routing.py), so one instance holds a sequence's
@@ -23,24 +23,22 @@ the batcher, until an ending sequence frees a slot. "oldest" lets up to
 ``max_candidate_sequences`` sequences live at once and forms each batch
 from the oldest waiting steps.
 Either way a batch holds at most one step per sequence, so a step always
-sees the state its predecessor left.
+sees the state its predecessor left (sequence_batcher.py). The settings
+read at load are sequence_settings.py's.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from appliance.config.settings import ModelConfig
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.sequences import (
-    CONTROLS,
     CORRID,
     END,
     READY,
@@ -50,115 +48,15 @@ from appliance.core.sequences import (
     START,
     Control,
     SequenceId,
-    State,
-    control,
     sequence_of,
 )
 from appliance.errors import BadRequest, ModelFailed, Overloaded
-from appliance.model import Model
 from appliance.worker.batcher import PREDICT, STREAM, Batcher
 from appliance.worker.pending import Live, Pending, Step
+from appliance.worker.sequence_batcher import SequenceBatcher, step_of
+from appliance.worker.sequence_settings import SequenceSettings
 
 Array = npt.NDArray[Any]
-
-
-@dataclass(slots=True)
-class SequenceSettings:
-    """A sequence model's settings, from its class and its [[models]] entry."""
-
-    model: str
-    strategy: str
-    idle_s: float
-    max_candidates: int
-    max_batch_size: int
-    states: Sequence[State] = ()
-    # A kind alone ("start", ...) stands for that kind's default control.
-    controls: Mapping[str, Control | str] = field(default_factory=dict)
-    max_queue_delay_ms: float = 0.0
-    # State outputs the model lists among its outputs: the client gets them too.
-    exposed: frozenset[str] = frozenset()
-
-    def __post_init__(self) -> None:
-        self.controls = {
-            name: declared if isinstance(declared, Control) else control(declared)
-            for name, declared in self.controls.items()
-        }
-
-    def control_inputs(self) -> Mapping[str, Control]:
-        """The controls, each a :class:`Control` (see ``__post_init__``)."""
-        return {name: c for name, c in self.controls.items() if isinstance(c, Control)}
-
-    def describe(self) -> dict[str, Any]:
-        """These settings as Triton's ModelSequenceBatching (for its model-config JSON).
-
-        SPEC: Triton's model_config.proto. A correlation id control of no
-        declared type (a Python model's) reads TYPE_INT64; a string id
-        arrives as BYTES.
-        """
-        delay = {"max_queue_delay_microseconds": int(self.max_queue_delay_ms * 1000)}
-        strategy = (
-            {"direct": delay}
-            if self.strategy == "direct"
-            else {"oldest": {"max_candidate_sequences": self.max_candidates, **delay}}
-        )
-        controls = []
-        for name, declared in self.control_inputs().items():
-            described: dict[str, Any] = {"kind": f"CONTROL_SEQUENCE_{declared.kind.upper()}"}
-            if declared.kind == CORRID:
-                described["data_type"] = _type_name(declared.dtype or DType.INT64)
-            else:
-                values = [declared.false, declared.true]
-                described[_FALSE_TRUE[declared.dtype or DType.INT32]] = values
-            controls.append({"name": name, "control": [described]})
-        states = [
-            {
-                "input_name": item.input,
-                "output_name": item.output,
-                "data_type": _type_name(item.dtype),
-                "dims": list(item.shape),
-            }
-            for item in self.states
-        ]
-        return {
-            "max_sequence_idle_microseconds": int(self.idle_s * 1e6),
-            **strategy,
-            "control_input": controls,
-            "state": states,
-        }
-
-
-def settings_for(config: ModelConfig, model: Model, max_batch_size: int) -> SequenceSettings | None:
-    """The sequence settings of a model, or None when sequence batching is off.
-
-    Raises:
-        ModelFailed: a control names an unknown kind.
-    """
-    enabled = (
-        model.sequence_batching if config.sequence_batching is None else config.sequence_batching
-    )
-    if not enabled:
-        return None
-    controls: dict[str, Control] = {}
-    for name, declared in model.sequence_controls.items():
-        kind = declared.kind if isinstance(declared, Control) else declared
-        if kind not in CONTROLS:
-            raise ModelFailed(
-                f"model {config.name}: sequence control {name!r} has kind {kind!r}; "
-                f"expected one of {', '.join(CONTROLS)}"
-            )
-        controls[name] = declared if isinstance(declared, Control) else control(kind)
-    listed = {spec.name for spec in model.outputs or ()}
-    return SequenceSettings(
-        config.name,
-        config.sequence_strategy,
-        config.max_sequence_idle_s,
-        config.max_candidate_sequences,
-        max_batch_size,
-        tuple(model.sequence_state),
-        controls,
-        config.max_queue_delay_ms,
-        frozenset(item.output for item in model.sequence_state if item.output in listed),
-    )
 
 
 def refuse_sequence(model: str, pending: Pending) -> None:
@@ -357,7 +255,7 @@ class Sequences:
 
     def inputs(self, batch: list[Pending], inputs: dict[str, Array]) -> dict[str, Array]:
         """The batch's inputs with its control and state inputs added."""
-        steps = [_step(pending) for pending in batch]
+        steps = [step_of(pending) for pending in batch]
         batched = self.settings.max_batch_size > 0
         full = dict(inputs)
         for name, declared in self.settings.control_inputs().items():
@@ -393,76 +291,10 @@ class Sequences:
                     f"expected {list(want)}"
                 )
             for index, pending in enumerate(batch):
-                _step(pending).live.state[item.input] = (
+                step_of(pending).live.state[item.input] = (
                     value[index].copy() if batched else value.copy()
                 )
         return outputs
-
-
-class SequenceBatcher(Batcher):
-    """A batcher that puts at most one step of each sequence in a batch.
-
-    The steps of a sequence waiting for a slot are held apart, in arrival
-    order, until :meth:`release`; they count as queued all the same (the
-    instance's depth, ``max_queue``, a drain), and a cancel finds them.
-    """
-
-    def __init__(
-        self, max_batch_size: int, max_queue_delay_s: float, direct: bool, shaped: bool = False
-    ) -> None:
-        super().__init__(max_batch_size, max_queue_delay_s)
-        self.direct = direct
-        # A state of free sizes: only steps whose states have equal shapes stack.
-        self.shaped = shaped
-        self.held: deque[Pending] = deque()
-
-    def __len__(self) -> int:
-        return len(self.queue) + len(self.held)
-
-    def add(self, pending: Pending) -> None:
-        (self.held if _step(pending).live.waiting else self.queue).append(pending)
-
-    def release(self, live: Live) -> None:
-        """Queue the held steps of ``live``, which has a slot now."""
-        still = deque[Pending]()
-        for item in self.held:
-            (self.queue if _step(item).live is live else still).append(item)
-        self.held = still
-
-    def drop(self, predicate: Any) -> list[Pending]:
-        dropped = super().drop(predicate)
-        held = [item for item in self.held if predicate(item)]
-        if held:
-            self.held = deque(item for item in self.held if not predicate(item))
-        return dropped + held
-
-    def _admitter(self, head: Pending, now: float) -> Callable[[Pending], bool]:
-        # A sequence's later steps wait behind its first one left in the queue.
-        seen = {id(_step(head).live)}
-        size = 1
-        shapes = _state_shapes(head) if self.shaped else None
-
-        def admit(item: Pending) -> bool:
-            nonlocal size
-            live = id(_step(item).live)
-            joins = item.key == head.key and live not in seen and size < self.max_batch_size
-            joins = joins and (shapes is None or _state_shapes(item) == shapes)
-            seen.add(live)
-            size += joins
-            return joins
-
-        return admit
-
-    def _ordered(self, batch: list[Pending]) -> list[Pending]:
-        if self.direct:
-            batch.sort(key=lambda pending: _step(pending).live.slot)
-        return batch
-
-
-def _step(pending: Pending) -> Step:
-    step = pending.step
-    assert step is not None, "a sequence model's requests are admitted before they queue"
-    return step
 
 
 def _flag(model: str, params: Mapping[str, Any], key: str) -> bool:
@@ -470,10 +302,6 @@ def _flag(model: str, params: Mapping[str, Any], key: str) -> bool:
     if not isinstance(value, bool):
         raise BadRequest(f"model {model}: parameter {key} must be true or false, got {value!r}")
     return value
-
-
-def _state_shapes(pending: Pending) -> tuple[tuple[int, ...], ...]:
-    return tuple(value.shape for value in _step(pending).live.state.values())
 
 
 def _control(declared: Control, steps: list[Step], batched: bool) -> Array:
@@ -501,15 +329,3 @@ def _control(declared: Control, steps: list[Step], batched: bool) -> Array:
 
 def _numpy(dtype: DType) -> Any:
     return object if dtype is DType.BYTES else to_numpy(dtype)
-
-
-def _type_name(dtype: DType) -> str:
-    """Triton's name of a type (TYPE_STRING for BYTES)."""
-    return f"TYPE_{'STRING' if dtype is DType.BYTES else dtype.value}"
-
-
-_FALSE_TRUE = {
-    DType.INT32: "int32_false_true",
-    DType.FP32: "fp32_false_true",
-    DType.BOOL: "bool_false_true",
-}

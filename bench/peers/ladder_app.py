@@ -39,7 +39,9 @@ from floor_app import HEADER_LENGTH, answer, respond
 from gunicorn.app.base import BaseApplication
 
 from appliance.client.api import ModelClient
-from appliance.client.inflight import InferResult, Outbox, TensorLike
+from appliance.client.call import Outbox
+from appliance.client.request import TensorLike
+from appliance.client.result import InferResult
 from appliance.config.reader import read_snapshot
 from appliance.config.settings import ApplianceConfig
 from appliance.core.tensor import Tensor

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.client.inflight import check_parameters, request_body
+from appliance.client.request import check_parameters, request_body
 from appliance.core.descriptor import Kind, Message, from_frame, to_frame
 from appliance.errors import BadRequest, TooLarge
 from appliance.protocols.grps.service import parameters as grps_parameters

@@ -17,7 +17,9 @@ from appliance.core.device_tensors import CudaPlace
 from appliance.errors import BadRequest, Unsupported
 from appliance.protocols.kserve.errors import RegionExists
 from appliance.protocols.kserve.inference import ShmRef
-from appliance.protocols.kserve.shm import CudaRegion, RegionTable, Target
+from appliance.protocols.kserve.shm import RegionTable
+from appliance.protocols.kserve.shm_places import Target
+from appliance.protocols.kserve.shm_registry import CudaRegion
 from appliance.worker.cuda_regions import CudaRegions
 from tests.gpu import cuda_driver_missing
 

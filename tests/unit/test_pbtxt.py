@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from appliance.formats.repository import BROKEN_CLASS, ONNX_CLASS, TORCHSCRIPT_CLASS, scan
+from appliance.formats.repository import BROKEN_CLASS, scan
+from appliance.formats.repository_layout import ONNX_CLASS, TORCHSCRIPT_CLASS
 from appliance.formats.triton import config_pbtxt as pbtxt
 
 

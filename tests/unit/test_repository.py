@@ -11,14 +11,9 @@ import tomli_w
 from appliance.config.reader import load, read_snapshot
 from appliance.config.settings import ConfigError, write_snapshot
 from appliance.formats import repository
-from appliance.formats.repository import (
-    BROKEN_CLASS,
-    ONNX_CLASS,
-    TORCHSCRIPT_CLASS,
-    RepositoryError,
-    parse_versions,
-    scan,
-)
+from appliance.formats.model_versions import parse_versions
+from appliance.formats.repository import BROKEN_CLASS, scan
+from appliance.formats.repository_layout import ONNX_CLASS, TORCHSCRIPT_CLASS, RepositoryError
 
 
 def put(root: Path, relative: str, content: bytes | str = b"x") -> Path:

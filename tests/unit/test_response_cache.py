@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from appliance.client.cache import ENTRY_OVERHEAD, ResponseCache
-from appliance.client.inflight import InferResult
+from appliance.client.result import InferResult
 from appliance.core.tensor import Tensor
 
 

@@ -16,13 +16,9 @@ from appliance.core.tensor import Tensor, spec
 from appliance.errors import BadRequest, Overloaded
 from appliance.worker.batcher import batch_inputs, check_request
 from appliance.worker.pending import Pending
-from appliance.worker.sequences import (
-    SequenceBatcher,
-    Sequences,
-    SequenceSettings,
-    batcher_for,
-    refuse_sequence,
-)
+from appliance.worker.sequence_batcher import SequenceBatcher
+from appliance.worker.sequence_settings import SequenceSettings
+from appliance.worker.sequences import Sequences, batcher_for, refuse_sequence
 
 META = ModelMetadata(
     "m", ("1",), "python", (spec("x", "INT32", [-1, 1]),), (spec("y", "INT32", [-1, 1]),), 4

@@ -5,16 +5,16 @@ text of Triton's ModelConfig (protos/triton_model_config.proto, parsed by
 protobuf's own text format parser). :func:`read` maps what it means onto the
 appliance's settings (appliance/formats/repository.py), field by field:
 
-- ``platform`` / ``backend``: onnxruntime_onnx (backend onnxruntime) and
+- ``platform`` / ``backend`` (read in platforms.py): onnxruntime_onnx (backend onnxruntime) and
   pytorch_libtorch (backend pytorch) pick their runtime; ``default_model_filename``
   names the file in each version directory;
-- ``max_batch_size``, ``input`` and ``output`` (``dims`` exclude the batch
-  dimension when max_batch_size > 0, as in Triton; TYPE_STRING is BYTES); an
-  input's ``optional``; a tensor's ``reshape`` (the ``reshape`` option:
-  worker/reshape.py);
-- ``instance_group``: the counts, summed; KIND_CPU on the CPU, KIND_GPU on
+- ``max_batch_size``, ``input`` and ``output`` (read in tensors.py; ``dims``
+  exclude the batch dimension when max_batch_size > 0, as in Triton;
+  TYPE_STRING is BYTES); an input's ``optional``; a tensor's ``reshape`` (the
+  ``reshape`` option: worker/reshape.py);
+- ``instance_group`` (read in instances.py): the counts, summed; KIND_CPU on the CPU, KIND_GPU on
   the listed GPU (``gpus`` with one GPU) or spread over all (no ``gpus``);
-- ``dynamic_batching``: ``max_queue_delay_microseconds``, and its priorities,
+- ``dynamic_batching`` (read in batching.py): ``max_queue_delay_microseconds``, and its priorities,
   queue policies and preferred batch sizes as the ``scheduling`` option
   (appliance/config/scheduling.py);
 - ``sequence_batching``: read in appliance/formats/triton/sequences.py;
@@ -48,17 +48,14 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from appliance._generated import triton_model_config_pb2 as mc
+from appliance.formats.triton.batching import BatchingFields
+from appliance.formats.triton.instances import InstanceFields
+from appliance.formats.triton.platforms import ENSEMBLE, PYTHON, platform_of
 from appliance.formats.triton.sequences import PbtxtError as PbtxtError
-from appliance.formats.triton.sequences import SequenceFields, is_set
+from appliance.formats.triton.sequences import is_set
+from appliance.formats.triton.tensors import TensorFields
 
 FILE = "config.pbtxt"
-PYTHON = "python"
-
-_PLATFORMS = {
-    "onnxruntime_onnx": "onnxruntime_onnx",
-    "pytorch_libtorch": "pytorch_libtorch",
-}
-_BACKENDS = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", PYTHON: PYTHON}
 # ModelConfig fields read below; any other field that is set becomes a note.
 _USED = {
     "name",
@@ -83,7 +80,6 @@ _REFUSED = {
     "batch_output": "batch outputs (Triton's ragged batching) are not served",
 }
 _THREADS_PARAMETER = "intra_op_thread_count"
-ENSEMBLE = "ensemble"
 # What an ensemble's config.pbtxt may set besides its steps; anything else
 # (instance groups, batching, parameters: a worker's settings) is noted.
 _ENSEMBLE_USED = {"name", "platform", "max_batch_size", "input", "output", "version_policy"}
@@ -115,7 +111,7 @@ def _parse(path: Path) -> Any:
     return config
 
 
-class _Reader(SequenceFields):
+class _Reader(BatchingFields, InstanceFields, TensorFields):
     def __init__(self, config: Any, model_dir: Path) -> None:
         self.config = config
         self.model_dir = model_dir
@@ -133,7 +129,7 @@ class _Reader(SequenceFields):
             if is_set(config, field):
                 raise PbtxtError(f"{field}: {reason}")
         settings: dict[str, Any] = {}
-        platform = self._platform()
+        platform = platform_of(config)
         if platform == ENSEMBLE:
             return self._ensemble(), self.notes
         if config.HasField("ensemble_scheduling"):
@@ -263,156 +259,6 @@ class _Reader(SequenceFields):
             "steps": steps,
         }
 
-    def _platform(self) -> str:
-        config = self.config
-        if config.platform == ENSEMBLE:
-            return ENSEMBLE
-        if config.platform:
-            found = _PLATFORMS.get(config.platform)
-            if found is None:
-                raise PbtxtError(
-                    f"platform: {config.platform!r} has no runtime here; the appliance serves "
-                    f"{' and '.join(_PLATFORMS)} model files"
-                )
-            return found
-        if config.backend:
-            found = _BACKENDS.get(config.backend)
-            if found is None:
-                raise PbtxtError(
-                    f"backend: {config.backend!r} has no runtime here; the appliance serves "
-                    f"the {', '.join(_BACKENDS)} backends"
-                )
-            return found
-        return ""
-
-    def _tensor(self, kind: str, index: int, tensor: Any, batched: bool) -> dict[str, Any]:
-        where = f"{kind}[{index}] ({tensor.name or 'no name'})"
-        if not tensor.name:
-            raise PbtxtError(f"{where}: name is missing")
-        for field in ("is_shape_tensor", "allow_ragged_batch"):
-            if is_set(tensor, field):
-                raise PbtxtError(f"{where}.{field}: not served")
-        for field in ("format", "label_filename", "is_non_linear_format_io"):
-            if is_set(tensor, field):
-                self.notes.append(f"{where}.{field} is not used")
-        if tensor.data_type in (mc.TYPE_INVALID, mc.TYPE_BF16):
-            name = mc.DataType.Name(tensor.data_type)
-            raise PbtxtError(f"{where}.data_type: {name} is not one of the appliance's types")
-        dtype = mc.DataType.Name(tensor.data_type).removeprefix("TYPE_")
-        dims = [int(d) for d in tensor.dims]
-        if any(d < -1 for d in dims):
-            raise PbtxtError(f"{where}.dims: {dims} holds a size below -1")
-        shape = [-1, *dims] if batched else dims
-        if tensor.HasField("reshape"):
-            shape = self._reshape(where, tensor, shape, batched)
-        table: dict[str, Any] = {
-            "name": tensor.name,
-            "dtype": "BYTES" if dtype == "STRING" else dtype,
-            "shape": shape,
-        }
-        if kind == "input" and tensor.optional:
-            table["optional"] = True
-        return table
-
-    def _reshape(self, where: str, tensor: Any, client: list[int], batched: bool) -> list[int]:
-        """The shape the model sees of a reshaped tensor (its table's shape, which a
-        runtime checks against the model file); both shapes go to the ``reshape`` option."""
-        wanted = [int(d) for d in tensor.reshape.shape]
-        if any(d < -1 for d in wanted) or wanted.count(-1) > 1:
-            raise PbtxtError(
-                f"{where}.reshape.shape: {wanted}: sizes >= 0 and at most one -1 are served"
-            )
-        dims = client[1:] if batched else client
-        if -1 not in wanted and -1 not in dims and _count(wanted) != _count(dims):
-            raise PbtxtError(
-                f"{where}.reshape.shape: {wanted} does not hold the elements of dims "
-                f"{[int(d) for d in tensor.dims]}"
-            )
-        model = [-1, *wanted] if batched else wanted
-        self.reshapes[tensor.name] = {"client": client, "model": model}
-        return model
-
-    def _instances(self) -> dict[str, Any]:
-        groups = list(self.config.instance_group)
-        if not groups:
-            return {}
-        kinds = {group.kind for group in groups}
-        if mc.ModelInstanceGroup.KIND_MODEL in kinds:
-            raise PbtxtError("instance_group.kind: KIND_MODEL is not served")
-        if kinds == {mc.ModelInstanceGroup.KIND_AUTO}:
-            self.notes.append("instance_group.kind KIND_AUTO is served on the CPU")
-            kinds = {mc.ModelInstanceGroup.KIND_CPU}
-        for group in groups:
-            for field in ("rate_limiter", "profile", "passive", "secondary_devices", "host_policy"):
-                if is_set(group, field):
-                    self.notes.append(f"instance_group.{field} is not used")
-        if len(kinds - {mc.ModelInstanceGroup.KIND_AUTO}) > 1:
-            raise PbtxtError(
-                "instance_group: groups on the CPU and on GPUs at once are not served; "
-                "a model runs on one kind of device"
-            )
-        count = sum(max(group.count, 1) * max(len(group.gpus), 1) for group in groups)
-        if mc.ModelInstanceGroup.KIND_GPU not in kinds:
-            return {"instances": count, "device": "cpu"}
-        gpus = {gpu for group in groups for gpu in group.gpus}
-        if not gpus:
-            self.notes.append(
-                "instance_group: KIND_GPU without gpus runs count instances in all, "
-                "spread over the GPUs (Triton runs count on each GPU)"
-            )
-            return {"instances": count, "device": "cuda"}
-        if len(gpus) > 1:
-            raise PbtxtError(
-                f"instance_group.gpus: instances on GPUs {sorted(gpus)} are not served; name one "
-                "GPU, or none to spread the instances over all"
-            )
-        if any(gpu < 0 for gpu in gpus):
-            raise PbtxtError(f"instance_group.gpus: {sorted(gpus)} holds a negative GPU index")
-        return {"instances": count, "device": f"cuda:{gpus.pop()}"}
-
-    def _scheduling(self, batched: bool) -> dict[str, Any]:
-        config = self.config
-        settings: dict[str, Any] = {}
-        if config.HasField("dynamic_batching"):
-            batching = config.dynamic_batching
-            if batching.max_queue_delay_microseconds:
-                settings["max_queue_delay_ms"] = batching.max_queue_delay_microseconds / 1000
-            scheduling = self._queue_scheduling(batching)
-            if scheduling:
-                settings["scheduling"] = scheduling
-            if batching.preserve_ordering:
-                self.notes.append(
-                    "dynamic_batching.preserve_ordering is not used: each request's answer goes "
-                    "to its own caller as soon as it is ready"
-                )
-        elif batched and not config.HasField("sequence_batching"):
-            self.notes.append(
-                "max_batch_size > 0 without dynamic_batching: requests are still batched "
-                "together when they arrive while the model is busy"
-            )
-        if config.HasField("sequence_batching"):
-            settings.update(self._sequences())
-        return settings
-
-    def _queue_scheduling(self, batching: Any) -> dict[str, Any]:
-        """dynamic_batching's priorities, queue policies and preferred sizes as a
-        ``scheduling`` table (appliance/config/scheduling.py); {} when none is set."""
-        table: dict[str, Any] = {}
-        if batching.priority_levels:
-            table["priority_levels"] = int(batching.priority_levels)
-        if batching.default_priority_level:
-            table["default_priority_level"] = int(batching.default_priority_level)
-        if batching.preferred_batch_size:
-            table["preferred_batch_sizes"] = [int(n) for n in batching.preferred_batch_size]
-        if batching.HasField("default_queue_policy"):
-            table["default_queue_policy"] = _queue_policy(batching.default_queue_policy)
-        if batching.priority_queue_policy:
-            table["priority_queue_policy"] = {
-                str(level): _queue_policy(policy)
-                for level, policy in sorted(batching.priority_queue_policy.items())
-            }
-        return table
-
     def _versions(self) -> dict[str, Any]:
         config = self.config
         if not config.HasField("version_policy"):
@@ -455,23 +301,6 @@ class _Reader(SequenceFields):
             else:
                 self.notes.append(f"parameters[{key}] is not used")
         return settings
-
-
-def _count(shape: list[int]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
-
-
-def _queue_policy(policy: Any) -> dict[str, Any]:
-    action = mc.ModelQueuePolicy.TimeoutAction.Name(policy.timeout_action).lower()
-    return {
-        "timeout_action": action,
-        "default_timeout_us": int(policy.default_timeout_microseconds),
-        "allow_timeout_override": bool(policy.allow_timeout_override),
-        "max_queue_size": int(policy.max_queue_size),
-    }
 
 
 def as_json(path: Path) -> dict[str, Any]:

@@ -28,7 +28,14 @@ from appliance.client.api import ModelClient
 from appliance.core.sequences import sequence_of
 from appliance.errors import ApplianceError, DeadlineExceeded
 from appliance.protocols.grpc_server import GrpcServer
-from appliance.protocols.kserve import pbcodec, repository, service
+from appliance.protocols.kserve import (
+    infer,
+    model_configuration,
+    pbcodec,
+    repository,
+    service,
+    statistics,
+)
 from appliance.protocols.kserve.errors import grpc_status
 from appliance.protocols.kserve.inference import InferRequest, OutputData
 from appliance.protocols.kserve.pbcodec import pb
@@ -124,14 +131,14 @@ class InferenceServicer:
 
     @rpc
     def ModelConfig(self, request: Any, context: Context) -> Any:
-        config = service.model_config(self.client, request.name, request.version)
+        config = model_configuration.model_config(self.client, request.name, request.version)
         return pb.ModelConfigResponse(
             config=json_format.ParseDict(config, triton_model_config_pb2.ModelConfig())
         )
 
     @rpc
     def ModelStatistics(self, request: Any, context: Context) -> Any:
-        stats = service.model_statistics(self.client, request.name, request.version)
+        stats = statistics.model_statistics(self.client, request.name, request.version)
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
 
     # -- inference -------------------------------------------------------------
@@ -140,7 +147,7 @@ class InferenceServicer:
     async def ModelInfer(self, request: Any, context: Context) -> bytes:
         decoded = pbcodec.decode_infer_request(request)
         limit = timeout_s(context, decoded)
-        with await service.infer_async(self.client, self.regions, decoded, limit) as outputs:
+        with await infer.infer_async(self.client, self.regions, decoded, limit) as outputs:
             return self._response(decoded, outputs)
 
     async def ModelStreamInfer(
@@ -172,9 +179,9 @@ class InferenceServicer:
         decoded = pbcodec.decode_infer_request(request)
         limit = timeout_s(context, decoded)
         wants_final = decoded.parameters.get(WANTS_FINAL) is True
-        if not service.decoupled(self.client, decoded.model):
+        if not infer.decoupled(self.client, decoded.model):
             flag = {FINAL_FLAG: True} if wants_final else None
-            with await service.infer_async(self.client, self.regions, decoded, limit) as outputs:
+            with await infer.infer_async(self.client, self.regions, decoded, limit) as outputs:
                 response = self._response(decoded, outputs, flag)
             yield pbcodec.encode_stream_response(response)
             return
@@ -194,7 +201,7 @@ class InferenceServicer:
         whether or not it asked.
         """
         flag = {FINAL_FLAG: False}
-        stream = service.stream_async(self.client, self.regions, decoded, limit)
+        stream = infer.stream_async(self.client, self.regions, decoded, limit)
         try:
             async with contextlib.aclosing(stream) as parts:
                 async for outputs in parts:

@@ -1,7 +1,7 @@
 """The shape of a KServe inference request, whichever transport carried it.
 
 Both codecs (REST JSON + binary in ``codec``, protobuf in ``pbcodec``) decode
-into an :class:`InferRequest`; ``service`` runs it. The checks every
+into an :class:`InferRequest`; ``infer`` runs it. The checks every
 transport shares live here too: datatypes, shapes, byte sizes against
 shapes, and the shared-memory tensor parameters. Pure: no I/O, no web or
 RPC library.

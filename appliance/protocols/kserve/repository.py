@@ -27,6 +27,12 @@ from appliance.client import inline, override
 from appliance.client.api import ModelClient
 from appliance.errors import BadRequest, ControlError, ModelNotFound, ModelNotReady
 from appliance.formats import repository
+from appliance.formats.repository_layout import (
+    ONNX_CLASS,
+    PYTHON_CLASS,
+    TORCHSCRIPT_CLASS,
+    RepositoryError,
+)
 from appliance.protocols.kserve.errors import PollFailed
 from appliance.protocols.kserve.service import version_of
 
@@ -68,7 +74,7 @@ def known_models(client: ModelClient) -> dict[str, str]:
     is not a repository file. A model once loaded from shipped files is not
     (its files are gone once it no longer serves).
     """
-    runtimes = (repository.ONNX_CLASS, repository.TORCHSCRIPT_CLASS, repository.PYTHON_CLASS)
+    runtimes = (ONNX_CLASS, TORCHSCRIPT_CLASS, PYTHON_CLASS)
     shipped = os.path.join(os.path.realpath(client.tree.inline_dir), "")
     known = {
         model.name: str(model.options.get("version", "")) if model.cls in runtimes else ""
@@ -79,7 +85,7 @@ def known_models(client: ModelClient) -> dict[str, str]:
     for repo in client.config.repositories:
         try:
             entries = repository.scan(Path(repo.path), repo.versions)
-        except repository.RepositoryError:
+        except RepositoryError:
             continue  # the master refuses such a config at its next reload
         for entry in entries:
             # An ensemble's entry carries its version itself; a model's, in its options.

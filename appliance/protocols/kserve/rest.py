@@ -41,7 +41,16 @@ import orjson
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, BadRequest, InternalError, Unsupported
 from appliance.protocols.jsonbody import load_object
-from appliance.protocols.kserve import codec, encoding, generate, repository, service
+from appliance.protocols.kserve import (
+    codec,
+    encoding,
+    generate,
+    infer,
+    model_configuration,
+    repository,
+    service,
+    statistics,
+)
 from appliance.protocols.kserve.errors import DecodeError, http_body, http_status
 from appliance.protocols.kserve.inference import InferRequest, OutputData
 from appliance.protocols.kserve.shm import RegionTable
@@ -137,13 +146,13 @@ class ModelResource(Resource):
     def on_get_config(
         self, _req: falcon.Request, resp: falcon.Response, model: str, version: str = ""
     ) -> None:
-        _json(resp, service.model_config(self.client, model, version))
+        _json(resp, model_configuration.model_config(self.client, model, version))
 
     @responder
     def on_get_stats(
         self, _req: falcon.Request, resp: falcon.Response, model: str = "", version: str = ""
     ) -> None:
-        _json(resp, {"model_stats": service.model_statistics(self.client, model, version)})
+        _json(resp, {"model_stats": statistics.model_statistics(self.client, model, version)})
 
     @responder
     async def on_post_infer(
@@ -180,7 +189,7 @@ class ModelResource(Resource):
         model = request.model
         timeout_s = request.timeout_s()
         accepted = encoding.choose_encoding(req.get_header("Accept-Encoding"))
-        with await service.infer_async(self.client, self.regions, request, timeout_s) as outputs:
+        with await infer.infer_async(self.client, self.regions, request, timeout_s) as outputs:
             served = request.version or service.version_of(self.client, model)
             body, json_length = codec.encode_infer_response(model, served, request.id, outputs)
         if json_length is not None:
@@ -220,14 +229,12 @@ class ModelResource(Resource):
             await self._stream(resp, request, encode)
             return
         timeout_s = request.timeout_s()
-        if not service.decoupled(self.client, request.model):
-            with await service.infer_async(
-                self.client, self.regions, request, timeout_s
-            ) as outputs:
+        if not infer.decoupled(self.client, request.model):
+            with await infer.infer_async(self.client, self.regions, request, timeout_s) as outputs:
                 resp.data = encode(request.id, outputs)
             resp.content_type = JSON
             return
-        parts = service.stream_async(self.client, self.regions, request, timeout_s)
+        parts = infer.stream_async(self.client, self.regions, request, timeout_s)
         answers = [encode(request.id, outputs) async for outputs in parts]
         if len(answers) != 1:
             raise BadRequest(
@@ -245,14 +252,12 @@ class ModelResource(Resource):
         ``infer``; one after it ends the stream with an event ``{"error": ...}``.
         """
         timeout_s = request.timeout_s()
-        if not service.decoupled(self.client, request.model):
-            with await service.infer_async(
-                self.client, self.regions, request, timeout_s
-            ) as outputs:
+        if not infer.decoupled(self.client, request.model):
+            with await infer.infer_async(self.client, self.regions, request, timeout_s) as outputs:
                 body = encode(request.id, outputs)
             _send_events(resp, _events(body, None))
             return
-        parts = service.stream_async(self.client, self.regions, request, timeout_s)
+        parts = infer.stream_async(self.client, self.regions, request, timeout_s)
         try:
             # The first part before the status: a request the model refuses is an error reply.
             first = await anext(parts, None)
