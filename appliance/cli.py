@@ -153,8 +153,8 @@ def _shm_size(args: argparse.Namespace) -> int:
 
 
 def _ctl(args: argparse.Namespace) -> int:
+    from appliance.client.status_format import format_status
     from appliance.processes.control import ControlError, request
-    from appliance.processes.status_format import format_status
 
     try:
         path = args.socket or Tree("", load(args.config).resolved_run_dir()).control_path

@@ -52,7 +52,15 @@ from appliance.config.settings import ApplianceConfig, ConfigError, EnsembleConf
 from appliance.core.metadata import ModelMetadata
 from appliance.core.status import Counter, StatusTable
 from appliance.core.tree import Tree
-from appliance.errors import ApplianceError, ModelNotFound, ModelNotReady
+from appliance.errors import ApplianceError, ModelNotFound, ModelNotReady, Unsupported
+from appliance.formats import repository
+from appliance.formats.repository_layout import (
+    ONNX_CLASS,
+    PYTHON_CLASS,
+    TORCHSCRIPT_CLASS,
+    RepositoryError,
+)
+from appliance.observability import tracing
 from appliance.processes.lifetime import pid_alive
 
 _DEFAULT_MODEL_CONFIG = ModelConfig("", "")
@@ -221,10 +229,57 @@ class ModelClient:
         self._metadata[model] = (now, mtime, meta, generation)
         return meta
 
+    def known_models(self) -> dict[str, str]:
+        """Return model -> version for every model configured or in a repository now.
+
+        The repositories are scanned afresh, so a model dropped into one since
+        the start is known (and loadable); the version is "" for a model that
+        is not a repository file. A model once loaded from shipped files is not
+        (its files are gone once it no longer serves).
+        """
+        runtimes = (ONNX_CLASS, TORCHSCRIPT_CLASS, PYTHON_CLASS)
+        shipped = os.path.join(os.path.realpath(self.tree.inline_dir), "")
+        known = {
+            model.name: str(model.options.get("version", "")) if model.cls in runtimes else ""
+            for model in self.config.models
+            if not str(model.options.get("path", "")).startswith(shipped)
+        }
+        known.update((ensemble.name, ensemble.version) for ensemble in self.config.ensembles)
+        for repo in self.config.repositories:
+            try:
+                entries = repository.scan(Path(repo.path), repo.versions)
+            except RepositoryError:
+                continue  # the master refuses such a config at its next reload
+            for entry in entries:
+                # An ensemble's entry carries its version itself; a model's, in its options.
+                known[entry["name"]] = str(entry.get("options", entry).get("version", ""))
+        return known
+
     def ensemble(self, name: str) -> EnsembleConfig | None:
         """An ensemble's declaration (None for a model or an unknown name)."""
         plan = self._ensembles.get(name)
         return plan.config if plan is not None else None
+
+    def trace_settings(
+        self, model: str | None, changes: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Read (``changes`` None) or change this process's trace settings, global or of
+        ``model``; a None value in ``changes`` clears the model's own setting (it follows
+        the global one again).
+
+        Raises:
+            ModelNotFound: no such model.
+            BadRequest: an unknown setting or a bad value.
+            Unsupported: this process keeps no trace settings.
+        """
+        settings = tracing.settings()
+        if settings is None:
+            raise Unsupported("this server process keeps no trace settings")
+        if model and model not in self.models():
+            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+        if changes:
+            return settings.update(model or None, changes)
+        return settings.get(model or None)
 
     def model_ready(self, model: str) -> bool:
         ensembles = self._ensembles

@@ -25,12 +25,13 @@ from appliance.client.inflight import InFlight
 from appliance.client.request import TensorLike
 from appliance.client.result import InferResult
 from appliance.client.routing import Router
+from appliance.client.traffic import call_totals
 from appliance.config.settings import EnsembleConfig
 from appliance.core.device_tensors import CudaPlace
 from appliance.core.status import Counter
 from appliance.errors import ApplianceError, BadRequest, ErrorCode
 from appliance.observability import tracing
-from appliance.observability.metrics import call_totals, record_call
+from appliance.observability.metrics import record_call
 
 
 class Ensembles:

@@ -40,6 +40,7 @@ from appliance.frontends import loops
 from appliance.frontends.acceptor import Acceptor
 from appliance.frontends.context import FrontendContext
 from appliance.frontends.descriptors import Descriptors
+from appliance.frontends.observe import observe_mip
 from appliance.observability import logs
 from appliance.processes.exitcodes import ExitCode
 from appliance.processes.lifetime import become_child
@@ -250,7 +251,7 @@ class MipConnection(asyncio.BufferedProtocol):
             return codec.encode_error(ErrorCode.INTERNAL, "the server is not ready")
         size = len(frame.payload)
         self._inflight_bytes += size
-        task = self.loop.create_task(self.service.infer(frame.payload))
+        task = self.loop.create_task(observe_mip(self.service, frame.payload))
         task.add_done_callback(lambda _task: self._finished(size))
         return task
 

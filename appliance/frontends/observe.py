@@ -18,6 +18,7 @@ import grpc
 from appliance.observability import tracing
 from appliance.observability.metrics import MODEL, PROTOCOL, log_access
 from appliance.protocols.grpc_server import Handler
+from appliance.protocols.mip.service import MipService, status_of
 
 # UM-Bridge's routes are the only ones that start with a capital letter.
 _PREFIXES = (("/v2", "kserve"), ("/grps/", "grps"), ("/graphpipe", "graphpipe"))
@@ -54,6 +55,10 @@ class HttpObserver:
     ) -> None:
         started = getattr(req.context, "started", None)
         if started is not None:
+            ran = getattr(req.context, "call_context", None)
+            if ran is not None:
+                # A blocking responder called the model in a thread (protocols/web.py).
+                MODEL.set(ran.get(MODEL, ""))
             status = str(resp.status).split(" ", 1)[0]
             log_access(req.context.protocol, status, started, f"{req.method} {req.path}")
             tracing.finish_request(status)
@@ -162,3 +167,25 @@ def _streaming(behavior: Any, protocol: str, method: str) -> Any:
             tracing.finish_request(status)
 
     return observed
+
+
+async def observe_mip(service: MipService, payload: bytes | bytearray) -> bytes:
+    """One MIP inference, tagged, counted and logged, its reply frame returned.
+
+    Each request runs as a task of its own, with its own copy of these tags:
+    model calls count under "mip" (see appliance/observability/metrics.py).
+    MIP frames carry no trace context: a sampled request starts its own trace.
+    """
+    PROTOCOL.set("mip")
+    MODEL.set(service.model)
+    tracing.begin_request("mip", _no_context)
+    started = time.perf_counter()
+    reply = await service.infer(payload)
+    status = status_of(reply)
+    log_access("mip", status, started, "inference")
+    tracing.finish_request(status)
+    return reply
+
+
+def _no_context() -> None:
+    return None

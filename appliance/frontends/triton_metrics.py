@@ -18,9 +18,9 @@ from __future__ import annotations
 import psutil
 
 from appliance.client.api import ModelClient
+from appliance.client.traffic import cache_totals, rejected_calls
 from appliance.core.status import Counter, Role, SlotState
 from appliance.observability.metric_files import escape_value, go_number
-from appliance.observability.metrics import cache_totals, rejected_calls
 from appliance.protocols.kserve.service import version_of
 
 SUCCESS = "nv_inference_request_success"

@@ -101,8 +101,9 @@ FRONTEND = Counter(
     ["protocol", "status"],
 )
 
-_OUTCOMES = {code: code.name.lower() for code in ErrorCode}
-_OUTCOMES[ErrorCode.OK] = "ok"
+# The outcome label of each error code (a call's, on appliance_model_requests).
+OUTCOMES = {code: code.name.lower() for code in ErrorCode}
+OUTCOMES[ErrorCode.OK] = "ok"
 
 
 # PERF: looking up a labelled child costs as much as recording into it, so
@@ -124,7 +125,7 @@ def record_call(model: str, code: ErrorCode, started: float) -> None:
     children = _CALLS.get(key)
     if children is None:
         children = (
-            REQUESTS.labels(protocol, label, _OUTCOMES[code])._value,
+            REQUESTS.labels(protocol, label, OUTCOMES[code])._value,
             Observed(LATENCY.labels(protocol, label)),
         )
         _CALLS[key] = children
@@ -132,61 +133,11 @@ def record_call(model: str, code: ErrorCode, started: float) -> None:
     children[1].observe(time.perf_counter() - started)
 
 
-def call_totals(model: str) -> tuple[int, int, float]:
-    """The calls to ``model`` every process of the tree has recorded: (ok, failed, seconds).
-
-    Failed leaves out bad requests (as a model worker's own counters do);
-    seconds is the sum of every call's time. It reads every process's
-    metrics files, for statistics asked now and then, never per request.
-    """
-    ok = failed = 0
-    seconds = 0.0
-    for name, labels, value in call_samples():
-        if labels.get("model") != model:
-            continue
-        if name == CALLS_TOTAL:
-            outcome = labels.get("outcome")
-            if outcome == "ok":
-                ok += int(value)
-            elif outcome != _OUTCOMES[ErrorCode.BAD_REQUEST]:
-                failed += int(value)
-        elif name == CALL_SECONDS_SUM:
-            seconds += value
-    return ok, failed, seconds
-
-
-def rejected_calls(model: str) -> int:
-    """Calls to ``model`` its queue policy refused (every process's)."""
-    rejected = _OUTCOMES[ErrorCode.REJECTED]
-    return sum(
-        int(value)
-        for name, labels, value in call_samples()
-        if name == CALLS_TOTAL
-        and labels.get("model") == model
-        and labels.get("outcome") == rejected
-    )
-
-
 def record_cache(model: str, hit: bool, seconds: float) -> None:
     """Count one response cache lookup of ``model`` (a hit answers the call: counted too)."""
     result = "hit" if hit else "miss"
     CACHE_LOOKUPS.labels(model, result).inc()
     CACHE_SECONDS.labels(model, result).inc(seconds)
-
-
-def cache_totals(model: str) -> dict[str, tuple[int, float]]:
-    """``model``'s response cache lookups, every process's: result -> (count, seconds)."""
-    totals = {"hit": (0, 0.0), "miss": (0, 0.0)}
-    for name, labels, value in call_samples():
-        result = labels.get("result", "")
-        if labels.get("model") != model or result not in totals:
-            continue
-        count, seconds = totals[result]
-        if name == CACHE_LOOKUPS_TOTAL:
-            totals[result] = (count + int(value), seconds)
-        elif name == CACHE_SECONDS_TOTAL:
-            totals[result] = (count, seconds + value)
-    return totals
 
 
 def call_samples() -> Iterable[tuple[str, dict[str, str], float]]:

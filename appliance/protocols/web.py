@@ -20,7 +20,6 @@ import falcon
 import falcon.asgi
 
 from appliance.errors import BadRequest, TooLarge
-from appliance.observability.metrics import MODEL
 from appliance.protocols.threads import Threads
 
 # The falcon app every protocol's REST routes mount into.
@@ -83,12 +82,11 @@ def blocking(responder: Responder) -> AsyncResponder:
     async def wrapper(self: Any, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
         threads: Threads = req.context.threads
         context = contextvars.copy_context()
+        # The access line names the model the thread called: the observer
+        # (frontends/observe.py) reads it from the thread's context.
+        req.context.call_context = context
         run = functools.partial(responder, self, req, resp, **params)
-        try:
-            await threads.call_in(context, run)
-        finally:
-            # The access line names the model the thread called.
-            MODEL.set(context.get(MODEL, ""))
+        await threads.call_in(context, run)
 
     return wrapper
 

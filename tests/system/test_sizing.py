@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from appliance.processes.status_format import format_status
+from appliance.client.status_format import format_status
 from tests.system.harness import demo_models, running
 
 AUTO = {"workers": "auto"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from appliance.processes.status_format import SUMMARY_ABOVE, format_status
+from appliance.client.status_format import SUMMARY_ABOVE, format_status
 
 
 def reply(models: int, failed: int = 0) -> dict[str, Any]:

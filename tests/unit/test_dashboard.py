@@ -12,9 +12,10 @@ from typing import Any
 import orjson
 import pytest
 
+from appliance.client import traffic
 from appliance.errors import ErrorCode
 from appliance.observability.metrics import PROTOCOL, record_call
-from appliance.protocols.dashboard import html, traffic
+from appliance.protocols.dashboard import html
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from appliance.processes.status_format import SUMMARY_ABOVE
+from appliance.client.status_format import SUMMARY_ABOVE
 from appliance.protocols.dashboard import assets, html
 from tests.unit.test_dashboard import state
 

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
+from appliance.client.status_format import format_shm
 from appliance.config.reader import from_dict
 from appliance.config.settings import ApplianceConfig
 from appliance.core.ring import Ring
 from appliance.core.segment import Segment, Space, mib
 from appliance.errors import ShmExhausted
 from appliance.master import shm
-from appliance.processes.status_format import format_shm
 
 MiB = 1 << 20
 

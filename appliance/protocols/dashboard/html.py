@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from appliance.processes.status_format import SUMMARY_ABOVE, format_sizing
+from appliance.client.status_format import SUMMARY_ABOVE, format_sizing
 from appliance.protocols.dashboard.assets import SCRIPT, STYLE
 
 STATE_PATH = "/dashboard/state"

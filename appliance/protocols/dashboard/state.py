@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from appliance.client import traffic
 from appliance.client.api import ModelClient
 from appliance.core.status import Counter, Role
-from appliance.protocols.dashboard import traffic
 from appliance.protocols.page import host_state
 
 # The master answers a status call within milliseconds; a page must not hang

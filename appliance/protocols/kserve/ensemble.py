@@ -8,16 +8,21 @@ leave out the batch dimension when max_batch_size > 0, as for a model.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from appliance.config.settings import ENSEMBLE, Declared, EnsembleConfig
+if TYPE_CHECKING:
+    # Only their shapes: the client hands the protocols these (ModelClient.ensemble).
+    from appliance.config.settings import Declared, EnsembleConfig
+
+# Triton's platform name for an ensemble.
+PLATFORM = "ensemble"
 
 
 def ensemble_config(ensemble: EnsembleConfig) -> dict[str, Any]:
     batched = ensemble.max_batch_size > 0
     return {
         "name": ensemble.name,
-        "platform": ENSEMBLE,
+        "platform": PLATFORM,
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": ensemble.max_batch_size,
         "input": [_tensor(item, batched) for item in ensemble.inputs],

@@ -235,7 +235,7 @@ class InferenceServicer:
     def TraceSetting(self, request: Any, context: Context) -> Any:
         # An empty value list clears a model's own setting (tritonclient's None).
         changes = {name: list(value.value) or None for name, value in request.settings.items()}
-        settings = service.trace_settings(self.client, request.model_name, changes or None)
+        settings = self.client.trace_settings(request.model_name, changes or None)
         response = pb.TraceSettingResponse()
         for name, value in settings.items():
             response.settings[name].value.extend(value if isinstance(value, list) else [value])

@@ -8,15 +8,18 @@ a job of its own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from appliance.client.api import ModelClient
-from appliance.config.settings import ModelConfig
 from appliance.core import dtypes
 from appliance.core.dtypes import DType
 from appliance.core.tensor import TensorSpec
 from appliance.protocols.kserve.ensemble import ensemble_config
 from appliance.protocols.kserve.service import resolve
+
+if TYPE_CHECKING:
+    # Only its shape: the client hands the protocols the settings it serves with.
+    from appliance.config.settings import ModelConfig
 
 
 def model_config(client: ModelClient, model: str, version: str) -> dict[str, Any]:

@@ -18,21 +18,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from appliance.client import inline, override
 from appliance.client.api import ModelClient
 from appliance.errors import BadRequest, ControlError, ModelNotFound, ModelNotReady
-from appliance.formats import repository
-from appliance.formats.repository_layout import (
-    ONNX_CLASS,
-    PYTHON_CLASS,
-    TORCHSCRIPT_CLASS,
-    RepositoryError,
-)
 from appliance.protocols.kserve.errors import PollFailed
 from appliance.protocols.kserve.service import version_of
 
@@ -45,7 +36,7 @@ def index(client: ModelClient, ready_only: bool) -> list[dict[str, Any]]:
     """Return the index entries, by name as Triton lists them: served models and the
     configured or repository ones not served now."""
     served = client.models()
-    known = known_models(client)
+    known = client.known_models()
     entries: list[dict[str, Any]] = []
     for model in served:
         # A model that failed to load has no metadata; its files still say its version.
@@ -64,33 +55,6 @@ def index(client: ModelClient, ready_only: bool) -> list[dict[str, Any]]:
     # By name: config order would move a model to the end each time it is reloaded.
     entries.sort(key=lambda entry: entry["name"])
     return entries
-
-
-def known_models(client: ModelClient) -> dict[str, str]:
-    """Return model -> version for every model configured or in a repository now.
-
-    The repositories are scanned afresh, so a model dropped into one since
-    the start is known (and loadable); the version is "" for a model that
-    is not a repository file. A model once loaded from shipped files is not
-    (its files are gone once it no longer serves).
-    """
-    runtimes = (ONNX_CLASS, TORCHSCRIPT_CLASS, PYTHON_CLASS)
-    shipped = os.path.join(os.path.realpath(client.tree.inline_dir), "")
-    known = {
-        model.name: str(model.options.get("version", "")) if model.cls in runtimes else ""
-        for model in client.config.models
-        if not str(model.options.get("path", "")).startswith(shipped)
-    }
-    known.update((ensemble.name, ensemble.version) for ensemble in client.config.ensembles)
-    for repo in client.config.repositories:
-        try:
-            entries = repository.scan(Path(repo.path), repo.versions)
-        except RepositoryError:
-            continue  # the master refuses such a config at its next reload
-        for entry in entries:
-            # An ensemble's entry carries its version itself; a model's, in its options.
-            known[entry["name"]] = str(entry.get("options", entry).get("version", ""))
-    return known
 
 
 def load(client: ModelClient, model: str, parameters: Mapping[str, Any]) -> None:
@@ -117,7 +81,7 @@ def load(client: ModelClient, model: str, parameters: Mapping[str, Any]) -> None
             "config in the same request (the config parameter)"
         )
     overrides = override.parse(model, parameters["config"], files) if "config" in parameters else {}
-    known = known_models(client)
+    known = client.known_models()
     if not files and model not in known and model not in client.models():
         raise ModelNotFound(
             f"failed to load '{model}': no model of that name is configured or in a model "
@@ -183,7 +147,7 @@ def unload(client: ModelClient, model: str) -> None:
         ModelNotReady: the master cannot unload now (a reload is running).
     """
     if model not in client.models():
-        if model in known_models(client):
+        if model in client.known_models():
             return
         raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
     try:

@@ -343,11 +343,11 @@ class TraceResource(Resource):
 
     @responder
     def on_get(self, _req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
-        _json(resp, service.trace_settings(self.client, model, None))
+        _json(resp, self.client.trace_settings(model))
 
     @responder
     def on_post(self, req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
-        _json(resp, service.trace_settings(self.client, model, self.json_body(req)))
+        _json(resp, self.client.trace_settings(model, self.json_body(req)))
 
 
 class SystemSharedMemoryResource(Resource):

@@ -20,8 +20,7 @@ from appliance.client.api import ModelClient
 from appliance.core import cuda
 from appliance.core.metadata import ModelMetadata
 from appliance.core.tensor import TensorSpec
-from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Unsupported
-from appliance.observability import tracing
+from appliance.errors import ApplianceError, BadRequest, ModelNotFound
 
 # SPEC: PROTOCOL-FACTS §2.7 — Triton's simple_*_health_metadata examples
 # require the server name "triton"; the version says what is really serving.
@@ -44,29 +43,6 @@ CUDA_EXTENSION = "cuda_shared_memory"
 def server_metadata() -> dict[str, Any]:
     extensions = [*EXTENSIONS, CUDA_EXTENSION] if cuda.installed() else list(EXTENSIONS)
     return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": extensions}
-
-
-def trace_settings(
-    client: ModelClient, model: str | None, changes: dict[str, Any] | None
-) -> dict[str, Any]:
-    """Read (``changes`` None) or change the trace settings, global or of ``model``.
-
-    A None value in ``changes`` clears the model's own setting (it follows
-    the global one again).
-
-    Raises:
-        ModelNotFound: no such model.
-        BadRequest: an unknown setting or a bad value.
-        Unsupported: this process keeps no trace settings.
-    """
-    settings = tracing.settings()
-    if settings is None:
-        raise Unsupported("this server process keeps no trace settings")
-    if model and model not in client.models():
-        raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
-    if changes:
-        return settings.update(model or None, changes)
-    return settings.get(model or None)
 
 
 def served_name(client: ModelClient, model: str, version: str) -> str:

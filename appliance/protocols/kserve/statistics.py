@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from appliance.client.api import ModelClient
+from appliance.client.traffic import cache_totals
 from appliance.core.status import Counter
 from appliance.errors import ModelNotFound
-from appliance.observability.metrics import cache_totals
 from appliance.protocols.kserve.service import resolve, version_of
 
 _STAT_KEYS = ("compute_input", "compute_output", "cache_hit", "cache_miss")

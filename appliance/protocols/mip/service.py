@@ -9,23 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError
-from appliance.observability import tracing
-from appliance.observability.metrics import MODEL, PROTOCOL, log_access
 from appliance.protocols.mip import batch, codec
 from appliance.protocols.mip.batch import Binding, Chunk
 from appliance.protocols.mip.codec import ErrorCode, InferRequest, Kind, MipError
 from appliance.protocols.mip.errors import from_appliance
 
 log = logging.getLogger("appliance.mip")
-
-
-def _no_context() -> None:
-    """MIP frames carry no trace context: a sampled request starts its own trace."""
-    return None
 
 
 class MipService:
@@ -36,20 +28,8 @@ class MipService:
         self.model = model
 
     async def infer(self, payload: bytes | bytearray) -> bytes:
-        """Return the reply frame to one inference payload; log its access line."""
-        # Each request runs as a task of its own, with its own copy of these
-        # tags: model calls count under "mip" (see appliance/observability/metrics.py).
-        PROTOCOL.set("mip")
-        MODEL.set(self.model)
-        tracing.begin_request("mip", _no_context)
-        started = time.perf_counter()
-        reply = await self._answer(payload)
-        status = ErrorCode(reply[2]).name if reply[1] == Kind.ERROR else "OK"
-        log_access("mip", status, started, "inference")
-        tracing.finish_request(status)
-        return reply
-
-    async def _answer(self, payload: bytes | bytearray) -> bytes:
+        """Return the reply frame to one inference payload (the frontend logs its access
+        line: frontends/observe.py)."""
         try:
             return await self._infer(payload)
         except MipError as ex:
@@ -100,3 +80,8 @@ class MipService:
         with await self.client.infer_async(self.model, chunk.inputs) as result:
             names, rows = batch.encode_chunk(binding, chunk, request, result.outputs)
             return names, [b"".join(row) for row in rows]
+
+
+def status_of(reply: bytes) -> str:
+    """A reply frame's status, as its access line says it: OK, or the error code's name."""
+    return ErrorCode(reply[2]).name if reply[1] == Kind.ERROR else "OK"

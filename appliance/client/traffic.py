@@ -1,11 +1,11 @@
-"""Cumulative model calls and latency from the Prometheus multiprocess files.
+"""What the tree's recorded calls add up to: totals read from the Prometheus multiprocess files.
 
 Every frontend process records each model call (by protocol, model and
 outcome, with its latency) into ``PROMETHEUS_MULTIPROC_DIR`` (see
 ``appliance/observability/metrics.py``). Read together, the files give host-wide totals
-that only grow, across frontend and model restarts and reloads, so the page
-can turn two readings into rates and latency quantiles for the interval
-between them.
+that only grow, across frontend and model restarts and reloads: the dashboard
+turns two readings into rates and latency quantiles for the interval between
+them; the statistics, Triton's metrics and an ensemble's counters read them too.
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from appliance.errors import ErrorCode
 from appliance.observability.metrics import (
+    CACHE_LOOKUPS_TOTAL,
+    CACHE_SECONDS_TOTAL,
     CALL_SECONDS_BUCKET,
     CALL_SECONDS_COUNT,
     CALL_SECONDS_SUM,
     CALLS_TOTAL,
+    OUTCOMES,
     call_samples,
 )
 
@@ -67,3 +71,53 @@ def _entry(models: dict[str, dict[str, Any]], model: str) -> dict[str, Any]:
         entry = {"ok": 0.0, "fail": 0.0, "seconds": 0.0, "count": 0.0, "by_bound": {}}
         models[model] = entry
     return entry
+
+
+def cache_totals(model: str) -> dict[str, tuple[int, float]]:
+    """``model``'s response cache lookups, every process's: result -> (count, seconds)."""
+    totals = {"hit": (0, 0.0), "miss": (0, 0.0)}
+    for name, labels, value in call_samples():
+        result = labels.get("result", "")
+        if labels.get("model") != model or result not in totals:
+            continue
+        count, seconds = totals[result]
+        if name == CACHE_LOOKUPS_TOTAL:
+            totals[result] = (count + int(value), seconds)
+        elif name == CACHE_SECONDS_TOTAL:
+            totals[result] = (count, seconds + value)
+    return totals
+
+
+def call_totals(model: str) -> tuple[int, int, float]:
+    """The calls to ``model`` every process of the tree has recorded: (ok, failed, seconds).
+
+    Failed leaves out bad requests (as a model worker's own counters do);
+    seconds is the sum of every call's time. It reads every process's
+    metrics files, for statistics asked now and then, never per request.
+    """
+    ok = failed = 0
+    seconds = 0.0
+    for name, labels, value in call_samples():
+        if labels.get("model") != model:
+            continue
+        if name == CALLS_TOTAL:
+            outcome = labels.get("outcome")
+            if outcome == "ok":
+                ok += int(value)
+            elif outcome != OUTCOMES[ErrorCode.BAD_REQUEST]:
+                failed += int(value)
+        elif name == CALL_SECONDS_SUM:
+            seconds += value
+    return ok, failed, seconds
+
+
+def rejected_calls(model: str) -> int:
+    """Calls to ``model`` its queue policy refused (every process's)."""
+    rejected = OUTCOMES[ErrorCode.REJECTED]
+    return sum(
+        int(value)
+        for name, labels, value in call_samples()
+        if name == CALLS_TOTAL
+        and labels.get("model") == model
+        and labels.get("outcome") == rejected
+    )
