@@ -53,9 +53,12 @@ class ApplianceError(Exception):
     # model's own answer to the request), not a refusal before it ran.
     ends_stream: bool = False
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
         self.message = message
+        # The HTTP status the model's own code chose for this failure (a
+        # TorchServe handler's PredictionException); 0: the protocol's own.
+        self.status = status
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r})"
@@ -137,13 +140,13 @@ _BY_CODE: dict[ErrorCode, type[ApplianceError]] = {
 }
 
 
-def error_from_code(code: int, message: str) -> ApplianceError:
-    """Rebuild an error that crossed a process boundary as (code, message)."""
+def error_from_code(code: int, message: str, status: int = 0) -> ApplianceError:
+    """Rebuild an error that crossed a process boundary as (code, message, status)."""
     try:
         cls = _BY_CODE[ErrorCode(code)]
     except (ValueError, KeyError):
         cls = InternalError
-    return cls(message)
+    return cls(message, status)
 
 
 class ControlError(Exception):

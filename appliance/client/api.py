@@ -247,7 +247,7 @@ class ModelClient:
         known.update((ensemble.name, ensemble.version) for ensemble in self.config.ensembles)
         for repo in self.config.repositories:
             try:
-                entries = repository.scan(Path(repo.path), repo.versions)
+                entries = repository.scan(Path(repo.path), repo.versions, repo.models)
             except RepositoryError:
                 continue  # the master refuses such a config at its next reload
             for entry in entries:

@@ -160,7 +160,7 @@ class InFlight:
         if reply.kind is Kind.END:
             call.finished = True
             if reply.code:
-                error = error_from_code(reply.code, reply.error_message)
+                error = error_from_code(reply.code, reply.error_message, reply.error_status)
                 error.ends_stream = True
                 raise error
             return None
@@ -374,7 +374,7 @@ def _contains(outer: Block, inner: Block) -> bool:
 
 def _raise_for(reply: Message) -> None:
     if reply.code:
-        raise error_from_code(reply.code, reply.error_message)
+        raise error_from_code(reply.code, reply.error_message, reply.error_status)
 
 
 def _owner_alive(segment_name: str) -> bool:

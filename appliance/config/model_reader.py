@@ -42,7 +42,7 @@ class ModelReader(ValueReader):
         found = []
         for index, item in enumerate(raw):
             where = f"repositories[{index}]"
-            self.no_extra(item, {"path", "versions", "skip_unavailable"}, where)
+            self.no_extra(item, {"path", "versions", "skip_unavailable", "models"}, where)
             if "path" not in item:
                 self.fail(f"{where}.path", "missing; a repository needs the directory's path")
             path = Path(self.value(f"{where}.path", item["path"], "str")).expanduser()
@@ -55,7 +55,8 @@ class ModelReader(ValueReader):
             skip = self.value(
                 f"{where}.skip_unavailable", item.get("skip_unavailable", False), "bool"
             )
-            found.append(RepositoryConfig(os.path.normpath(path), versions, skip))
+            models = self.value(f"{where}.models", item.get("models", []), "tuple[str, ...]")
+            found.append(RepositoryConfig(os.path.normpath(path), versions, skip, tuple(models)))
         return found
 
     def repository_models(
@@ -66,7 +67,7 @@ class ModelReader(ValueReader):
         for index, repo in enumerate(repositories):
             where = f"repositories[{index}]"
             try:
-                entries = repository.scan(Path(repo.path), repo.versions)
+                entries = repository.scan(Path(repo.path), repo.versions, repo.models)
             except RepositoryError as ex:
                 self.fail(f"{where}.path", str(ex))
             for entry in entries:

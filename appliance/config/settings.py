@@ -341,6 +341,9 @@ class RepositoryConfig:
     # Leave out models whose runtime's package is not installed, with a warning,
     # instead of serving them as failed (which keeps the host from being ready).
     skip_unavailable: bool = False
+    # A TorchServe model store: the archives served, as its --models names them
+    # ("all", "NAME=FILE.mar", "FILE.mar"); empty: all of them.
+    models: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,12 @@ class Message:
     def error_message(self) -> str:
         return str(self.body.get("message", "unknown error"))
 
+    @property
+    def error_status(self) -> int:
+        """The HTTP status the model chose for its failure (0: none)."""
+        status = self.body.get("status", 0)
+        return status if type(status) is int else 0
+
 
 class DescriptorError(ValueError):
     """A frame that is not a valid message (a bug or a foreign peer)."""
@@ -203,9 +209,13 @@ def _decode(view: memoryview, start: int, size: int) -> tuple[Message, int]:
     return Message(message_kind, request_id, pid, body, payloads, code, deadline, channel), end
 
 
-def error_message(kind: Kind, request_id: int, pid: int, code: ErrorCode, text: str) -> Message:
-    """Build a reply that carries an error instead of tensors."""
-    return Message(kind, request_id, pid, {"message": text}, code=int(code))
+def error_message(
+    kind: Kind, request_id: int, pid: int, code: ErrorCode, text: str, status: int = 0
+) -> Message:
+    """Build a reply that carries an error instead of tensors (and the HTTP status
+    the model chose for it, when it did)."""
+    body: dict[str, Any] = {"message": text, "status": status} if status else {"message": text}
+    return Message(kind, request_id, pid, body, code=int(code))
 
 
 # -- tensors in messages ----------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.formats.mlserver import settings as mlserver_settings
+from appliance.formats.torchserve import store as torchserve_store
 
 REPOSITORY_FLAGS = ("--model-repository", "--model-store")
 # Flag -> what it sets, for the --help text.
@@ -40,7 +41,14 @@ TAKEN = {
     "--exit-on-error": "taken; a model that fails to load never stops the appliance",
     "--cache-config": "local,size=N: the response cache's bytes, per frontend process",
     "--backend-directory, --backend-config, --allow-gpu-metrics, --cache-directory": "ignored",
+    "--models": "a TorchServe model store's archives: all, NAME=FILE.mar, FILE.mar (several)",
+    "--ncs, --foreground, --disable-token-auth, --enable-model-api": "torchserve's; taken",
 }
+# torchserve's flags without a value.
+SWITCHES = {"--ncs", "--no-config-snapshots", "--foreground", "--start"}
+SWITCHES |= {"--disable-token-auth", "--enable-model-api"}
+# Where `torchserve` listens: inference (and management here) on 8080, gRPC 7070, metrics 8082.
+TORCHSERVE_PORTS = {"http_port": 8080, "grpc_port": 7070, "metrics_port": 8082}
 IGNORED = {"--backend-directory", "--allow-gpu-metrics", "--exit-on-error", "--backend-config"}
 IGNORED |= {"--cache-directory"}
 # Refused with what to do instead.
@@ -76,6 +84,16 @@ def parse(argv: Sequence[str]) -> dict[str, list[str]]:
         if not arg.startswith("--"):
             raise FlagError(f"{arg!r}: expected a tritonserver --flag")
         flag, has_value, value = arg.partition("=")
+        if flag in SWITCHES and not has_value:
+            flags.setdefault(flag, []).append("true")
+            continue
+        if flag == "--models" and not has_value:
+            # torchserve takes several archives after one --models.
+            while args and not args[0].startswith("--"):
+                flags.setdefault(flag, []).append(args.pop(0))
+            if flag not in flags:
+                raise FlagError("--models: needs a value (all, NAME=FILE.mar or FILE.mar)")
+            continue
         if not has_value:
             if args and not args[0].startswith("--"):
                 value = args.pop(0)
@@ -106,6 +124,9 @@ def config(argv: Sequence[str]) -> dict[str, Any]:
     # An MLServer folder listens where `mlserver start` would: its settings.json
     # or MLServer's ports (8080, 8081, 8082), unless a flag says otherwise.
     ports = mlserver_settings.listening([Path(p) for p in repositories])
+    models = flags.get("--models", [])
+    if models or any(torchserve_store.is_model_store(Path(p)) for p in repositories):
+        ports = {**TORCHSERVE_PORTS, **ports}
     server = {"default_model": "", **_listening(flags, ports), **_control(flags), **_cache(flags)}
     if "--exit-timeout-secs" in flags:
         server["drain_timeout_s"] = float(_number(flags, "--exit-timeout-secs"))
@@ -121,7 +142,9 @@ def config(argv: Sequence[str]) -> dict[str, Any]:
         "grpc": {"port": _port(flags, "--grpc-port", ports.get("grpc_port", 8001))},
         # Triton has no MIP (and its metrics port is 8002, MIP's default).
         "mip": {"listeners": []},
-        "repositories": [{"path": path} for path in repositories],
+        "repositories": [
+            {"path": path, **({"models": models} if models else {})} for path in repositories
+        ],
     }
 
 
@@ -188,6 +211,8 @@ def _toml_value(value: Any) -> str:
 _KNOWN = {
     *REPOSITORY_FLAGS,
     *IGNORED,
+    *SWITCHES,
+    "--models",
     "--http-port",
     "--grpc-port",
     "--http-address",

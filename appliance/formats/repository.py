@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,13 +70,17 @@ RUNTIME_PACKAGES = {
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
 
 
-def scan(root: Path, policy: VersionPolicy = "latest") -> list[dict[str, Any]]:
+def scan(
+    root: Path, policy: VersionPolicy = "latest", models: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     """Return a ``[[models]]`` entry per served version of each model in ``root``.
 
     Models come in name order. When the policy serves several versions of a
     model, the newest keeps the model's name and each older one is served as
     ``<name>.v<version>``. A folder of MLServer's (model-settings.json files)
-    is read by MLServer's rules instead (mlserver_settings.py).
+    is read by MLServer's rules instead (mlserver_settings.py), and a TorchServe
+    model store (.mar archives) by TorchServe's, ``models`` naming the archives
+    served (torchserve/store.py).
 
     Raises:
         RepositoryError: ``root`` is not a readable directory, or a model
@@ -85,10 +89,13 @@ def scan(root: Path, policy: VersionPolicy = "latest") -> list[dict[str, Any]]:
     from appliance.formats.mlserver import (
         settings as mlserver_settings,  # JSON and directories, as this module
     )
+    from appliance.formats.torchserve import store as torchserve_store
 
     if root.is_dir() and mlserver_settings.is_mlserver_folder(root):
         # MLServer serves every version it finds: no version policy applies.
         return mlserver_settings.scan(root)
+    if models or (root.is_dir() and torchserve_store.is_model_store(root)):
+        return torchserve_store.scan(root, models)
     entries: list[dict[str, Any]] = []
     for model_dir in model_dirs(root):
         entries += model_entries(model_dir, policy)

@@ -36,6 +36,7 @@ from appliance.protocols.graphpipe import rest as graphpipe_rest
 from appliance.protocols.grps import rest as grps_rest
 from appliance.protocols.kserve import rest as kserve_rest
 from appliance.protocols.threads import Threads
+from appliance.protocols.torchserve import rest as torchserve_rest
 from appliance.protocols.umbridge import rest as umbridge_rest
 from appliance.protocols.web import App, ReadAhead
 
@@ -45,6 +46,7 @@ ROUTES: tuple[Callable[[App, ModelClient], None], ...] = (
     kserve_rest.add_routes,
     grps_rest.add_routes,
     umbridge_rest.add_routes,
+    torchserve_rest.add_routes,
     functools.partial(graphpipe_rest.add_routes, home_page=dashboard_rest.render),
     dashboard_rest.add_routes,
 )

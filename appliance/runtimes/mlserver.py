@@ -47,6 +47,7 @@ import numpy as np
 
 from appliance.core import dtypes
 from appliance.core.dtypes import DType
+from appliance.core.http_body import INPUT_PARAMETERS
 from appliance.errors import ApplianceError, BadRequest, ModelFailed, ModelNotFound
 from appliance.formats.mlserver.settings import ADAPTIVE
 from appliance.model import Arrays, Outputs, OutputsWithParameters, Request
@@ -61,9 +62,6 @@ RUNTIME_EXTRAS = {
     "mlserver_lightgbm": EXTRA,
     "mlserver_xgboost": "pip install 'appliance[mlserver-xgboost]'",
 }
-# The request parameter the KServe frontend puts each input's own parameters
-# under (protocols/kserve/inference.py): MLServer's per-input content_type.
-INPUT_PARAMETERS = "input_parameters"
 _BY_STATUS: dict[int, type[ApplianceError]] = {400: BadRequest, 404: ModelNotFound}
 
 

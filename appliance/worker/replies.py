@@ -145,7 +145,9 @@ class Replies:
         """Answer a message with ``error``; a client's own mistake is no failure of the model's."""
         if error.code is not ErrorCode.BAD_REQUEST:
             self.own.count(Counter.FAIL)
-        reply = error_message(kind, request.request_id, self.pid, error.code, error.message)
+        reply = error_message(
+            kind, request.request_id, self.pid, error.code, error.message, error.status
+        )
         self.outbox.send(reply, reply_to(request), [])
 
     def _done_with(self, pending: Pending) -> None:

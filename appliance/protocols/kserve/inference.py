@@ -17,6 +17,7 @@ import numpy as np
 
 from appliance.core import dtypes
 from appliance.core.dtypes import DType
+from appliance.core.http_body import INPUT_PARAMETERS
 from appliance.core.tensor import Tensor
 from appliance.protocols.kserve.errors import DecodeError
 
@@ -35,9 +36,6 @@ INPUT_TRANSPORT_PARAMETERS = frozenset(
         "shared_memory_offset",
     }
 )
-# The request parameter that carries the inputs' other parameters (MLServer's
-# per-input content_type, for one), by input name, to a model that reads them.
-INPUT_PARAMETERS = "input_parameters"
 # The largest dimension count a request may claim.
 MAX_RANK = 64
 # The largest product of a shape's non-zero dims: numpy refuses an array

@@ -1,0 +1,1 @@
+"""TorchServe's model store and its archives."""

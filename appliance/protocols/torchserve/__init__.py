@@ -1,0 +1,1 @@
+"""TorchServe's inference and management APIs (REST), over the client API."""

@@ -1,0 +1,183 @@
+"""TorchServe's inference API, and the listing of its management API, on the HTTP frontend.
+
+SPEC: TorchServe 0.12's frontend (docs/models/torchserve.md lists what differs)::
+
+    GET  /ping                                   {"status": "Healthy"} or 500 "Unhealthy"
+    POST /predictions/{model}[/{version}[/...]]  the handler's answer (PUT too: curl -T)
+    POST /explanations/{model}[/{version}]       the same, with the header explain: True
+    GET  /models[?limit=N&next_page_token=T]     {"models": [{"modelName", "modelUrl"}, ...]}
+
+A model's answer is its handler's body, with the status, content type and
+headers the handler set; a failure is TorchServe's ``{"code", "type",
+"message"}`` (errors.py). Every answer carries ``x-request-id`` and
+TorchServe's no-cache headers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import falcon
+
+from appliance.client.api import ModelClient
+from appliance.core.http_body import BODY, CONTENT_TYPE, HEADERS, REASON, STATUS
+from appliance.core.output_parameters import response_from_body
+from appliance.errors import ModelNotFound
+from appliance.protocols.torchserve.errors import (
+    TorchServeError,
+    encode_error,
+    from_error,
+    model_not_found,
+    pretty,
+    version_not_found,
+)
+from appliance.protocols.torchserve.request import read_call
+from appliance.protocols.web import App, guarded, read_body
+
+PLATFORM = "torchserve"
+NO_CACHE = {
+    "Pragma": "no-cache",
+    "Cache-Control": "no-cache; no-store, must-revalidate, private",
+    "Expires": "Thu, 01 Jan 1970 00:00:00 UTC",
+}
+DEFAULT_LIMIT = 100
+
+
+def _render_failure(_req: falcon.Request, resp: falcon.Response, error: Exception) -> None:
+    failure = from_error(error)
+    _json(resp, encode_error(failure), failure.status)
+
+
+_guarded = guarded(_render_failure)
+
+
+def _json(resp: falcon.Response, body: bytes, status: int = 200) -> None:
+    resp.status = falcon.code_to_http_status(status)
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = body
+    _common(resp)
+
+
+def _common(resp: falcon.Response) -> None:
+    resp.set_headers(NO_CACHE)
+    if resp.get_header("x-request-id") is None:
+        resp.set_header("x-request-id", str(uuid.uuid4()))
+
+
+class Ping:
+    def __init__(self, client: ModelClient) -> None:
+        self.client = client
+
+    @_guarded
+    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+        healthy = self.client.server_ready()
+        status = "Healthy" if healthy else "Unhealthy"
+        _json(resp, pretty({"status": status}), 200 if healthy else 500)
+
+
+class Predictions:
+    """A model's answer to one request: its handler's body, status and headers."""
+
+    def __init__(self, client: ModelClient, explain: bool) -> None:
+        self.client = client
+        self.explain = explain
+        self.limit = client.config.http.max_body_bytes
+
+    @_guarded
+    async def on_post(
+        self,
+        req: falcon.Request,
+        resp: falcon.Response,
+        model: str,
+        version: str | None = None,
+        rest: str = "",
+    ) -> None:
+        self._check(model, version)
+        body = read_body(req, self.limit)
+        headers = {str(key).lower(): str(value) for key, value in req.headers.items()}
+        call = read_call(body, headers, rest, self.explain)
+        request_id = str(uuid.uuid4())
+        resp.set_header("x-request-id", request_id)
+        result = await self.client.infer_async(
+            model, call.inputs, parameters=call.parameters, request_id=request_id
+        )
+        with result:
+            tensor = result.outputs.get(BODY)
+            if tensor is None:
+                raise TorchServeError(
+                    500,
+                    "InternalServerException",
+                    f"model {model} answered no {BODY!r} output: it is not a TorchServe "
+                    "handler's model; call it over KServe v2 (/v2/models/{model}/infer)",
+                )
+            answer = tensor.array().reshape(-1)
+            said = response_from_body(result.body)
+        data = bytes(answer[0]) if answer.size else b""
+        resp.status = falcon.code_to_http_status(int(said.get(STATUS, 200)))
+        reason = said.get(REASON)
+        if reason:
+            resp.status = f"{int(said.get(STATUS, 200))} {reason}"
+        content_type = said.get(CONTENT_TYPE)
+        resp.content_type = str(content_type) if content_type else None
+        given = said.get(HEADERS)
+        if isinstance(given, dict):
+            for key, value in given.items():
+                resp.set_header(str(key), str(value))
+        resp.data = data
+        _common(resp)
+
+    on_put = on_post
+
+    def _check(self, model: str, version: str | None) -> None:
+        try:
+            metadata = self.client.metadata(model)
+        except ModelNotFound:
+            raise model_not_found(model) from None
+        if version is not None and version not in metadata.versions:
+            raise version_not_found(model, version)
+
+
+class Models:
+    """The management API's list of models, a page at a time."""
+
+    def __init__(self, client: ModelClient) -> None:
+        self.client = client
+
+    @_guarded
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        limit = _int(req.get_param("limit"), DEFAULT_LIMIT)
+        limit = limit if 0 < limit <= DEFAULT_LIMIT else DEFAULT_LIMIT
+        start = max(0, _int(req.get_param("next_page_token"), 0))
+        names = sorted(self.client.known_models())
+        page = names[start : start + limit]
+        found: dict[str, Any] = {}
+        if start + limit < len(names):
+            found["nextPageToken"] = str(start + limit)
+        found["models"] = [{"modelName": name, "modelUrl": self._url(name)} for name in page]
+        _json(resp, pretty(found))
+
+    def _url(self, name: str) -> str:
+        for model in self.client.config.models:
+            if model.name == name:
+                path = str(model.options.get("path", ""))
+                return path.rsplit("/", 1)[-1]
+        return ""
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def add_routes(app: App, client: ModelClient) -> None:
+    """Mount TorchServe's inference routes and the model list."""
+    app.add_route("/ping", Ping(client))
+    for prefix, explain in (("/predictions", False), ("/explanations", True)):
+        resource = Predictions(client, explain)
+        app.add_route(f"{prefix}/{{model}}", resource)
+        app.add_route(f"{prefix}/{{model}}/{{version}}", resource)
+        app.add_route(f"{prefix}/{{model}}/{{version}}/{{rest:path}}", resource)
+    app.add_route("/models", Models(client))

@@ -1,0 +1,264 @@
+"""TorchServe's handlers, hosted unmodified in a model worker.
+
+An archive (formats/torchserve/archive.py) names its handler in its
+manifest: a module of the archive (``handler.py``, or ``handler.py:fn`` for
+a function), else one of TorchServe's built-in handlers by name. The worker
+loads it as TorchServe's does:
+
+- ``load``: a ``.mar`` is unpacked into a directory of its own (removed at
+  unload), which goes on ``sys.path``; ``ts`` is TorchServe's own package where
+  installed, else the appliance's (ts_surface/). A module-level function
+  (``handle`` unless the manifest names another) is called once with
+  ``data=None`` to initialize; else the module's one class is instantiated
+  and its ``initialize(context)`` called.
+- each batch (``batchSize`` requests at most, from every protocol): the
+  handler gets one ``data`` item per request (torchserve_io.py) and must
+  return a list of as many items, each request's body. Failures answer the
+  whole batch as TorchServe's worker does, with its words and status: an
+  exception 503 "Prediction failed" (its traceback logged), a
+  ``PredictionException`` its own message and code, ``MemoryError`` or a
+  CUDA error 507 "Out of resources", a result that is not a list 503
+  "Invalid model predict output", a list of another length 503 "number of
+  batch response mismatched".
+- ``context.set_response_status`` and the response headers a handler sets
+  reach the client with its request's body.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from appliance.errors import ApplianceError, ModelFailed
+from appliance.formats.torchserve.archive import (
+    ArchiveError,
+    read_manifest,
+    read_model_config,
+    unpack,
+)
+from appliance.model import Arrays, Outputs, Request
+from appliance.runtimes.interface import ModelFileError, RuntimeModel
+from appliance.runtimes.torchserve_io import answer, encode, request_data
+
+log = logging.getLogger("appliance.worker")
+
+# TorchServe's built-in handlers, by the name a manifest gives them, and what they need.
+BUILT_IN = {
+    "image_classifier": "torchvision",
+    "image_segmenter": "torchvision",
+    "object_detector": "torchvision",
+    "text_classifier": "torchtext and captum",
+    "densenet_handler": "torchvision",
+}
+FAILED = 503
+OUT_OF_RESOURCES = 507
+
+Entry = Callable[[Any, Any], Any]
+
+
+class TorchServeModel(RuntimeModel):
+    """A TorchServe archive, served by its handler."""
+
+    per_request = True
+    inputs = None
+    outputs = None
+    platform = "torchserve"
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        super().__init__(options)
+        self.model_name = str(options.get("model_name") or self.path.name)
+        self.file_name = self.path.name
+        self._unpacked: Path | None = None
+        self._model_dir = ""
+        self._entry: Entry | None = None
+        self._context: Any = None
+
+    def load(self) -> None:
+        """Unpack the archive, import its handler and initialize it.
+
+        Raises:
+            ModelFileError: the archive cannot be read, its handler cannot be
+                imported, or initializing it raised.
+        """
+        from appliance.runtimes.ts_surface import ensure_ts
+
+        ensure_ts()
+        try:
+            manifest = read_manifest(self.path)
+            settings = read_model_config(self.path, manifest)
+            if not self.path.is_dir():
+                self._unpacked = Path(tempfile.mkdtemp(prefix=f"appliance-ts-{self.model_name}-"))
+            model_dir = unpack(self.path, self._unpacked or self.path)
+        except ArchiveError as ex:
+            raise ModelFileError(str(ex)) from None
+        self._model_dir = str(model_dir)
+        sys.path.insert(0, self._model_dir)
+        model = manifest["model"]
+        self.version = str(self.options.get("version") or model.get("modelVersion") or "1.0")
+        ts = importlib.import_module("ts")
+        context_module = importlib.import_module("ts.context")
+        metrics = importlib.import_module("appliance.runtimes.ts_surface.ts.metrics.metric_cache")
+        gpu = int(self.device.split(":")[1]) if self.device.startswith("cuda:") else None
+        self._context = context_module.Context(
+            self.model_name,
+            self._model_dir,
+            manifest,
+            int(self.options.get("batch_size", 1)),
+            gpu,
+            getattr(ts, "__version__", "0.12.0"),
+            True,
+            metrics.MetricsCache(self.model_name),
+            settings,
+        )
+        handler = str(model["handler"])
+        entry, initialize = self._entry_point(handler)
+        try:
+            initialize(self._context)
+        except Exception as ex:
+            log.warning(
+                "model %s: initializing handler %s failed", self.model_name, handler, exc_info=True
+            )
+            raise ModelFileError(
+                f"{self.file_name}: handler {handler}: initialize raised {_last(ex)}"
+            ) from None
+        self._entry = entry
+        self.description = f"TorchServe handler {handler} ({self.file_name})"
+
+    def _entry_point(self, handler: str) -> tuple[Entry, Callable[[Any], Any]]:
+        """The handler's entry point and what initializes it, as TorchServe's loader finds them."""
+        module_name, _, function = handler.partition(":")
+        module_name = module_name.removesuffix(".py").split("/")[-1]
+        module = self._import(handler, module_name)
+        function = function or "handle"
+        if hasattr(module, function):
+            entry = getattr(module, function)
+            return entry, lambda context: entry(None, context)
+        util = importlib.import_module("ts.utils.util")
+        classes = util.list_classes_from_module(module)
+        if len(classes) != 1:
+            names = ", ".join(cls.__name__ for cls in classes) or "none"
+            raise ModelFileError(
+                f"{self.file_name}: handler {handler}: expected one class or a function "
+                f"{function}() in it, found classes: {names}"
+            )
+        try:
+            service = classes[0]()
+        except Exception as ex:
+            raise ModelFileError(
+                f"{self.file_name}: handler {handler}: {classes[0].__name__}() raised {_last(ex)}"
+            ) from None
+        if not hasattr(service, "handle"):
+            raise ModelFileError(
+                f"{self.file_name}: handler {handler}: {classes[0].__name__} has no handle method"
+            )
+        initialize = getattr(service, "initialize", lambda _context: None)
+        return service.handle, initialize
+
+    def _import(self, handler: str, module_name: str) -> Any:
+        own = Path(self._model_dir, f"{module_name}.py").is_file()
+        try:
+            return importlib.import_module(module_name)
+        except ImportError as ex:
+            if own:
+                raise ModelFileError(
+                    f"{self.file_name}: handler {handler} cannot be imported: {_last(ex)}"
+                ) from None
+        except Exception as ex:
+            raise ModelFileError(
+                f"{self.file_name}: handler {handler} cannot be imported: {_last(ex)}"
+            ) from None
+        try:
+            return importlib.import_module(f"ts.torch_handler.{module_name}")
+        except ImportError:
+            pass
+        if module_name in BUILT_IN:
+            raise ModelFileError(
+                f"{self.file_name}: handler {handler}: TorchServe's built-in handler "
+                f"{module_name} is not served by the appliance (it needs "
+                f"{BUILT_IN[module_name]}); give the archive a handler file of its own"
+            )
+        raise ModelFileError(
+            f"{self.file_name}: handler {handler}: no {module_name}.py in the archive, "
+            "and no built-in handler of that name"
+        )
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        """One request alone (the worker calls predict_requests; this marks predict served)."""
+        result = self.predict_requests([Request(inputs, parameters, None)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def predict_requests(self, requests: Sequence[Request]) -> list[Outputs | ApplianceError]:
+        """Hand the batch to the handler as one ``data`` list; each item answers one request."""
+        assert self._entry is not None
+        context = self._context
+        data, processors, ids = [], [], {}
+        request_processor = importlib.import_module("ts.context").RequestProcessor
+        for index, request in enumerate(requests):
+            item, headers = request_data(request)
+            data.append(item)
+            processors.append(request_processor(headers))
+            ids[index] = request.request_id or str(uuid.uuid4())
+        context.request_ids = ids
+        context.request_processor = processors
+        context.metrics.set_request_ids(ids)
+        try:
+            ret = self._entry(data, context)
+        except Exception as ex:
+            return [self._failure(ex)] * len(requests)
+        if not isinstance(ret, list):
+            log.warning("model: %s, Invalid return type: %s.", self.model_name, type(ret))
+            return [ModelFailed("Invalid model predict output", FAILED)] * len(requests)
+        if len(ret) != len(data):
+            log.warning(
+                "model: %s, number of batch response mismatched, expect: %d, got: %d.",
+                self.model_name,
+                len(data),
+                len(ret),
+            )
+            return [ModelFailed("number of batch response mismatched", FAILED)] * len(requests)
+        try:
+            bodies = [encode(value) for value in ret]
+        except TypeError:
+            log.warning(
+                "model %s: Unable to serialize model output.", self.model_name, exc_info=True
+            )
+            return [ModelFailed("Unsupported model output data type.", FAILED)] * len(requests)
+        answers: list[Outputs | ApplianceError] = []
+        for index, body in enumerate(bodies):
+            status, reason = context.get_response_status(index)
+            answers.append(answer(body, status or 200, reason, context.get_response_headers(index)))
+        return answers
+
+    def _failure(self, ex: Exception) -> ModelFailed:
+        """The batch's error, worded and numbered as TorchServe's worker answers it."""
+        if isinstance(ex, MemoryError):
+            log.error("model %s: System out of memory", self.model_name, exc_info=ex)
+            return ModelFailed("Out of resources", OUT_OF_RESOURCES)
+        if type(ex).__name__ == "PredictionException" and hasattr(ex, "error_code"):
+            log.error("model %s: Prediction error", self.model_name, exc_info=ex)
+            return ModelFailed(str(getattr(ex, "message", ex)), int(ex.error_code))
+        if "CUDA" in str(ex):
+            log.error("model %s: CUDA out of memory", self.model_name, exc_info=ex)
+            return ModelFailed("Out of resources", OUT_OF_RESOURCES)
+        log.warning("model %s: Invoking custom service failed.", self.model_name, exc_info=ex)
+        return ModelFailed("Prediction failed", FAILED)
+
+    def unload(self) -> None:
+        if self._model_dir in sys.path:
+            sys.path.remove(self._model_dir)
+        if self._unpacked is not None:
+            shutil.rmtree(self._unpacked, ignore_errors=True)
+
+
+def _last(ex: BaseException) -> str:
+    lines = str(ex).strip().splitlines()
+    return f"{type(ex).__name__}: {lines[0] if lines else ''}".rstrip(": ")

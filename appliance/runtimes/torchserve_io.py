@@ -1,0 +1,109 @@
+"""A TorchServe handler's ``data`` from the appliance's requests, and its answers back.
+
+TorchServe's worker gives a handler one dict per request of the batch: each
+body or form field by name, its value decoded by its content type (JSON
+parsed, ``text/*`` as str, anything else as a bytearray; a value that does
+not decode stays bytes), with the request's headers and each field's content
+type in the context. A request reaches the model as core/http_body.py says
+(a BYTES tensor per field, content types under ``input_parameters``, headers
+as ``headers``); a tensor of another type, from a KServe client, becomes the
+list of its values.
+
+Each item a handler returns is one request's body, as TorchServe encodes it:
+bytes as they are, str as UTF-8, a torch tensor by ``torch.save``, anything
+else as JSON with an indent of 2.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from appliance.core.http_body import BODY, CONTENT_TYPE, HEADERS, INPUT_PARAMETERS, REASON, STATUS
+from appliance.model import OutputsWithParameters, Request
+
+log = logging.getLogger("appliance.worker")
+
+
+def request_data(request: Request) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One request's ``data`` item and its headers (the request's, and each field's
+    ``{"content-type": ...}`` under the field's name, as TorchServe keeps them)."""
+    parameters = request.parameters
+    per_input = parameters.get(INPUT_PARAMETERS)
+    per_input = per_input if isinstance(per_input, Mapping) else {}
+    headers: dict[str, Any] = {}
+    item: dict[str, Any] = {}
+    for name, array in request.inputs.items():
+        own = per_input.get(name)
+        content_type = str(own.get(CONTENT_TYPE) or "") if isinstance(own, Mapping) else ""
+        item[name] = _value(array, content_type)
+        headers[name] = {"content-type": content_type or None}
+    given = parameters.get(HEADERS)
+    if isinstance(given, Mapping):
+        headers.update((str(key), str(value)) for key, value in given.items())
+    return item, headers
+
+
+def _value(array: np.ndarray[Any, Any], content_type: str) -> Any:
+    if array.dtype.kind != "O":
+        return array.tolist()
+    if array.size != 1:
+        return [bytes(item) for item in array.reshape(-1)]
+    raw = bytes(array.reshape(-1)[0])
+    if content_type == "application/json":
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            log.warning("Failed json decoding of input data. Forwarding encoded payload")
+            return bytearray(raw)
+    if content_type.startswith("text"):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            log.warning("Failed utf-8 decoding of input data. Forwarding encoded payload")
+            return bytearray(raw)
+    return bytearray(raw)
+
+
+def encode(value: Any) -> bytes:
+    """One request's body from what the handler returned for it.
+
+    Raises:
+        TypeError: a value JSON cannot hold.
+    """
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if type(value).__module__ == "torch" and type(value).__name__ == "Tensor":
+        import torch  # only a handler on torch returns one
+
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        return buffer.getvalue()
+    return json.dumps(value, indent=2).encode("utf-8")
+
+
+def answer(
+    body: bytes, status: int, reason: str | None, headers: Mapping[str, str]
+) -> OutputsWithParameters[Any]:
+    """The outputs of one answered request: its body, and how HTTP sends it."""
+    array = np.empty(1, dtype=object)
+    array[0] = body
+    response: dict[str, Any] = {}
+    kept = {str(k): str(v) for k, v in headers.items() if k.lower() != "content-type"}
+    content_type = next((v for k, v in headers.items() if k.lower() == "content-type"), None)
+    if content_type:
+        response[CONTENT_TYPE] = str(content_type)
+    if status != 200:
+        response[STATUS] = int(status)
+    if reason:
+        response[REASON] = str(reason)
+    if kept:
+        response[HEADERS] = kept
+    return OutputsWithParameters({BODY: array}, {}, response)

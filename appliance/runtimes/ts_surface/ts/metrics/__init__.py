@@ -1,0 +1,1 @@
+"""``ts.metrics``: a handler's custom metrics (``context.metrics``)."""

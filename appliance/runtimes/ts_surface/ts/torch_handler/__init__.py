@@ -1,0 +1,1 @@
+"""TorchServe's handlers: the base class every handler may subclass."""

@@ -1,0 +1,260 @@
+"""A TorchServe model store served by the appliance, started with torchserve's flags.
+
+``appliance serve --model-store DIR --models all`` serves the archives as
+TorchServe would: its inference API (/ping, /predictions, /explanations),
+the management API's list of models, handlers unmodified (module-level
+``handle``, a class with ``initialize``, extra files, the context's headers
+and response status, batching from model-config.yaml), failures worded and
+numbered as TorchServe's. The same archive answers KServe v2 too. The
+comparison with TorchServe itself is tests/peers/test_torchserve_oracle.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+
+from tests.system.harness import Appliance, free_ports, new_run_dir, serving_repository, start
+from tests.torchserve_models import (
+    BATCH_CONFIG,
+    BATCH_HANDLER,
+    ECHO_HANDLER,
+    INSPECT_HANDLER,
+    LABELS,
+    LABELS_HANDLER,
+    RAISING_HANDLER,
+    WRONG_LENGTH_HANDLER,
+    write_mar,
+    write_model_dir,
+)
+
+TIMEOUT = 30
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Appliance]]:
+    store = tmp_path_factory.mktemp("model-store")
+    write_mar(store, "echo", ECHO_HANDLER)
+    write_mar(store, "inspect", INSPECT_HANDLER, version="2.0")
+    write_model_dir(
+        store, "labels", LABELS_HANDLER, extra_files={"labels.json": json.dumps(LABELS)}
+    )
+    write_mar(store, "wrong", WRONG_LENGTH_HANDLER)
+    write_mar(store, "raising", RAISING_HANDLER)
+    write_mar(store, "batch", BATCH_HANDLER, config_yaml=BATCH_CONFIG)
+    runtime, temp = new_run_dir(), tmp_path_factory.mktemp("tmp")
+    http, grpc, metrics = free_ports(3)
+    flags = (
+        "--model-store",
+        str(store),
+        "--models",
+        "all",
+        "--ncs",
+        "--disable-token-auth",
+        "--http-address=127.0.0.1",
+        f"--http-port={http}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
+    )
+    where = {"server": {"run_dir": str(runtime / "appliance")}}
+    appliance = start(
+        where, env={"XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(temp)}, serve_args=flags
+    )
+    try:
+        yield f"http://127.0.0.1:{http}", appliance
+    finally:
+        appliance.stop()
+        appliance.assert_clean()
+        shutil.rmtree(runtime, ignore_errors=True)
+    # Each instance unpacked its archive into a directory of its own, and removed it.
+    assert not list(temp.glob("appliance-ts-*"))
+
+
+def _error(code: int, kind: str, message: str) -> bytes:
+    body = {"code": code, "type": kind, "message": message}
+    return json.dumps(body, indent=2).encode() + b"\n"
+
+
+def test_ping_and_the_model_list_answer_as_torchserve_s(served: tuple[str, Appliance]) -> None:
+    base, _ = served
+    ping = requests.get(f"{base}/ping", timeout=TIMEOUT)
+    assert (ping.status_code, ping.content) == (200, b'{\n  "status": "Healthy"\n}\n')
+    assert ping.headers["x-request-id"]
+    listed = requests.get(f"{base}/models", timeout=TIMEOUT).json()
+    assert [m["modelName"] for m in listed["models"]] == sorted(
+        ["batch", "echo", "inspect", "labels", "raising", "wrong"]
+    )
+    assert {m["modelName"]: m["modelUrl"] for m in listed["models"]}["echo"] == "echo.mar"
+    page = requests.get(f"{base}/models?limit=4", timeout=TIMEOUT).json()
+    assert (len(page["models"]), page["nextPageToken"]) == (4, "4")
+    rest = requests.get(f"{base}/models?limit=4&next_page_token=4", timeout=TIMEOUT).json()
+    assert [m["modelName"] for m in rest["models"]] == ["raising", "wrong"]
+    assert "nextPageToken" not in rest
+
+
+def test_a_module_level_handle_gets_json_parsed_text_as_str_and_bytes_as_they_are(
+    served: tuple[str, Appliance],
+) -> None:
+    base, _ = served
+    answer = requests.post(f"{base}/predictions/echo", json={"a": [1, 2]}, timeout=TIMEOUT)
+    # A dict returned is JSON with an indent of 2, as TorchServe's worker encodes it.
+    assert (answer.status_code, answer.content) == (200, b'{\n  "a": [\n    1,\n    2\n  ]\n}')
+    text = requests.post(
+        f"{base}/predictions/echo",
+        data="héllo".encode(),
+        headers={"Content-Type": "text/plain; charset=utf-8"},
+        timeout=TIMEOUT,
+    )
+    assert text.content == "héllo".encode()
+    raw = bytes(range(256))
+    # curl -T sends PUT; the version may be named.
+    put = requests.put(f"{base}/predictions/echo/1.0", data=raw, timeout=TIMEOUT)
+    assert (put.status_code, put.content) == (200, raw)
+
+
+def test_unknown_models_and_versions_answer_torchserve_s_404(
+    served: tuple[str, Appliance],
+) -> None:
+    base, _ = served
+    missing = requests.post(f"{base}/predictions/nope", data=b"x", timeout=TIMEOUT)
+    assert (missing.status_code, missing.content) == (
+        404,
+        _error(404, "ModelNotFoundException", "Model not found: nope"),
+    )
+    version = requests.post(f"{base}/predictions/echo/9.9", data=b"x", timeout=TIMEOUT)
+    assert (version.status_code, version.content) == (
+        404,
+        _error(
+            404,
+            "ModelVersionNotFoundException",
+            "Model version: 9.9 does not exist for model: echo",
+        ),
+    )
+
+
+def test_form_fields_headers_and_the_url_path_reach_the_handler(
+    served: tuple[str, Appliance],
+) -> None:
+    base, _ = served
+    answer = requests.post(
+        f"{base}/explanations/inspect/2.0/extra/path",
+        files={"data": ("a.json", b'{"x": 1}', "application/json")},
+        data={"plain": "v"},
+        headers={"X-Tag": "t1"},
+        timeout=TIMEOUT,
+    )
+    assert answer.status_code == 200, answer.text
+    seen = answer.json()
+    assert seen["fields"] == {
+        "data": {"type": "dict", "value": {"x": 1}},
+        "plain": {"type": "bytearray", "text": "v"},
+    }
+    headers = seen["headers"]
+    assert (headers["x-tag"], headers["url_path"], headers["explain"]) == (
+        "t1",
+        "extra/path",
+        "True",
+    )
+    assert headers["data"] == {"content-type": "application/json"}
+    assert seen["batch"] == 1
+    assert seen["request_id"] == answer.headers["x-request-id"]
+
+
+def test_a_class_handler_reads_its_extra_file_and_sets_its_status_and_headers(
+    served: tuple[str, Appliance],
+) -> None:
+    base, _ = served
+    answer = requests.post(
+        f"{base}/predictions/labels",
+        data=b"2",
+        headers={"x-want-status": "201", "x-tag": "T"},
+        timeout=TIMEOUT,
+    )
+    assert answer.status_code == 201
+    assert answer.headers["x-labels"] == "3"
+    assert answer.json() == {
+        "key": "2",
+        "label": "two",
+        "model": "labels",
+        "version": "1.0",
+        "x-tag": "T",
+        "batch_size": 1,
+        "server": "MMS",
+        "server_version": "0.12.0",
+    }
+
+
+def test_handler_failures_answer_with_torchserve_s_words_and_statuses(
+    served: tuple[str, Appliance],
+) -> None:
+    base, appliance = served
+    cases = [
+        ("wrong", {}, 503, "number of batch response mismatched"),
+        ("raising", {}, 503, "Prediction failed"),
+        ("raising", {"x-raise": "prediction"}, 418, "told to fail"),
+    ]
+    for model, headers, status, message in cases:
+        answer = requests.post(
+            f"{base}/predictions/{model}", data=b"1", headers=headers, timeout=TIMEOUT
+        )
+        assert (answer.status_code, answer.content) == (
+            status,
+            _error(status, "InternalServerException", message),
+        ), model
+    # The instance keeps serving, and its log has the handler's traceback.
+    assert requests.post(f"{base}/predictions/echo", data=b"ok", timeout=TIMEOUT).content == b"ok"
+    assert "ValueError: the handler raised on purpose" in appliance.log()
+
+
+def test_four_concurrent_requests_reach_a_batch_4_handler_as_one_list(
+    served: tuple[str, Appliance],
+) -> None:
+    base, _ = served
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(
+            pool.map(
+                lambda _: requests.post(f"{base}/predictions/batch", data=b"x", timeout=TIMEOUT),
+                range(4),
+            )
+        )
+    seen = [answer.json() for answer in answers]
+    assert all(item["batch_size"] == 4 for item in seen)
+    # maxBatchDelay 200 ms gathers all four (this host may split them under load).
+    assert sum(item["batch"] for item in seen) >= 4 + 2
+
+
+def test_the_same_archive_answers_kserve_v2(served: tuple[str, Appliance]) -> None:
+    base, _ = served
+    client = httpclient.InferenceServerClient(base.removeprefix("http://"))
+    try:
+        body = httpclient.InferInput("body", [1], "BYTES")
+        body.set_data_from_numpy(np.array([b"over kserve"], dtype=object))
+        result = client.infer("echo", [body])
+        assert result.as_numpy("body").tolist() == [b"over kserve"]
+        metadata = client.get_model_metadata("echo")
+        assert (metadata["platform"], metadata["versions"]) == ("torchserve", ["1.0"])
+    finally:
+        client.close()
+
+
+def test_an_archive_that_cannot_be_served_is_refused_by_name(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    write_mar(store, "vision", "x = 1\n", handler_entry="image_classifier")
+    with serving_repository(store) as appliance:
+        base = f"http://127.0.0.1:{appliance.ports['http']}"
+        answer = requests.post(f"{base}/predictions/vision", data=b"x", timeout=TIMEOUT)
+        assert answer.status_code == 503
+        refusal = answer.json()
+        assert refusal["type"] == "ServiceUnavailableException"
+        assert "built-in handler image_classifier" in refusal["message"]
+        assert "torchvision" in refusal["message"]
+        ping = requests.get(f"{base}/ping", timeout=TIMEOUT)
+        assert (ping.status_code, ping.json()) == (500, {"status": "Unhealthy"})
