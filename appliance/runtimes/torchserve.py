@@ -22,17 +22,24 @@ loads it as TorchServe's does:
   batch response mismatched".
 - ``context.set_response_status`` and the response headers a handler sets
   reach the client with its request's body.
+- a handler that streams (its archive's Python calls
+  ``send_intermediate_predict_response``) answers over a stream: each
+  intermediate response is a part, its return value the last (HTTP sends
+  them as chunks, KServe gRPC as ModelStreamInfer responses). Such a
+  model takes one request at a time, as a decoupled Triton model does.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import queue
 import shutil
 import sys
 import tempfile
+import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +66,8 @@ BUILT_IN = {
 }
 FAILED = 503
 OUT_OF_RESOURCES = 507
+# What a handler that streams calls (ts.handler_utils.utils).
+STREAMS = "send_intermediate_predict_response"
 
 Entry = Callable[[Any, Any], Any]
 
@@ -79,6 +88,7 @@ class TorchServeModel(RuntimeModel):
         self._model_dir = ""
         self._entry: Entry | None = None
         self._context: Any = None
+        self.streams = False
 
     def load(self) -> None:
         """Unpack the archive, import its handler and initialize it.
@@ -129,6 +139,7 @@ class TorchServeModel(RuntimeModel):
                 f"{self.file_name}: handler {handler}: initialize raised {_last(ex)}"
             ) from None
         self._entry = entry
+        self.streams = any(STREAMS in _text(path) for path in model_dir.rglob("*.py"))
         self.description = f"TorchServe handler {handler} ({self.file_name})"
 
     def _entry_point(self, handler: str) -> tuple[Entry, Callable[[Any], Any]]:
@@ -196,6 +207,44 @@ class TorchServeModel(RuntimeModel):
             raise result
         return result
 
+    def supported(self) -> dict[str, bool]:
+        # A handler that streams answers over a stream only (as a decoupled model).
+        return {**self.supports(), "predict": not self.streams, "predict_stream": self.streams}
+
+    def predict_stream_request(self, request: Request) -> Iterator[Outputs]:
+        """The handler's intermediate responses to one request, then its last.
+
+        The handler runs on a thread of its own, so that each
+        ``send_intermediate_predict_response`` reaches the client as it is
+        sent; an error (the handler's, or its result's) ends the stream.
+        """
+        parts: queue.SimpleQueue[tuple[bool, Outputs | ApplianceError]] = queue.SimpleQueue()
+        context = self._context
+
+        def send(ret: Any, _ids: Any, _message: str, _code: int) -> None:
+            if not isinstance(ret, list) or len(ret) != 1:
+                raise ValueError("send_intermediate_predict_response: one item per request")
+            status, reason = context.get_response_status(0)
+            headers = context.get_response_headers(0)
+            parts.put((False, answer(encode(ret[0]), status or 200, reason, headers)))
+
+        def run() -> None:
+            try:
+                last = self.predict_requests([request])[0]
+            except BaseException as ex:  # the stream must end, whatever happened
+                last = self._failure(ex if isinstance(ex, Exception) else RuntimeError(str(ex)))
+            parts.put((True, last))
+
+        context.send_intermediate = send
+        threading.Thread(target=run, name="torchserve-stream", daemon=True).start()
+        while True:
+            done, part = parts.get()
+            if isinstance(part, ApplianceError):
+                raise part
+            yield part
+            if done:
+                return
+
     def predict_requests(self, requests: Sequence[Request]) -> list[Outputs | ApplianceError]:
         """Hand the batch to the handler as one ``data`` list; each item answers one request."""
         assert self._entry is not None
@@ -257,6 +306,13 @@ class TorchServeModel(RuntimeModel):
             sys.path.remove(self._model_dir)
         if self._unpacked is not None:
             shutil.rmtree(self._unpacked, ignore_errors=True)
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _last(ex: BaseException) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +32,7 @@ from tests.torchserve_models import (
     LABELS,
     LABELS_HANDLER,
     RAISING_HANDLER,
+    STREAM_HANDLER,
     WRONG_LENGTH_HANDLER,
     write_mar,
     write_model_dir,
@@ -118,6 +120,9 @@ def test_a_module_level_handle_gets_json_parsed_text_as_str_and_bytes_as_they_ar
     # curl -T sends PUT; the version may be named.
     put = requests.put(f"{base}/predictions/echo/1.0", data=raw, timeout=TIMEOUT)
     assert (put.status_code, put.content) == (200, raw)
+    # KServe v1's path reaches the same handler, with the body as it is.
+    v1 = requests.post(f"{base}/v1/models/echo:predict", json={"instances": [1]}, timeout=TIMEOUT)
+    assert (v1.status_code, json.loads(v1.content)) == (200, {"instances": [1]})
 
 
 def test_unknown_models_and_versions_answer_torchserve_s_404(
@@ -258,3 +263,21 @@ def test_an_archive_that_cannot_be_served_is_refused_by_name(tmp_path: Path) -> 
         assert "torchvision" in refusal["message"]
         ping = requests.get(f"{base}/ping", timeout=TIMEOUT)
         assert (ping.status_code, ping.json()) == (500, {"status": "Unhealthy"})
+
+
+def test_a_streaming_handler_s_intermediate_responses_arrive_as_chunks(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    write_mar(store, "stream", STREAM_HANDLER)
+    with serving_repository(store) as appliance:
+        base = f"http://127.0.0.1:{appliance.ports['http']}"
+        with requests.post(
+            f"{base}/predictions/stream", data=b"x", stream=True, timeout=TIMEOUT
+        ) as answer:
+            assert answer.status_code == 200
+            assert answer.headers["transfer-encoding"] == "chunked"
+            arrived = []
+            for chunk in answer.iter_content(chunk_size=None):
+                arrived.append((time.monotonic(), chunk))
+        assert b"".join(chunk for _, chunk in arrived) == b"part0 part1 part2 last"
+        # Each part came as it was sent (the handler sleeps 0.3 s between them).
+        assert arrived[-1][0] - arrived[0][0] > 0.5

@@ -5,6 +5,7 @@ SPEC: TorchServe 0.12's frontend (docs/models/torchserve.md lists what differs):
     GET  /ping                                   {"status": "Healthy"} or 500 "Unhealthy"
     POST /predictions/{model}[/{version}[/...]]  the handler's answer (PUT too: curl -T)
     POST /explanations/{model}[/{version}]       the same, with the header explain: True
+    POST /v1/models/{model}:predict, :explain    the same (KServe v1's paths)
     GET  /models[?limit=N&next_page_token=T]     {"models": [{"modelName", "modelUrl"}, ...]}
 
 A model's answer is its handler's body, with the status, content type and
@@ -15,13 +16,16 @@ TorchServe's no-cache headers.
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import falcon
 
 from appliance.client.api import ModelClient
 from appliance.core.http_body import BODY, CONTENT_TYPE, HEADERS, REASON, STATUS
+from appliance.core.metadata import ModelMetadata
 from appliance.core.output_parameters import response_from_body
 from appliance.errors import ModelNotFound
 from appliance.protocols.torchserve.errors import (
@@ -32,7 +36,7 @@ from appliance.protocols.torchserve.errors import (
     pretty,
     version_not_found,
 )
-from appliance.protocols.torchserve.request import read_call
+from appliance.protocols.torchserve.request import Call, read_call
 from appliance.protocols.web import App, guarded, read_body
 
 PLATFORM = "torchserve"
@@ -42,6 +46,8 @@ NO_CACHE = {
     "Expires": "Thu, 01 Jan 1970 00:00:00 UTC",
 }
 DEFAULT_LIMIT = 100
+
+log = logging.getLogger("appliance.torchserve")
 
 
 def _render_failure(_req: falcon.Request, resp: falcon.Response, error: Exception) -> None:
@@ -93,49 +99,94 @@ class Predictions:
         version: str | None = None,
         rest: str = "",
     ) -> None:
-        self._check(model, version)
+        metadata = self._check(model, version)
         body = read_body(req, self.limit)
         headers = {str(key).lower(): str(value) for key, value in req.headers.items()}
         call = read_call(body, headers, rest, self.explain)
         request_id = str(uuid.uuid4())
         resp.set_header("x-request-id", request_id)
+        if metadata.supports.get("predict_stream"):
+            await self._stream(resp, model, call, request_id)
+            return
         result = await self.client.infer_async(
             model, call.inputs, parameters=call.parameters, request_id=request_id
         )
         with result:
-            tensor = result.outputs.get(BODY)
-            if tensor is None:
-                raise TorchServeError(
-                    500,
-                    "InternalServerException",
-                    f"model {model} answered no {BODY!r} output: it is not a TorchServe "
-                    "handler's model; call it over KServe v2 (/v2/models/{model}/infer)",
-                )
-            answer = tensor.array().reshape(-1)
-            said = response_from_body(result.body)
-        data = bytes(answer[0]) if answer.size else b""
-        resp.status = falcon.code_to_http_status(int(said.get(STATUS, 200)))
-        reason = said.get(REASON)
-        if reason:
-            resp.status = f"{int(said.get(STATUS, 200))} {reason}"
-        content_type = said.get(CONTENT_TYPE)
-        resp.content_type = str(content_type) if content_type else None
-        given = said.get(HEADERS)
-        if isinstance(given, dict):
-            for key, value in given.items():
-                resp.set_header(str(key), str(value))
+            data, said = _answer(model, result)
+        _head(resp, said)
         resp.data = data
-        _common(resp)
 
     on_put = on_post
 
-    def _check(self, model: str, version: str | None) -> None:
+    async def _stream(self, resp: falcon.Response, model: str, call: Call, request_id: str) -> None:
+        """A streaming handler's parts as chunks; the first part's status and headers
+        are the response's, as TorchServe sends them."""
+        stream = self.client.stream_async(
+            model, call.inputs, None, call.parameters, None, request_id
+        )
+        parts = aiter(stream)
+        try:
+            first = await anext(parts)
+        except StopAsyncIteration:
+            await stream.aclose()
+            _head(resp, {})
+            resp.data = b""
+            return
+        except BaseException:
+            await stream.aclose()
+            raise
+        data, said = _answer(model, first)
+        _head(resp, said)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                yield data
+                async for part in parts:
+                    yield _answer(model, part)[0]
+            except Exception as ex:
+                # The status is sent: the stream ends where the handler failed.
+                log.warning("model %s: its stream ended early: %s", model, ex)
+            finally:
+                await stream.aclose()
+
+        resp.stream = chunks()  # type: ignore[assignment]  # ASGI: an async iterator
+
+    def _check(self, model: str, version: str | None) -> ModelMetadata:
         try:
             metadata = self.client.metadata(model)
         except ModelNotFound:
             raise model_not_found(model) from None
         if version is not None and version not in metadata.versions:
             raise version_not_found(model, version)
+        return metadata
+
+
+def _answer(model: str, result: Any) -> tuple[bytes, dict[str, Any]]:
+    """The body of a model's answer (a copy) and how HTTP sends it."""
+    tensor = result.outputs.get(BODY)
+    if tensor is None:
+        raise TorchServeError(
+            500,
+            "InternalServerException",
+            f"model {model} answered no {BODY!r} output: it is not a TorchServe "
+            f"handler's model; call it over KServe v2 (/v2/models/{model}/infer)",
+        )
+    answer = tensor.array().reshape(-1)
+    return (bytes(answer[0]) if answer.size else b""), response_from_body(result.body)
+
+
+def _head(resp: falcon.Response, said: dict[str, Any]) -> None:
+    """The status, content type and headers the handler set."""
+    status = int(said.get(STATUS, 200))
+    reason = said.get(REASON)
+    resp.status = f"{status} {reason}" if reason else falcon.code_to_http_status(status)
+    content_type = said.get(CONTENT_TYPE)
+    resp.content_type = str(content_type) if content_type else None
+    given = said.get(HEADERS)
+    if isinstance(given, dict):
+        for key, value in given.items():
+            resp.set_header(str(key), str(value))
+    _common(resp)
 
 
 class Models:
@@ -180,4 +231,7 @@ def add_routes(app: App, client: ModelClient) -> None:
         app.add_route(f"{prefix}/{{model}}", resource)
         app.add_route(f"{prefix}/{{model}}/{{version}}", resource)
         app.add_route(f"{prefix}/{{model}}/{{version}}/{{rest:path}}", resource)
+    # KServe v1's paths, which TorchServe routes to the same handler (its body as it is).
+    app.add_route("/v1/models/{model}:predict", Predictions(client, False))
+    app.add_route("/v1/models/{model}:explain", Predictions(client, True))
     app.add_route("/models", Models(client))
