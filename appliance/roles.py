@@ -38,6 +38,8 @@ def add_arguments(child: argparse.ArgumentParser) -> None:
     child.add_argument("--listen-fds", default="", help="MIP: the listeners' sockets, fd,...")
     child.add_argument("--metrics-port", type=int, help="HTTP: the port of /metrics alone")
     child.add_argument("--metrics-fd", type=int, help="HTTP: that port's inherited socket")
+    child.add_argument("--management-port", type=int, help="HTTP: the management API's port")
+    child.add_argument("--management-fd", type=int, help="HTTP: that port's inherited socket")
     child.add_argument("--worker-slots", default="0:0")
     child.add_argument("--index", type=int, default=0)
     child.add_argument("--listeners", default="", help="MIP: port=model,...")
@@ -56,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
         from appliance.frontends import http
 
         metrics = (args.metrics_port, args.metrics_fd) if args.metrics_fd is not None else None
-        return http.run(*common, args.port, args.listen_fd, args.worker_slots, metrics)
+        management = None
+        if args.management_fd is not None:
+            management = (args.management_port, args.management_fd)
+        return http.run(*common, args.port, args.listen_fd, args.worker_slots, metrics, management)
     if args.role == "grpc":
         from appliance.frontends import grpc
 

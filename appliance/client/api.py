@@ -245,15 +245,20 @@ class ModelClient:
             if not str(model.options.get("path", "")).startswith(shipped)
         }
         known.update((ensemble.name, ensemble.version) for ensemble in self.config.ensembles)
+        for entry in self.repository_entries():
+            # An ensemble's entry carries its version itself; a model's, in its options.
+            known[entry["name"]] = str(entry.get("options", entry).get("version", ""))
+        return known
+
+    def repository_entries(self) -> list[dict[str, Any]]:
+        """Every ``[[models]]`` entry the repositories give now (scanned afresh)."""
+        found: list[dict[str, Any]] = []
         for repo in self.config.repositories:
             try:
-                entries = repository.scan(Path(repo.path), repo.versions, repo.models)
+                found += repository.scan(Path(repo.path), repo.versions, repo.models)
             except RepositoryError:
                 continue  # the master refuses such a config at its next reload
-            for entry in entries:
-                # An ensemble's entry carries its version itself; a model's, in its options.
-                known[entry["name"]] = str(entry.get("options", entry).get("version", ""))
-        return known
+        return found
 
     def ensemble(self, name: str) -> EnsembleConfig | None:
         """An ensemble's declaration (None for a model or an unknown name)."""

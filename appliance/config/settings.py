@@ -83,6 +83,9 @@ class HttpConfig:
     # A port of its own that answers /metrics alone, as Triton's metrics port
     # (8002) does (0: any free port); none: /metrics is on the HTTP port only.
     metrics_port: int | None = None
+    # A port of its own that answers TorchServe's management API alone (/models,
+    # as its port 8081 does; 0: any free port); none: the HTTP port answers it.
+    management_port: int | None = None
     workers: int = 2
     # Per worker, for the routes that block (see protocols/web.py); requests
     # waiting on a model hold none.

@@ -42,6 +42,7 @@ TAKEN = {
     "--cache-config": "local,size=N: the response cache's bytes, per frontend process",
     "--backend-directory, --backend-config, --allow-gpu-metrics, --cache-directory": "ignored",
     "--models": "a TorchServe model store's archives: all, NAME=FILE.mar, FILE.mar (several)",
+    "--management-port": "a TorchServe model store's management API: default 8081",
     "--ncs, --foreground, --disable-token-auth, --enable-model-api": "torchserve's; taken",
 }
 # torchserve's flags without a value.
@@ -49,6 +50,7 @@ SWITCHES = {"--ncs", "--no-config-snapshots", "--foreground", "--start"}
 SWITCHES |= {"--disable-token-auth", "--enable-model-api"}
 # Where `torchserve` listens: inference (and management here) on 8080, gRPC 7070, metrics 8082.
 TORCHSERVE_PORTS = {"http_port": 8080, "grpc_port": 7070, "metrics_port": 8082}
+MANAGEMENT_PORT = 8081
 IGNORED = {"--backend-directory", "--allow-gpu-metrics", "--exit-on-error", "--backend-config"}
 IGNORED |= {"--cache-directory"}
 # Refused with what to do instead.
@@ -125,8 +127,12 @@ def config(argv: Sequence[str]) -> dict[str, Any]:
     # or MLServer's ports (8080, 8081, 8082), unless a flag says otherwise.
     ports = mlserver_settings.listening([Path(p) for p in repositories])
     models = flags.get("--models", [])
+    management: dict[str, Any] = {}
     if models or any(torchserve_store.is_model_store(Path(p)) for p in repositories):
         ports = {**TORCHSERVE_PORTS, **ports}
+        management["management_port"] = _port(flags, "--management-port", MANAGEMENT_PORT)
+    elif "--management-port" in flags:
+        raise FlagError("--management-port: only a TorchServe model store has a management API")
     server = {"default_model": "", **_listening(flags, ports), **_control(flags), **_cache(flags)}
     if "--exit-timeout-secs" in flags:
         server["drain_timeout_s"] = float(_number(flags, "--exit-timeout-secs"))
@@ -138,6 +144,7 @@ def config(argv: Sequence[str]) -> dict[str, Any]:
             "port": _port(flags, "--http-port", ports.get("http_port", 8000)),
             "graphpipe_model": "",
             **_metrics(flags, ports.get("metrics_port", 8002)),
+            **management,
         },
         "grpc": {"port": _port(flags, "--grpc-port", ports.get("grpc_port", 8001))},
         # Triton has no MIP (and its metrics port is 8002, MIP's default).
@@ -213,6 +220,7 @@ _KNOWN = {
     *IGNORED,
     *SWITCHES,
     "--models",
+    "--management-port",
     "--http-port",
     "--grpc-port",
     "--http-address",

@@ -36,6 +36,7 @@ from appliance.protocols.graphpipe import rest as graphpipe_rest
 from appliance.protocols.grps import rest as grps_rest
 from appliance.protocols.kserve import rest as kserve_rest
 from appliance.protocols.threads import Threads
+from appliance.protocols.torchserve import management as torchserve_management
 from appliance.protocols.torchserve import rest as torchserve_rest
 from appliance.protocols.umbridge import rest as umbridge_rest
 from appliance.protocols.web import App, ReadAhead
@@ -47,6 +48,7 @@ ROUTES: tuple[Callable[[App, ModelClient], None], ...] = (
     grps_rest.add_routes,
     umbridge_rest.add_routes,
     torchserve_rest.add_routes,
+    torchserve_management.add_routes,
     functools.partial(graphpipe_rest.add_routes, home_page=dashboard_rest.render),
     dashboard_rest.add_routes,
 )
@@ -71,9 +73,12 @@ Asgi = Callable[
 ]
 
 
-def metrics_alone_on(port: int, app: Asgi) -> Asgi:
-    """Let the metrics port answer /metrics alone (404 for any other path), as
-    Triton's does; the HTTP port goes on serving everything."""
+def alone_on(port: int, app: Asgi, serves: Callable[[str], bool], what: str) -> Asgi:
+    """Let ``port`` answer the paths ``serves`` accepts alone (404 for any other
+    path), as Triton's metrics port and TorchServe's management port do; the
+    HTTP port goes on serving everything."""
+    body = f"this port serves {what} alone\n".encode()
+    headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
 
     async def asgi(
         scope: dict[str, Any],
@@ -81,11 +86,9 @@ def metrics_alone_on(port: int, app: Asgi) -> Asgi:
         send: Callable[[Any], Awaitable[None]],
     ) -> None:
         server = scope.get("server") or ("", 0)
-        if scope["type"] != "http" or server[1] != port or scope["path"] == "/metrics":
+        if scope["type"] != "http" or server[1] != port or serves(scope["path"]):
             await app(scope, receive, send)
             return
-        body = b"this port serves /metrics alone\n"
-        headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 404, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -141,6 +144,7 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
         listen_fd: int | None,
         worker_slots: str,
         metrics: tuple[int, int] | None = None,
+        management: tuple[int, int] | None = None,
     ) -> None:
         self.context = context
         self.slot = slot
@@ -148,6 +152,8 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
         self.listen_fd = listen_fd
         # (port, inherited socket) of the port that answers /metrics alone.
         self.metrics = metrics
+        # (port, inherited socket) of the port that answers the management API alone.
+        self.management = management
         first, count = (int(part) for part in worker_slots.split(":"))
         self.worker_slots = (first, count)
         self.client: ModelClient | None = None
@@ -162,8 +168,9 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
         else:
             bind = f"{config.server.host}:{self.port}"
         binds = [bind]
-        if self.metrics is not None:
-            binds.append(f"fd://{self.metrics[1]}")
+        for extra in (self.metrics, self.management):
+            if extra is not None:
+                binds.append(f"fd://{extra[1]}")
         settings: dict[str, Any] = {
             "bind": binds,
             "workers": config.http.workers,
@@ -201,7 +208,9 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
             create_app(self.client, Threads(http.threads, "http")), http.max_body_bytes
         )
         if self.metrics is not None:
-            app = metrics_alone_on(self.metrics[0], app)
+            app = alone_on(self.metrics[0], app, lambda path: path == "/metrics", "/metrics")
+        if self.management is not None:
+            app = alone_on(self.management[0], app, torchserve_management.is_management, "/models")
         return app
 
     def _when_ready(self, _server: Any) -> None:
@@ -210,6 +219,8 @@ class HttpApplication(BaseApplication):  # type: ignore[misc]
         log.info("listening on %s:%d", host, self.port)
         if self.metrics is not None:
             log.info("listening on %s:%d for /metrics", host, self.metrics[0])
+        if self.management is not None:
+            log.info("listening on %s:%d for the management API", host, self.management[0])
 
     def _worker_exit(self, _server: Any, _worker: Any) -> None:
         # A worker whose arbiter died may exit with requests still running;
@@ -227,10 +238,11 @@ def run(
     listen_fd: int | None,
     worker_slots: str,
     metrics: tuple[int, int] | None = None,
+    management: tuple[int, int] | None = None,
 ) -> int:
     """Run the gunicorn arbiter until it is told to stop."""
     context = FrontendContext.open(tree_dir)
     logs.setup("http", context.config.server.log_level)
     become_child("http", master_pid)
-    HttpApplication(context, slot, port, listen_fd, worker_slots, metrics).run()
+    HttpApplication(context, slot, port, listen_fd, worker_slots, metrics, management).run()
     return 0

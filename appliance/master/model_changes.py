@@ -18,6 +18,7 @@ from appliance.client import inline
 from appliance.config.reader import load
 from appliance.config.settings import ApplianceConfig, write_snapshot
 from appliance.core.tree import Tree
+from appliance.formats.torchserve.store import UNREGISTERED
 from appliance.master import served, systemd
 from appliance.master.reload import Reload, Slots
 
@@ -52,6 +53,11 @@ class ModelChanges:
         self.reloads = 0
         # The config file's models as loads and unloads have changed them.
         self.served = served.ServedModels(config.models, tree.inline_dir, config.ensembles)
+        # A model store's archives --models did not name: registered later, if at all.
+        waiting = [m.name for m in config.models if m.options.get(UNREGISTERED)]
+        if waiting:
+            self.served.unloaded.update(waiting)
+            self.config = dataclasses.replace(config, models=self.served.models())
         if "*" not in config.server.load_models:
             # Known, not served until a load names it (Triton's explicit control).
             wanted = set(config.server.load_models)

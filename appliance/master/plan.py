@@ -71,13 +71,17 @@ def make_plan(config: ApplianceConfig, ports: Ports, snapshot: Path) -> Plan:
     http_slot = slot
     worker_count = 2 * config.http.workers
     plan.http_worker_slots = (http_slot + 1, worker_count)
-    # The metrics port, where there is one, is the HTTP process's second socket.
+    # The metrics and management ports, where there are, are the HTTP process's too.
     metrics: tuple[str, ...] = ()
     http_fds: tuple[int, ...] = (ports.http_fd,)
     if ports.metrics_fd is not None:
         metrics = ("--metrics-port", str(ports.by_name["metrics"]))
         metrics += ("--metrics-fd", str(ports.metrics_fd))
         http_fds += (ports.metrics_fd,)
+    if ports.management_fd is not None:
+        metrics += ("--management-port", str(ports.by_name["management"]))
+        metrics += ("--management-fd", str(ports.management_fd))
+        http_fds += (ports.management_fd,)
     plan.specs.append(
         ChildSpec(
             role="http",

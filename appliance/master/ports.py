@@ -42,12 +42,16 @@ class Ports:
         self.mip_listeners: list[tuple[int, str]] = []
         self.mip_fds: list[int] = []
         self.metrics_fd: int | None = None
-        metrics = None
+        self.management_fd: int | None = None
+        metrics = management = None
         try:
             self.http_fd, http = self._keep(listen(host, config.http.port, "http.port"))
             if config.http.metrics_port is not None:
                 where = listen(host, config.http.metrics_port, "http.metrics_port")
                 self.metrics_fd, metrics = self._keep(where)
+            if config.http.management_port is not None:
+                where = listen(host, config.http.management_port, "http.management_port")
+                self.management_fd, management = self._keep(where)
             self.grpc_fd, grpc = self._keep(listen(host, config.grpc.port, "grpc.port"))
             for index, listener in enumerate(config.mip.listeners):
                 key = f"mip.listeners[{index}].port"
@@ -60,6 +64,8 @@ class Ports:
         self.by_name = {"http": http, "grpc": grpc}
         if metrics is not None:
             self.by_name["metrics"] = metrics
+        if management is not None:
+            self.by_name["management"] = management
         if self.mip_listeners:  # none: no MIP
             self.by_name["mip"] = self.mip_listeners[0][0]
 

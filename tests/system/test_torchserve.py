@@ -53,7 +53,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Appl
     write_mar(store, "raising", RAISING_HANDLER)
     write_mar(store, "batch", BATCH_HANDLER, config_yaml=BATCH_CONFIG)
     runtime, temp = new_run_dir(), tmp_path_factory.mktemp("tmp")
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, management = free_ports(4)
     flags = (
         "--model-store",
         str(store),
@@ -65,6 +65,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Appl
         f"--http-port={http}",
         f"--grpc-port={grpc}",
         f"--metrics-port={metrics}",
+        f"--management-port={management}",
     )
     where = {"server": {"run_dir": str(runtime / "appliance")}}
     appliance = start(
@@ -86,7 +87,7 @@ def _error(code: int, kind: str, message: str) -> bytes:
 
 
 def test_ping_and_the_model_list_answer_as_torchserve_s(served: tuple[str, Appliance]) -> None:
-    base, _ = served
+    base, appliance = served
     ping = requests.get(f"{base}/ping", timeout=TIMEOUT)
     assert (ping.status_code, ping.content) == (200, b'{\n  "status": "Healthy"\n}\n')
     assert ping.headers["x-request-id"]
@@ -100,6 +101,10 @@ def test_ping_and_the_model_list_answer_as_torchserve_s(served: tuple[str, Appli
     rest = requests.get(f"{base}/models?limit=4&next_page_token=4", timeout=TIMEOUT).json()
     assert [m["modelName"] for m in rest["models"]] == ["raising", "wrong"]
     assert "nextPageToken" not in rest
+    # The management port answers the management API alone, as TorchServe's 8081.
+    management = f"http://127.0.0.1:{appliance.ports['management']}"
+    assert requests.get(f"{management}/models", timeout=TIMEOUT).json() == listed
+    assert requests.get(f"{management}/ping", timeout=TIMEOUT).status_code == 404
 
 
 def test_a_module_level_handle_gets_json_parsed_text_as_str_and_bytes_as_they_are(
@@ -281,3 +286,74 @@ def test_a_streaming_handler_s_intermediate_responses_arrive_as_chunks(tmp_path:
         assert b"".join(chunk for _, chunk in arrived) == b"part0 part1 part2 last"
         # Each part came as it was sent (the handler sleeps 0.3 s between them).
         assert arrived[-1][0] - arrived[0][0] > 0.5
+
+
+def test_the_management_api_registers_scales_describes_and_unregisters(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    write_mar(store, "echo", ECHO_HANDLER)
+    write_mar(store, "later", ECHO_HANDLER, version="3.1")
+    http, grpc, metrics, management = free_ports(4)
+    flags = (
+        "--model-store",
+        str(store),
+        "--models",
+        "echo.mar",
+        f"--http-port={http}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
+        f"--management-port={management}",
+    )
+    runtime = new_run_dir()
+    appliance = start(
+        {"server": {"run_dir": str(runtime / "appliance")}},
+        serve_args=flags,
+        env={"XDG_RUNTIME_DIR": str(runtime)},
+    )
+    try:
+        api = f"http://127.0.0.1:{management}"
+        base = f"http://127.0.0.1:{http}"
+        # --models named one archive: the other is the store's, not registered.
+        listed = requests.get(f"{api}/models", timeout=TIMEOUT).json()
+        assert listed == {"models": [{"modelName": "echo", "modelUrl": "echo.mar"}]}
+        assert requests.post(
+            f"{base}/predictions/later", data=b"x", timeout=TIMEOUT
+        ).status_code in (404, 503)
+        registered = requests.post(
+            f"{api}/models?url=later.mar&initial_workers=1&synchronous=true", timeout=120
+        )
+        assert (registered.status_code, registered.json()) == (
+            200,
+            {"status": 'Model "later" Version: 3.1 registered with 1 initial workers'},
+        )
+        assert (
+            requests.post(f"{base}/predictions/later", data=b"hi", timeout=TIMEOUT).content == b"hi"
+        )
+        again = requests.post(f"{api}/models?url=later.mar&initial_workers=1", timeout=TIMEOUT)
+        assert (again.status_code, again.json()["type"]) == (409, "ConflictStatusException")
+        missing = requests.post(f"{api}/models?url=nowhere.mar", timeout=TIMEOUT)
+        assert (missing.status_code, missing.json()["type"]) == (404, "ModelNotFoundException")
+        scaled = requests.put(f"{api}/models/later?min_worker=2&synchronous=true", timeout=120)
+        assert (scaled.status_code, scaled.json()) == (
+            200,
+            {"status": "Workers scaled to 2 for model: later"},
+        )
+        [described] = requests.get(f"{api}/models/later", timeout=TIMEOUT).json()
+        assert (described["modelName"], described["modelVersion"]) == ("later", "3.1")
+        assert described["modelUrl"] == "later.mar"
+        assert [w["status"] for w in described["workers"]] == ["READY", "READY"]
+        assert all(w["pid"] > 0 and w["memoryUsage"] > 0 for w in described["workers"])
+        default = requests.put(f"{api}/models/later/3.1/set-default", timeout=TIMEOUT)
+        assert default.json() == {
+            "status": 'Default version successfully updated for model "later" to "3.1"'
+        }
+        wrong = requests.put(f"{api}/models/later/9/set-default", timeout=TIMEOUT)
+        assert (wrong.status_code, wrong.json()["type"]) == (404, "ModelVersionNotFoundException")
+        gone = requests.delete(f"{api}/models/later", timeout=120)
+        assert (gone.status_code, gone.json()) == (200, {"status": 'Model "later" unregistered'})
+        assert requests.get(f"{api}/models", timeout=TIMEOUT).json() == listed
+        unknown = requests.delete(f"{api}/models/later", timeout=TIMEOUT)
+        assert (unknown.status_code, unknown.json()["message"]) == (404, "Model not found: later")
+    finally:
+        appliance.stop()
+        appliance.assert_clean()
+        shutil.rmtree(runtime, ignore_errors=True)

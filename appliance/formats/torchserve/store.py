@@ -10,8 +10,10 @@
 
 Without ``--models`` TorchServe serves nothing until a model is registered;
 the appliance serves ``all`` (a model store given to it is meant to be
-served). Each entry runs the runtime ``appliance.runtimes.torchserve``,
-with what the archive's model-config.yaml tells TorchServe's frontend:
+served). The store's other archives are entries too, marked
+:data:`UNREGISTERED`: known, not served until the management API registers
+them. Each entry runs the runtime ``appliance.runtimes.torchserve``, with
+what the archive's model-config.yaml tells TorchServe's frontend:
 
     minWorkers       instances (1 when absent; TorchServe's default is a worker per core)
     batchSize        max_batch_size: that many requests reach the handler as one list
@@ -44,6 +46,8 @@ TORCHSERVE_CLASS = "appliance.runtimes.torchserve:TorchServeModel"
 BROKEN_CLASS = "appliance.runtimes.broken:Broken"
 NOTES = "config_notes"
 ALL = "all"
+# The option of an archive the store holds but --models did not name.
+UNREGISTERED = "unregistered"
 DEFAULT_BATCH_DELAY_MS = 100
 DEFAULT_RESPONSE_TIMEOUT_S = 120
 # model-config.yaml keys of TorchServe's frontend the appliance takes.
@@ -63,18 +67,25 @@ def _archive_child(child: Path) -> bool:
 
 
 def scan(root: Path, models: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """An entry per archive ``models`` names (all of them when it is empty or ``all``)."""
-    wanted = [item for spec in models for item in spec.split(",") if item.strip()]
+    """An entry per archive ``models`` names (all of them when it is empty or
+    ``all``), then one per other archive of the store, marked :data:`UNREGISTERED`."""
+    wanted = [item.strip() for spec in models for item in spec.split(",") if item.strip()]
+    everything = not wanted or any(item.lower() == ALL for item in wanted)
+    archives = [child for child in sorted(root.iterdir()) if _archive_child(child)]
     picks: list[tuple[str | None, Path]] = []
-    if not wanted or any(item.strip().lower() == ALL for item in wanted):
-        picks = [(None, child) for child in sorted(root.iterdir()) if _archive_child(child)]
+    if everything:
+        picks = [(None, child) for child in archives]
     for item in wanted:
-        item = item.strip()
-        if item.lower() == ALL:
-            continue
-        name, _, file = item.rpartition("=")
-        picks.append((name or None, root / file))
+        if item.lower() != ALL:
+            name, _, file = item.rpartition("=")
+            picks.append((name or None, root / file))
+    named = {path.resolve() for _, path in picks}
     entries = [_entry(name, path) for name, path in picks]
+    for path in archives:
+        if path.resolve() not in named:
+            entry = _entry(None, path)
+            entry.setdefault("options", {})[UNREGISTERED] = True
+            entries.append(entry)
     seen: set[str] = set()
     kept = []
     for entry in entries:

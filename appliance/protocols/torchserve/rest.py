@@ -1,4 +1,4 @@
-"""TorchServe's inference API, and the listing of its management API, on the HTTP frontend.
+"""TorchServe's inference API on the HTTP frontend (its management API: management.py).
 
 SPEC: TorchServe 0.12's frontend (docs/models/torchserve.md lists what differs)::
 
@@ -6,7 +6,6 @@ SPEC: TorchServe 0.12's frontend (docs/models/torchserve.md lists what differs):
     POST /predictions/{model}[/{version}[/...]]  the handler's answer (PUT too: curl -T)
     POST /explanations/{model}[/{version}]       the same, with the header explain: True
     POST /v1/models/{model}:predict, :explain    the same (KServe v1's paths)
-    GET  /models[?limit=N&next_page_token=T]     {"models": [{"modelName", "modelUrl"}, ...]}
 
 A model's answer is its handler's body, with the status, content type and
 headers the handler set; a failure is TorchServe's ``{"code", "type",
@@ -28,58 +27,28 @@ from appliance.core.http_body import BODY, CONTENT_TYPE, HEADERS, REASON, STATUS
 from appliance.core.metadata import ModelMetadata
 from appliance.core.output_parameters import response_from_body
 from appliance.errors import ModelNotFound
+from appliance.protocols.torchserve.answers import common_headers, guarded_json, json_answer
 from appliance.protocols.torchserve.errors import (
     TorchServeError,
-    encode_error,
-    from_error,
     model_not_found,
     pretty,
     version_not_found,
 )
 from appliance.protocols.torchserve.request import Call, read_call
-from appliance.protocols.web import App, guarded, read_body
-
-PLATFORM = "torchserve"
-NO_CACHE = {
-    "Pragma": "no-cache",
-    "Cache-Control": "no-cache; no-store, must-revalidate, private",
-    "Expires": "Thu, 01 Jan 1970 00:00:00 UTC",
-}
-DEFAULT_LIMIT = 100
+from appliance.protocols.web import App, read_body
 
 log = logging.getLogger("appliance.torchserve")
-
-
-def _render_failure(_req: falcon.Request, resp: falcon.Response, error: Exception) -> None:
-    failure = from_error(error)
-    _json(resp, encode_error(failure), failure.status)
-
-
-_guarded = guarded(_render_failure)
-
-
-def _json(resp: falcon.Response, body: bytes, status: int = 200) -> None:
-    resp.status = falcon.code_to_http_status(status)
-    resp.content_type = falcon.MEDIA_JSON
-    resp.data = body
-    _common(resp)
-
-
-def _common(resp: falcon.Response) -> None:
-    resp.set_headers(NO_CACHE)
-    if resp.get_header("x-request-id") is None:
-        resp.set_header("x-request-id", str(uuid.uuid4()))
 
 
 class Ping:
     def __init__(self, client: ModelClient) -> None:
         self.client = client
 
-    @_guarded
+    @guarded_json
     def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         healthy = self.client.server_ready()
         status = "Healthy" if healthy else "Unhealthy"
-        _json(resp, pretty({"status": status}), 200 if healthy else 500)
+        json_answer(resp, pretty({"status": status}), 200 if healthy else 500)
 
 
 class Predictions:
@@ -90,7 +59,7 @@ class Predictions:
         self.explain = explain
         self.limit = client.config.http.max_body_bytes
 
-    @_guarded
+    @guarded_json
     async def on_post(
         self,
         req: falcon.Request,
@@ -186,45 +155,11 @@ def _head(resp: falcon.Response, said: dict[str, Any]) -> None:
     if isinstance(given, dict):
         for key, value in given.items():
             resp.set_header(str(key), str(value))
-    _common(resp)
-
-
-class Models:
-    """The management API's list of models, a page at a time."""
-
-    def __init__(self, client: ModelClient) -> None:
-        self.client = client
-
-    @_guarded
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        limit = _int(req.get_param("limit"), DEFAULT_LIMIT)
-        limit = limit if 0 < limit <= DEFAULT_LIMIT else DEFAULT_LIMIT
-        start = max(0, _int(req.get_param("next_page_token"), 0))
-        names = sorted(self.client.known_models())
-        page = names[start : start + limit]
-        found: dict[str, Any] = {}
-        if start + limit < len(names):
-            found["nextPageToken"] = str(start + limit)
-        found["models"] = [{"modelName": name, "modelUrl": self._url(name)} for name in page]
-        _json(resp, pretty(found))
-
-    def _url(self, name: str) -> str:
-        for model in self.client.config.models:
-            if model.name == name:
-                path = str(model.options.get("path", ""))
-                return path.rsplit("/", 1)[-1]
-        return ""
-
-
-def _int(value: str | None, default: int) -> int:
-    try:
-        return int(value) if value is not None else default
-    except ValueError:
-        return default
+    common_headers(resp)
 
 
 def add_routes(app: App, client: ModelClient) -> None:
-    """Mount TorchServe's inference routes and the model list."""
+    """Mount TorchServe's inference routes."""
     app.add_route("/ping", Ping(client))
     for prefix, explain in (("/predictions", False), ("/explanations", True)):
         resource = Predictions(client, explain)
@@ -234,4 +169,3 @@ def add_routes(app: App, client: ModelClient) -> None:
     # KServe v1's paths, which TorchServe routes to the same handler (its body as it is).
     app.add_route("/v1/models/{model}:predict", Predictions(client, False))
     app.add_route("/v1/models/{model}:explain", Predictions(client, True))
-    app.add_route("/models", Models(client))
