@@ -29,7 +29,7 @@ log = logging.getLogger("appliance")
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     if given[:1] == ["serve"] and any(
-        arg.split("=")[0] in triton_flags.REPOSITORY_FLAGS for arg in given[1:]
+        arg.split("=")[0] in triton_flags.SERVE_FLAGS for arg in given[1:]
     ):
         return _serve_repositories(given[1:])
     parser = _parser()
@@ -100,11 +100,14 @@ def _serve_repositories(flags: list[str]) -> int:
     reload or a load reads again (so a model added to a repository is found),
     and which is removed when the appliance stops.
     """
+    notes: list[str] = []
     try:
-        text = triton_flags.toml_text(triton_flags.config(flags))
+        text = triton_flags.toml_text(triton_flags.config(flags, notes))
     except triton_flags.FlagError as ex:
         print(f"appliance serve: {ex}", file=sys.stderr)
         return 2
+    for note in notes:
+        print(f"appliance serve: {note}", file=sys.stderr)
     handle, name = tempfile.mkstemp(prefix="appliance-serve-", suffix=".toml")
     path = Path(name)
     try:

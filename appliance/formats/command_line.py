@@ -21,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from appliance.formats.mlserver import settings as mlserver_settings
+from appliance.formats.torchserve import properties as torchserve_properties
 from appliance.formats.torchserve import store as torchserve_store
 
 REPOSITORY_FLAGS = ("--model-repository", "--model-store")
+# Any of these makes `appliance serve` read the line as tritonserver's (or torchserve's).
+SERVE_FLAGS = (*REPOSITORY_FLAGS, "--ts-config")
 # Flag -> what it sets, for the --help text.
 TAKEN = {
     "--model-repository, --model-store": "a Triton repository or MLServer folder (repeatable)",
@@ -43,6 +46,7 @@ TAKEN = {
     "--backend-directory, --backend-config, --allow-gpu-metrics, --cache-directory": "ignored",
     "--models": "a TorchServe model store's archives: all, NAME=FILE.mar, FILE.mar (several)",
     "--management-port": "a TorchServe model store's management API: default 8081",
+    "--ts-config": "torchserve's config.properties (addresses, model_store, load_models)",
     "--ncs, --foreground, --disable-token-auth, --enable-model-api": "torchserve's; taken",
 }
 # torchserve's flags without a value.
@@ -105,13 +109,15 @@ def parse(argv: Sequence[str]) -> dict[str, list[str]]:
     return flags
 
 
-def config(argv: Sequence[str]) -> dict[str, Any]:
-    """The config (as the TOML reader's tables) that tritonserver's flags mean.
+def config(argv: Sequence[str], notes: list[str] | None = None) -> dict[str, Any]:
+    """The config (as the TOML reader's tables) that tritonserver's flags mean
+    (or torchserve's, with its config.properties); ``notes`` gets what was left out.
 
     Raises:
         FlagError: a flag the appliance does not take, or a value it cannot.
     """
     flags = parse(argv)
+    body_limit = _ts_config(flags, notes if notes is not None else [])
     for flag in flags:
         if flag in INSTEAD:
             raise FlagError(f"{flag} is not taken: {INSTEAD[flag]}")
@@ -145,6 +151,7 @@ def config(argv: Sequence[str]) -> dict[str, Any]:
             "graphpipe_model": "",
             **_metrics(flags, ports.get("metrics_port", 8002)),
             **management,
+            **body_limit,
         },
         "grpc": {"port": _port(flags, "--grpc-port", ports.get("grpc_port", 8001))},
         # Triton has no MIP (and its metrics port is 8002, MIP's default).
@@ -153,6 +160,27 @@ def config(argv: Sequence[str]) -> dict[str, Any]:
             {"path": path, **({"models": models} if models else {})} for path in repositories
         ],
     }
+
+
+def _ts_config(flags: dict[str, list[str]], notes: list[str]) -> dict[str, Any]:
+    """Merge ``--ts-config``'s flags into ``flags`` (those given win); the http keys
+    it sets that no flag names (the body limit)."""
+    if "--ts-config" not in flags:
+        return {}
+    path = Path(flags.pop("--ts-config")[-1])
+    try:
+        from_file, left_out = torchserve_properties.as_flags(torchserve_properties.read(path), path)
+    except torchserve_properties.PropertiesError as ex:
+        raise FlagError(str(ex)) from None
+    notes += left_out
+    limit = from_file.pop("--max-request-size", None)
+    if "--model-store" in from_file and any(f in flags for f in REPOSITORY_FLAGS):
+        del from_file["--model-store"]
+    for flag, values in from_file.items():
+        flags.setdefault(flag, values)
+    if limit is None:
+        return {}
+    return {"max_body_bytes": _number({"max_request_size": limit}, "max_request_size")}
 
 
 def _listening(flags: dict[str, list[str]], ports: dict[str, Any]) -> dict[str, Any]:
@@ -219,6 +247,7 @@ _KNOWN = {
     *REPOSITORY_FLAGS,
     *IGNORED,
     *SWITCHES,
+    "--ts-config",
     "--models",
     "--management-port",
     "--http-port",
