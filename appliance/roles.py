@@ -39,7 +39,9 @@ def add_arguments(child: argparse.ArgumentParser) -> None:
     child.add_argument("--metrics-port", type=int, help="HTTP: the port of /metrics alone")
     child.add_argument("--metrics-fd", type=int, help="HTTP: that port's inherited socket")
     child.add_argument("--management-port", type=int, help="HTTP: the management API's port")
-    child.add_argument("--management-fd", type=int, help="HTTP: that port's inherited socket")
+    child.add_argument(
+        "--management-fd", type=int, help="HTTP, gRPC: the management port's inherited socket"
+    )
     child.add_argument("--worker-slots", default="0:0")
     child.add_argument("--index", type=int, default=0)
     child.add_argument("--listeners", default="", help="MIP: port=model,...")
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.role == "grpc":
         from appliance.frontends import grpc
 
-        return grpc.run(*common, args.listen_fd, args.index)
+        return grpc.run(*common, args.listen_fd, args.index, args.management_fd)
     from appliance.config.listeners import parse_fds
     from appliance.frontends import mip
 

@@ -112,6 +112,9 @@ class HttpConfig:
 class GrpcConfig:
     # KServe gRPC and GRPS gRPC (0: any free port).
     port: int = 8001
+    # A second port every gRPC service answers on, as TorchServe's management
+    # port (7071) for a model store (0: any free port); none: the one port.
+    management_port: int | None = None
     # gRPC processes, all accepting on the port the master holds.
     workers: int = 1
     threads: int = 8

@@ -46,6 +46,7 @@ TAKEN = {
     "--backend-directory, --backend-config, --allow-gpu-metrics, --cache-directory": "ignored",
     "--models": "a TorchServe model store's archives: all, NAME=FILE.mar, FILE.mar (several)",
     "--management-port": "a TorchServe model store's management API: default 8081",
+    "--grpc-management-port": "its gRPC management port: default 7071",
     "--ts-config": "torchserve's config.properties (addresses, model_store, load_models)",
     "--ncs, --foreground, --disable-token-auth, --enable-model-api": "torchserve's; taken",
 }
@@ -55,6 +56,7 @@ SWITCHES |= {"--disable-token-auth", "--enable-model-api"}
 # Where `torchserve` listens: inference (and management here) on 8080, gRPC 7070, metrics 8082.
 TORCHSERVE_PORTS = {"http_port": 8080, "grpc_port": 7070, "metrics_port": 8082}
 MANAGEMENT_PORT = 8081
+GRPC_MANAGEMENT_PORT = 7071
 IGNORED = {"--backend-directory", "--allow-gpu-metrics", "--exit-on-error", "--backend-config"}
 IGNORED |= {"--cache-directory"}
 # Refused with what to do instead.
@@ -134,11 +136,17 @@ def config(argv: Sequence[str], notes: list[str] | None = None) -> dict[str, Any
     ports = mlserver_settings.listening([Path(p) for p in repositories])
     models = flags.get("--models", [])
     management: dict[str, Any] = {}
+    grpc_management: dict[str, Any] = {}
     if models or any(torchserve_store.is_model_store(Path(p)) for p in repositories):
         ports = {**TORCHSERVE_PORTS, **ports}
         management["management_port"] = _port(flags, "--management-port", MANAGEMENT_PORT)
-    elif "--management-port" in flags:
-        raise FlagError("--management-port: only a TorchServe model store has a management API")
+        grpc_management["management_port"] = _port(
+            flags, "--grpc-management-port", GRPC_MANAGEMENT_PORT
+        )
+    else:
+        for flag in ("--management-port", "--grpc-management-port"):
+            if flag in flags:
+                raise FlagError(f"{flag}: only a TorchServe model store has a management API")
     server = {"default_model": "", **_listening(flags, ports), **_control(flags), **_cache(flags)}
     if "--exit-timeout-secs" in flags:
         server["drain_timeout_s"] = float(_number(flags, "--exit-timeout-secs"))
@@ -153,7 +161,10 @@ def config(argv: Sequence[str], notes: list[str] | None = None) -> dict[str, Any
             **management,
             **body_limit,
         },
-        "grpc": {"port": _port(flags, "--grpc-port", ports.get("grpc_port", 8001))},
+        "grpc": {
+            "port": _port(flags, "--grpc-port", ports.get("grpc_port", 8001)),
+            **grpc_management,
+        },
         # Triton has no MIP (and its metrics port is 8002, MIP's default).
         "mip": {"listeners": []},
         "repositories": [
@@ -250,6 +261,7 @@ _KNOWN = {
     "--ts-config",
     "--models",
     "--management-port",
+    "--grpc-management-port",
     "--http-port",
     "--grpc-port",
     "--http-address",

@@ -17,6 +17,7 @@ threads (frontends/threads.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -40,14 +41,22 @@ from appliance.protocols import health_grpc
 from appliance.protocols.grps import grpc as grps_grpc
 from appliance.protocols.kserve import grpc as kserve_grpc
 from appliance.protocols.threads import Threads
+from appliance.protocols.torchserve import grpc as torchserve_grpc
 
 # Every protocol's gRPC services, registered on one server.
-PROTOCOLS = (health_grpc, kserve_grpc, grps_grpc)
+PROTOCOLS = (health_grpc, kserve_grpc, grps_grpc, torchserve_grpc)
 
 log = logging.getLogger("appliance.grpc")
 
 
-def run(tree_dir: Path, master_pid: int, slot: int, listen_fd: int, index: int) -> int:
+def run(
+    tree_dir: Path,
+    master_pid: int,
+    slot: int,
+    listen_fd: int,
+    index: int,
+    management_fd: int | None = None,
+) -> int:
     """Serve gRPC on the master's socket until SIGTERM, then finish what is in flight."""
     context = FrontendContext.open(tree_dir)
     config = context.config
@@ -55,7 +64,8 @@ def run(tree_dir: Path, master_pid: int, slot: int, listen_fd: int, index: int) 
     logs.setup(title, config.server.log_level)
     logs.set_access_log(config.server.access_log)
     become_child(title, master_pid)
-    return loops.run(_serve(context, slot, listen_fd), config.server.event_loop)
+    fds = [listen_fd] if management_fd is None else [listen_fd, management_fd]
+    return loops.run(_serve(context, slot, fds), config.server.event_loop)
 
 
 def _connection_cap(config: ApplianceConfig) -> int:
@@ -68,7 +78,7 @@ def _connection_cap(config: ApplianceConfig) -> int:
     return cap
 
 
-async def _serve(context: FrontendContext, slot: int, listen_fd: int) -> int:
+async def _serve(context: FrontendContext, slot: int, listen_fds: list[int]) -> int:
     config = context.config
     # Created in the loop: the client's asyncio channel belongs to it.
     client = context.client(publish_slot=slot)
@@ -90,34 +100,45 @@ async def _serve(context: FrontendContext, slot: int, listen_fd: int) -> int:
         registry = Registry(server, chain(*auth.grpc_wraps(config), observe_grpc))
         for protocol in PROTOCOLS:
             protocol.add_to_server(registry, client, threads)
+        listeners = []
+        addresses = []
         try:
-            shared = inherited(listen_fd)
-            address = f"{config.server.host}:{shared.getsockname()[1]}"
-            if config.tls.enabled:
-                credentials = _credentials(config)
-                listener = serve_on(shared, lambda at: server.add_secure_port(at, credentials))
-            else:
-                listener = serve_on(shared, server.add_insecure_port)
+            for listen_fd in listen_fds:
+                shared = inherited(listen_fd)
+                addresses.append(f"{config.server.host}:{shared.getsockname()[1]}")
+                if config.tls.enabled:
+                    credentials = _credentials(config)
+                    add = functools.partial(_add_secure, server, credentials)
+                    listeners.append(serve_on(shared, add))
+                else:
+                    listeners.append(serve_on(shared, server.add_insecure_port))
         except ListenerError as ex:
             log.error("cannot serve the master's gRPC socket: %s", ex)
+            for listener in listeners:
+                listener.release()
             return ExitCode.BOOT_ERROR
         try:
             stop = asyncio.Event()
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
             await server.start()
             context.status.set_state(slot, SlotState.READY, os.getpid())
-            log.info("listening on %s", address)
+            log.info("listening on %s", ", ".join(addresses))
             await stop.wait()
             context.status.set_state(slot, SlotState.STOPPING)
         finally:
             # Before any stop of the server, even one on the way out after an
             # error: its siblings keep accepting from the socket.
-            listener.release()
+            for listener in listeners:
+                listener.release()
         await server.stop(grace=config.server.stop_timeout_s)
         return ExitCode.OK
     finally:
         threads.shutdown()
         client.close()
+
+
+def _add_secure(server: grpc.aio.Server, credentials: grpc.ServerCredentials, at: str) -> int:
+    return server.add_secure_port(at, credentials)
 
 
 def _credentials(config: ApplianceConfig) -> grpc.ServerCredentials:

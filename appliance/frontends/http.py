@@ -36,7 +36,7 @@ from appliance.protocols.graphpipe import rest as graphpipe_rest
 from appliance.protocols.grps import rest as grps_rest
 from appliance.protocols.kserve import rest as kserve_rest
 from appliance.protocols.threads import Threads
-from appliance.protocols.torchserve import management as torchserve_management
+from appliance.protocols.torchserve import management_rest as torchserve_management
 from appliance.protocols.torchserve import rest as torchserve_rest
 from appliance.protocols.umbridge import rest as umbridge_rest
 from appliance.protocols.web import App, ReadAhead

@@ -103,9 +103,13 @@ def make_plan(config: ApplianceConfig, ports: Ports, snapshot: Path) -> Plan:
     slot = http_slot + 1 + worker_count
     listeners = ",".join(f"{port}={model}" for port, model in ports.mip_listeners)
     mip_args = ("--listeners", listeners, "--listen-fds", ",".join(map(str, ports.mip_fds)))
-    grpc_args = ("--listen-fd", str(ports.grpc_fd))
+    grpc_args: tuple[str, ...] = ("--listen-fd", str(ports.grpc_fd))
+    grpc_fds: tuple[int, ...] = (ports.grpc_fd,)
+    if ports.grpc_management_fd is not None:
+        grpc_args += ("--management-fd", str(ports.grpc_management_fd))
+        grpc_fds += (ports.grpc_management_fd,)
     for role, status_role, count, where, fds in (
-        ("grpc", Role.GRPC, config.grpc.workers, grpc_args, (ports.grpc_fd,)),
+        ("grpc", Role.GRPC, config.grpc.workers, grpc_args, grpc_fds),
         ("mip", Role.MIP, config.mip.workers, mip_args, tuple(ports.mip_fds)),
     ):
         for index in range(count):

@@ -43,7 +43,8 @@ class Ports:
         self.mip_fds: list[int] = []
         self.metrics_fd: int | None = None
         self.management_fd: int | None = None
-        metrics = management = None
+        self.grpc_management_fd: int | None = None
+        metrics = management = grpc_management = None
         try:
             self.http_fd, http = self._keep(listen(host, config.http.port, "http.port"))
             if config.http.metrics_port is not None:
@@ -53,6 +54,9 @@ class Ports:
                 where = listen(host, config.http.management_port, "http.management_port")
                 self.management_fd, management = self._keep(where)
             self.grpc_fd, grpc = self._keep(listen(host, config.grpc.port, "grpc.port"))
+            if config.grpc.management_port is not None:
+                where = listen(host, config.grpc.management_port, "grpc.management_port")
+                self.grpc_management_fd, grpc_management = self._keep(where)
             for index, listener in enumerate(config.mip.listeners):
                 key = f"mip.listeners[{index}].port"
                 fd, port = self._keep(listen(host, listener.port, key))
@@ -66,6 +70,8 @@ class Ports:
             self.by_name["metrics"] = metrics
         if management is not None:
             self.by_name["management"] = management
+        if grpc_management is not None:
+            self.by_name["grpc_management"] = grpc_management
         if self.mip_listeners:  # none: no MIP
             self.by_name["mip"] = self.mip_listeners[0][0]
 

@@ -18,11 +18,19 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import requests
 import tritonclient.http as httpclient
+from google.protobuf import empty_pb2
 
+from appliance._generated import (
+    torchserve_inference_pb2,
+    torchserve_inference_pb2_grpc,
+    torchserve_management_pb2,
+    torchserve_management_pb2_grpc,
+)
 from tests.system.harness import Appliance, free_ports, new_run_dir, serving_repository, start
 from tests.torchserve_models import (
     BATCH_CONFIG,
@@ -53,8 +61,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Appl
     write_mar(store, "raising", RAISING_HANDLER)
     write_mar(store, "batch", BATCH_HANDLER, config_yaml=BATCH_CONFIG)
     runtime, temp = new_run_dir(), tmp_path_factory.mktemp("tmp")
-    http, grpc, metrics, management = free_ports(4)
+    http, grpc, metrics, management, grpc_management = free_ports(5)
     flags = (
+        f"--grpc-management-port={grpc_management}",
         "--model-store",
         str(store),
         "--models",
@@ -253,6 +262,51 @@ def test_the_same_archive_answers_kserve_v2(served: tuple[str, Appliance]) -> No
         assert (metadata["platform"], metadata["versions"]) == ("torchserve", ["1.0"])
     finally:
         client.close()
+
+
+def test_torchserve_s_grpc_services_answer_inference_and_management(
+    served: tuple[str, Appliance],
+) -> None:
+    _, appliance = served
+    with grpc.insecure_channel(f"127.0.0.1:{appliance.ports['grpc']}") as channel:
+        inference = torchserve_inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        health = inference.Ping(empty_pb2.Empty(), timeout=TIMEOUT)
+        assert json.loads(health.health) == {"status": "Healthy"}
+        request = torchserve_inference_pb2.PredictionsRequest
+        answer = inference.Predictions(
+            request(model_name="echo", input={"body": b"over grpc"}), timeout=TIMEOUT
+        )
+        assert answer.prediction == b"over grpc"
+        streamed = inference.StreamPredictions(
+            request(model_name="echo", model_version="1.0", input={"data": b"s"}),
+            timeout=TIMEOUT,
+        )
+        assert [part.prediction for part in streamed] == [b"s"]
+        for model, code, message in (
+            ("nope", grpc.StatusCode.NOT_FOUND, "Model not found: nope"),
+            ("raising", grpc.StatusCode.UNAVAILABLE, "Prediction failed"),
+        ):
+            with pytest.raises(grpc.RpcError) as failed:
+                inference.Predictions(request(model_name=model, input={"body": b"x"}))
+            assert (failed.value.code(), failed.value.details()) == (code, message)
+    # Management on the second gRPC port, as TorchServe's 7071.
+    with grpc.insecure_channel(f"127.0.0.1:{appliance.ports['grpc_management']}") as channel:
+        manage = torchserve_management_pb2_grpc.ManagementAPIsServiceStub(channel)
+        listed = manage.ListModels(torchserve_management_pb2.ListModelsRequest(limit=2))
+        assert json.loads(listed.msg) == {
+            "nextPageToken": "2",
+            "models": [
+                {"modelName": "batch", "modelUrl": "batch.mar"},
+                {"modelName": "echo", "modelUrl": "echo.mar"},
+            ],
+        }
+        described = manage.DescribeModel(
+            torchserve_management_pb2.DescribeModelRequest(model_name="echo")
+        )
+        assert json.loads(described.msg)[0]["modelVersion"] == "1.0"
+        with pytest.raises(grpc.RpcError) as failed:
+            manage.DescribeModel(torchserve_management_pb2.DescribeModelRequest(model_name="x"))
+        assert failed.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_an_archive_that_cannot_be_served_is_refused_by_name(tmp_path: Path) -> None:

@@ -100,4 +100,5 @@ def test_a_model_store_listens_on_torchserve_s_ports(model_store: Path) -> None:
     config = command_line.config(["--model-store", str(model_store), "--models", "all", "--ncs"])
     assert (config["http"]["port"], config["grpc"]["port"]) == (8080, 7070)
     assert (config["http"]["metrics_port"], config["http"]["management_port"]) == (8082, 8081)
+    assert config["grpc"]["management_port"] == 7071
     assert config["repositories"] == [{"path": str(model_store), "models": ["all"]}]

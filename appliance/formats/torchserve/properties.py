@@ -10,6 +10,7 @@ the command line wins) and lists what it leaves out:
     management_address=http://127.0.0.1:8081   --management-port
     metrics_address=http://127.0.0.1:8082      --metrics-port
     grpc_inference_port=7070                   --grpc-port
+    grpc_management_port=7071                  --grpc-management-port
     model_store=/models, load_models=all       --model-store, --models
     max_request_size=6553500                   the HTTP body limit (bytes)
 
@@ -48,7 +49,6 @@ IGNORED = {
     "model_snapshot",
     "cpu_launcher_enable",
     "cpu_launcher_args",
-    "grpc_management_port",
     "workflow_store",
     "allowed_urls",
     "use_native_io",
@@ -131,6 +131,8 @@ def as_flags(properties: dict[str, str], where: Path) -> tuple[dict[str, list[st
             flags["--metrics-port"] = [_address(key, value, where)[1]]
         elif key == "grpc_inference_port":
             flags["--grpc-port"] = [value]
+        elif key == "grpc_management_port":
+            flags["--grpc-management-port"] = [value]
         elif key == "model_store":
             flags["--model-store"] = [value]
         elif key == "load_models":

@@ -1,23 +1,24 @@
-"""TorchServe's management API: list, describe, register, scale, unregister, set-default.
+"""TorchServe's management operations, for its REST and gRPC APIs alike.
 
-SPEC: TorchServe 0.12's ManagementRequestHandler and ApiUtils::
+SPEC: TorchServe 0.12's ManagementRequestHandler and ApiUtils. Each
+operation takes the call's parameters (REST's query, gRPC's request
+fields, by TorchServe's names) and answers ``(status, JSON value)``, or
+raises a :class:`TorchServeError`:
 
-    GET    /models[?limit=N&next_page_token=T]   {"models": [...], "nextPageToken"?}
-    GET    /models/{m}[/{v}|/all]                 [{"modelName", ..., "workers": [...]}]
-    POST   /models?url=F.mar[&model_name=&initial_workers=&batch_size=&max_batch_delay=
-                   &response_timeout=&synchronous=]
-    PUT    /models/{m}[/{v}]?min_worker=N[&max_worker=&synchronous=]
-    DELETE /models/{m}[/{v}]
-    PUT    /models/{m}/{v}/set-default
+    list         limit, next_page_token            {"models": [...], "nextPageToken"?}
+    describe     model, version ("all" or one)     [{"modelName", ..., "workers": [...]}]
+    register     url, model_name, initial_workers, batch_size, max_batch_delay, synchronous
+    scale        model, version, min_worker, max_worker, synchronous
+    unregister   model, version
+    set_default  model, version
 
 The appliance's models are the model store's archives (formats/torchserve):
-registering one serves it (a load through the client API, with its workers
-as instances and its batch settings), scaling loads it again with another
-number of instances (0 unloads it), unregistering unloads it. An archive
-registers from the model store only (a ``url`` naming a file there; no
-downloads), under the name it was found by. Answers and errors are
-TorchServe's words; ``synchronous=false`` is answered 202 at once while the
-change runs on.
+registering one serves it (a load through the client API, its workers as
+instances, its batch settings as overrides), scaling loads it again with
+another number of instances (0 unloads it), unregistering unloads it. An
+archive registers from the model store only (``url`` names a file there; no
+downloads), under the name it was found by. ``synchronous=false`` answers
+202 at once while the change runs on.
 """
 
 from __future__ import annotations
@@ -25,24 +26,23 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import falcon
 import psutil
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, ControlError, ModelNotReady
-from appliance.protocols.torchserve.answers import guarded_json, json_answer
 from appliance.protocols.torchserve.errors import (
     TorchServeError,
     model_not_found,
-    pretty,
     version_not_found,
 )
-from appliance.protocols.web import App
 
 log = logging.getLogger("appliance.torchserve")
+Answer = tuple[int, Any]
+Params = Mapping[str, Any]
 DEFAULT_LIMIT = 100
 DEFAULT_BATCH_DELAY_MS = 100
 DEFAULT_RESPONSE_TIMEOUT_S = 120
@@ -51,175 +51,142 @@ LOAD_TIMEOUT_S = 300.0
 FIRST_WORKER_ID = 9000
 
 
-def _int(req: falcon.Request, name: str, default: int) -> int:
-    value = req.get_param(name)
+def number(params: Params, name: str, default: int) -> int:
+    value = params.get(name)
     if value is None or value == "":
         return default
     try:
         return int(value)
-    except ValueError:
+    except (TypeError, ValueError):
         raise TorchServeError(
             400, "BadRequestException", f"{name}: not a number: {value}"
         ) from None
 
 
-def _bool(req: falcon.Request, name: str, default: bool) -> bool:
-    value = req.get_param(name)
-    return default if value is None else value.lower() == "true"
+def flag(params: Params, name: str, default: bool) -> bool:
+    value = params.get(name)
+    if value is None or value == "":
+        return default
+    return value if isinstance(value, bool) else str(value).lower() == "true"
 
 
-class Models:
-    """``/models``: the list (GET) and registration (POST)."""
+def list_models(client: ModelClient, params: Params) -> Answer:
+    limit = number(params, "limit", DEFAULT_LIMIT)
+    limit = limit if 0 < limit <= DEFAULT_LIMIT else DEFAULT_LIMIT
+    start = max(0, number(params, "next_page_token", 0))
+    names = sorted(client.models())
+    page = names[start : start + limit]
+    found: dict[str, Any] = {}
+    if start + limit < len(names):
+        found["nextPageToken"] = str(start + limit)
+    urls = _urls(client)
+    found["models"] = [{"modelName": name, "modelUrl": urls.get(name, "")} for name in page]
+    return 200, found
 
-    def __init__(self, client: ModelClient) -> None:
-        self.client = client
 
-    @guarded_json
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        limit = _int(req, "limit", DEFAULT_LIMIT)
-        limit = limit if 0 < limit <= DEFAULT_LIMIT else DEFAULT_LIMIT
-        start = max(0, _int(req, "next_page_token", 0))
-        names = sorted(self.client.models())
-        page = names[start : start + limit]
-        found: dict[str, Any] = {}
-        if start + limit < len(names):
-            found["nextPageToken"] = str(start + limit)
-        urls = _urls(self.client)
-        found["models"] = [{"modelName": name, "modelUrl": urls.get(name, "")} for name in page]
-        json_answer(resp, pretty(found))
+def describe(client: ModelClient, model: str, version: str | None) -> Answer:
+    served = _version(client, model, None if version == "all" else version)
+    return 200, [_describe(client, model, served)]
 
-    @guarded_json
-    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        url = req.get_param("url")
-        if not url:
-            raise TorchServeError(400, "BadRequestException", "Parameter url is required.")
-        entry = self._archive(url, req.get_param("model_name"))
-        name, version = entry["name"], str(entry["options"].get("version", ""))
-        if name in self.client.models():
-            raise TorchServeError(
-                409,
-                "ConflictStatusException",
-                f"Model version {version} is already registered for model {name}",
-            )
-        workers = _int(req, "initial_workers", 0) or int(entry.get("instances", 0))
-        if workers <= 0:
-            message = (
-                f'Model "{name}" Version: {version} registered with 0 initial workers. '
-                "Use scale workers API to add workers for the model."
-            )
-            json_answer(resp, pretty({"status": message}))
-            return
+
+def register(client: ModelClient, params: Params) -> Answer:
+    url = str(params.get("url") or "")
+    if not url:
+        raise TorchServeError(400, "BadRequestException", "Parameter url is required.")
+    entry = _archive(client, url, params.get("model_name") or None)
+    name, version = entry["name"], str(entry["options"].get("version", ""))
+    if name in client.models():
+        raise TorchServeError(
+            409,
+            "ConflictStatusException",
+            f"Model version {version} is already registered for model {name}",
+        )
+    workers = number(params, "initial_workers", 0) or int(entry.get("instances", 0))
+    if workers <= 0:
+        message = (
+            f'Model "{name}" Version: {version} registered with 0 initial workers. '
+            "Use scale workers API to add workers for the model."
+        )
+        return 200, {"status": message}
+    overrides: dict[str, Any] = {"instances": workers}
+    batch = number(params, "batch_size", 0)
+    if batch > 1:
+        overrides["max_batch_size"] = batch
+        overrides["max_queue_delay_ms"] = number(params, "max_batch_delay", DEFAULT_BATCH_DELAY_MS)
+    done = f'Model "{name}" Version: {version} registered with {workers} initial workers'
+    load = lambda: client.load_model(name, LOAD_TIMEOUT_S, overrides)  # noqa: E731
+    return _change(load, done, flag(params, "synchronous", True))
+
+
+def scale(client: ModelClient, model: str, version: str | None, params: Params) -> Answer:
+    served = _version(client, model, version)
+    workers = number(params, "min_worker", 1)
+    if number(params, "max_worker", workers) < workers:
+        raise TorchServeError(
+            400, "BadRequestException", "max_worker cannot be less than min_worker."
+        )
+    done = f"Workers scaled to {workers} for model: {model}"
+    if version is not None:
+        done += f", version: {served}"
+    if workers <= 0:
+        run: Callable[[], None] = lambda: client.unload_model(model)  # noqa: E731
+    else:
         overrides = {"instances": workers}
-        batch = _int(req, "batch_size", 0)
-        if batch > 1:
-            overrides["max_batch_size"] = batch
-            overrides["max_queue_delay_ms"] = _int(req, "max_batch_delay", DEFAULT_BATCH_DELAY_MS)
-        done = f'Model "{name}" Version: {version} registered with {workers} initial workers'
-        _change(resp, req, lambda: self._load(name, overrides), done, True)
+        run = lambda: client.load_model(model, LOAD_TIMEOUT_S, overrides)  # noqa: E731
+    return _change(run, done, flag(params, "synchronous", False))
 
-    def _archive(self, url: str, name: str | None) -> dict[str, Any]:
-        """The store's archive ``url`` names, as the repository scan found it."""
-        if "://" in url:
+
+def unregister(client: ModelClient, model: str, version: str | None) -> Answer:
+    _version(client, model, version)
+    client.unload_model(model)
+    return 200, {"status": f'Model "{model}" unregistered'}
+
+
+def set_default(client: ModelClient, model: str, version: str) -> Answer:
+    _version(client, model, version)
+    return 200, {
+        "status": f'Default version successfully updated for model "{model}" to "{version}"'
+    }
+
+
+def _version(client: ModelClient, model: str, version: str | None) -> str:
+    """The version a registered model serves; ``version`` must be it, when named."""
+    if model not in client.models():
+        raise model_not_found(model)
+    served = client.known_models().get(model, "")
+    if version is not None and version != served:
+        raise version_not_found(model, version)
+    return served
+
+
+def _archive(client: ModelClient, url: str, name: str | None) -> dict[str, Any]:
+    """The store's archive ``url`` names, as the repository scan finds it."""
+    if "://" in url:
+        raise TorchServeError(
+            400,
+            "BadRequestException",
+            f"{url}: the appliance registers archives of its model store only (no downloads)",
+        )
+    file = Path(url).name
+    for entry in client.repository_entries():
+        options = entry.get("options", {})
+        if Path(str(options.get("path", ""))).name != file or "reason" in options:
+            continue
+        if name and name != entry["name"]:
             raise TorchServeError(
                 400,
                 "BadRequestException",
-                f"{url}: the appliance registers archives of its model store only (no downloads)",
+                f"{file} is served as {entry['name']}; to serve it as {name}, "
+                f"start with --models {name}={file}",
             )
-        file = Path(url).name
-        for entry in self.client.repository_entries():
-            path = str(entry.get("options", {}).get("path", ""))
-            if Path(path).name == file and "reason" not in entry.get("options", {}):
-                if name and name != entry["name"]:
-                    raise TorchServeError(
-                        400,
-                        "BadRequestException",
-                        f"{file} is served as {entry['name']}; to serve it as {name}, "
-                        f"start with --models {name}={file}",
-                    )
-                return entry
-        raise TorchServeError(
-            404, "ModelNotFoundException", f"Model not found in model store: {url}"
-        )
-
-    def _load(self, name: str, overrides: dict[str, Any]) -> None:
-        self.client.load_model(name, LOAD_TIMEOUT_S, overrides)
+        return entry
+    raise TorchServeError(404, "ModelNotFoundException", f"Model not found in model store: {url}")
 
 
-class Model:
-    """``/models/{m}[/{v}]``: describe (GET), scale (PUT), unregister (DELETE)."""
-
-    def __init__(self, client: ModelClient) -> None:
-        self.client = client
-
-    @guarded_json
-    def on_get(
-        self, _req: falcon.Request, resp: falcon.Response, model: str, version: str | None = None
-    ) -> None:
-        served = self._version(model, None if version == "all" else version)
-        json_answer(resp, pretty([_describe(self.client, model, served)]))
-
-    @guarded_json
-    def on_put(
-        self, req: falcon.Request, resp: falcon.Response, model: str, version: str | None = None
-    ) -> None:
-        served = self._version(model, version)
-        workers = _int(req, "min_worker", 1)
-        if _int(req, "max_worker", workers) < workers:
-            raise TorchServeError(
-                400, "BadRequestException", "max_worker cannot be less than min_worker."
-            )
-        done = f"Workers scaled to {workers} for model: {model}"
-        if version is not None:
-            done += f", version: {served}"
-        if workers <= 0:
-            _change(resp, req, lambda: self.client.unload_model(model), done, False)
-            return
-        overrides = {"instances": workers}
-        _change(
-            resp,
-            req,
-            lambda: self.client.load_model(model, LOAD_TIMEOUT_S, overrides),
-            done,
-            False,
-        )
-
-    @guarded_json
-    def on_delete(
-        self, _req: falcon.Request, resp: falcon.Response, model: str, version: str | None = None
-    ) -> None:
-        self._version(model, version)
-        self.client.unload_model(model)
-        json_answer(resp, pretty({"status": f'Model "{model}" unregistered'}))
-
-    def _version(self, model: str, version: str | None) -> str:
-        """The version a registered model serves; ``version`` must be it, when named."""
-        if model not in self.client.models():
-            raise model_not_found(model)
-        served = self.client.known_models().get(model, "")
-        if version is not None and version != served:
-            raise version_not_found(model, version)
-        return served
-
-
-class SetDefault:
-    """``/models/{m}/{v}/set-default``: a model serves one version, its default."""
-
-    def __init__(self, client: ModelClient) -> None:
-        self.client = client
-
-    @guarded_json
-    def on_put(self, _req: falcon.Request, resp: falcon.Response, model: str, version: str) -> None:
-        Model(self.client)._version(model, version)
-        message = f'Default version successfully updated for model "{model}" to "{version}"'
-        json_answer(resp, pretty({"status": message}))
-
-
-def _change(
-    resp: falcon.Response, req: falcon.Request, run: Any, done: str, default_sync: bool
-) -> None:
-    """Run a load or unload: wait for it and answer ``done`` (synchronous), or answer
-    202 at once and let it run on (a failure is then logged)."""
-    if not _bool(req, "synchronous", default_sync):
+def _change(run: Callable[[], None], done: str, synchronous: bool) -> Answer:
+    """Run a load or unload: wait for it and answer ``done``, or (not ``synchronous``)
+    answer 202 at once and let it run on (a failure is then logged)."""
+    if not synchronous:
 
         def background() -> None:
             try:
@@ -228,15 +195,14 @@ def _change(
                 log.warning("worker update failed: %s", ex)
 
         threading.Thread(target=background, name="torchserve-management", daemon=True).start()
-        json_answer(resp, pretty({"status": "Processing worker updates..."}), 202)
-        return
+        return 202, {"status": "Processing worker updates..."}
     try:
         run()
     except ControlError as ex:
         raise TorchServeError(500, "InternalServerException", str(ex)) from None
     except ModelNotReady as ex:
         raise TorchServeError(500, "InternalServerException", ex.message) from None
-    json_answer(resp, pretty({"status": done}))
+    return 200, {"status": done}
 
 
 def _urls(client: ModelClient) -> dict[str, str]:
@@ -258,7 +224,6 @@ def _describe(client: ModelClient, model: str, version: str) -> dict[str, Any]:
         if p.get("model") == model and p.get("state") in ("ready", "starting")
     ]
     workers = [_worker(index, process) for index, process in enumerate(processes)]
-    batch = int(entry.get("max_batch_size") or 1)
     return {
         "modelName": model,
         "modelVersion": version,
@@ -266,7 +231,7 @@ def _describe(client: ModelClient, model: str, version: str) -> dict[str, Any]:
         "runtime": "python",
         "minWorkers": len(workers),
         "maxWorkers": len(workers),
-        "batchSize": batch,
+        "batchSize": int(entry.get("max_batch_size") or 1),
         "maxBatchDelay": int(entry.get("max_queue_delay_ms", DEFAULT_BATCH_DELAY_MS)),
         "responseTimeout": int(entry.get("max_busy_s", DEFAULT_RESPONSE_TIMEOUT_S)),
         "loadedAtStartup": not entry.get("options", {}).get("unregistered", False),
@@ -292,17 +257,3 @@ def _worker(index: int, process: dict[str, Any]) -> dict[str, Any]:
         "gpu": device.startswith("cuda"),
         "gpuUsage": "N/A",
     }
-
-
-def is_management(path: str) -> bool:
-    """A path of the management API (the one its port answers)."""
-    return path == "/models" or path.startswith("/models/")
-
-
-def add_routes(app: App, client: ModelClient) -> None:
-    """Mount the management API (its port answers these alone: :func:`is_management`)."""
-    app.add_route("/models", Models(client))
-    model = Model(client)
-    app.add_route("/models/{model}", model)
-    app.add_route("/models/{model}/{version}", model)
-    app.add_route("/models/{model}/{version}/set-default", SetDefault(client))

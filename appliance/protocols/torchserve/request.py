@@ -50,6 +50,18 @@ def read_call(body: bytes, headers: Mapping[str, str], url_path: str, explain: b
         fields = [(name, value.encode("latin-1"), "") for name, value in pairs]
     else:
         fields = [(BODY, body, media)]
+    passed = dict(headers)
+    passed["url_path"] = url_path
+    passed["explain"] = "True" if explain else "False"
+    return _call(fields, passed)
+
+
+def fields_call(fields: Mapping[str, bytes]) -> Call:
+    """A gRPC request's ``input`` map: each field's bytes, with no content type."""
+    return _call([(name, bytes(value), "") for name, value in fields.items()], {})
+
+
+def _call(fields: list[tuple[str, bytes, str]], headers: dict[str, str]) -> Call:
     inputs: dict[str, np.ndarray[Any, Any]] = {}
     per_input: dict[str, dict[str, str]] = {}
     for name, value, field_type in fields:
@@ -57,10 +69,7 @@ def read_call(body: bytes, headers: Mapping[str, str], url_path: str, explain: b
         array[0] = value
         inputs[name] = array  # a repeated field: the last one, as TorchServe's dict keeps
         per_input[name] = {CONTENT_TYPE: field_type}
-    passed = dict(headers)
-    passed["url_path"] = url_path
-    passed["explain"] = "True" if explain else "False"
-    return Call(inputs, {INPUT_PARAMETERS: per_input, HEADERS: passed})
+    return Call(inputs, {INPUT_PARAMETERS: per_input, HEADERS: headers})
 
 
 def _multipart(body: bytes, content_type: str) -> list[tuple[str, bytes, str]]:

@@ -23,18 +23,11 @@ from typing import Any
 import falcon
 
 from appliance.client.api import ModelClient
-from appliance.core.http_body import BODY, CONTENT_TYPE, HEADERS, REASON, STATUS
-from appliance.core.metadata import ModelMetadata
-from appliance.core.output_parameters import response_from_body
-from appliance.errors import ModelNotFound
+from appliance.core.http_body import CONTENT_TYPE, HEADERS, REASON, STATUS
 from appliance.protocols.torchserve.answers import common_headers, guarded_json, json_answer
-from appliance.protocols.torchserve.errors import (
-    TorchServeError,
-    model_not_found,
-    pretty,
-    version_not_found,
-)
-from appliance.protocols.torchserve.request import Call, read_call
+from appliance.protocols.torchserve.errors import pretty
+from appliance.protocols.torchserve.predict import answers, model_metadata
+from appliance.protocols.torchserve.request import read_call
 from appliance.protocols.web import App, read_body
 
 log = logging.getLogger("appliance.torchserve")
@@ -68,80 +61,40 @@ class Predictions:
         version: str | None = None,
         rest: str = "",
     ) -> None:
-        metadata = self._check(model, version)
+        metadata = model_metadata(self.client, model, version)
         body = read_body(req, self.limit)
         headers = {str(key).lower(): str(value) for key, value in req.headers.items()}
         call = read_call(body, headers, rest, self.explain)
         request_id = str(uuid.uuid4())
         resp.set_header("x-request-id", request_id)
-        if metadata.supports.get("predict_stream"):
-            await self._stream(resp, model, call, request_id)
-            return
-        result = await self.client.infer_async(
-            model, call.inputs, parameters=call.parameters, request_id=request_id
-        )
-        with result:
-            data, said = _answer(model, result)
-        _head(resp, said)
-        resp.data = data
-
-    on_put = on_post
-
-    async def _stream(self, resp: falcon.Response, model: str, call: Call, request_id: str) -> None:
-        """A streaming handler's parts as chunks; the first part's status and headers
-        are the response's, as TorchServe sends them."""
-        stream = self.client.stream_async(
-            model, call.inputs, None, call.parameters, None, request_id
-        )
-        parts = aiter(stream)
+        parts = answers(self.client, metadata, call, request_id)
         try:
-            first = await anext(parts)
-        except StopAsyncIteration:
-            await stream.aclose()
-            _head(resp, {})
-            resp.data = b""
-            return
+            data, said = await anext(parts)
         except BaseException:
-            await stream.aclose()
+            await parts.aclose()
             raise
-        data, said = _answer(model, first)
         _head(resp, said)
+        if not metadata.supports.get("predict_stream"):
+            await parts.aclose()
+            resp.data = data
+            return
 
         async def chunks() -> AsyncIterator[bytes]:
+            # The first part's status and headers are the response's, as TorchServe
+            # sends a stream; the rest go as chunks as they come.
             try:
                 yield data
-                async for part in parts:
-                    yield _answer(model, part)[0]
+                async for more, _ in parts:
+                    yield more
             except Exception as ex:
                 # The status is sent: the stream ends where the handler failed.
                 log.warning("model %s: its stream ended early: %s", model, ex)
             finally:
-                await stream.aclose()
+                await parts.aclose()
 
         resp.stream = chunks()  # type: ignore[assignment]  # ASGI: an async iterator
 
-    def _check(self, model: str, version: str | None) -> ModelMetadata:
-        try:
-            metadata = self.client.metadata(model)
-        except ModelNotFound:
-            raise model_not_found(model) from None
-        if version is not None and version not in metadata.versions:
-            raise version_not_found(model, version)
-        return metadata
-
-
-def _answer(model: str, result: Any) -> tuple[bytes, dict[str, Any]]:
-    """The body of a model's answer (a copy) and how HTTP sends it."""
-    tensor = result.outputs.get(BODY)
-    if tensor is None:
-        raise TorchServeError(
-            500,
-            "InternalServerException",
-            f"model {model} answered no {BODY!r} output: it is not a TorchServe "
-            f"handler's model; call it over KServe v2 (/v2/models/{model}/infer)",
-        )
-    answer = tensor.array().reshape(-1)
-    return (bytes(answer[0]) if answer.size else b""), response_from_body(result.body)
+    on_put = on_post
 
 
 def _head(resp: falcon.Response, said: dict[str, Any]) -> None:
