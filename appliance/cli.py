@@ -21,6 +21,7 @@ from appliance.config.reader import from_dict, load
 from appliance.config.settings import DEFAULT_CONFIG, ConfigError
 from appliance.core.tree import Tree
 from appliance.formats import command_line as triton_flags
+from appliance.formats.torchserve import keys as torchserve_keys
 from appliance.observability import logs
 
 log = logging.getLogger("appliance")
@@ -102,7 +103,7 @@ def _serve_repositories(flags: list[str]) -> int:
     """
     notes: list[str] = []
     try:
-        text = triton_flags.toml_text(triton_flags.config(flags, notes))
+        tables = triton_flags.config(flags, notes)
     except triton_flags.FlagError as ex:
         print(f"appliance serve: {ex}", file=sys.stderr)
         return 2
@@ -110,12 +111,27 @@ def _serve_repositories(flags: list[str]) -> int:
         print(f"appliance serve: {note}", file=sys.stderr)
     handle, name = tempfile.mkstemp(prefix="appliance-serve-", suffix=".toml")
     path = Path(name)
+    written: torchserve_keys.Keys | None = None
     try:
+        if tables.pop(triton_flags.TOKEN_AUTH, None) is not None:
+            # TorchServe's token authorization: its key file where it was started.
+            written = torchserve_keys.write(Path.cwd(), path.with_suffix(".tokens"))
+            tables["auth"] = {"tokens_file": str(written.tokens_file)}
+            print(
+                f"appliance serve: token authorization on: keys in {written.key_file} "
+                "(--disable-token-auth turns it off)",
+                file=sys.stderr,
+            )
         with os.fdopen(handle, "w") as stream:
-            stream.write(text)
+            stream.write(triton_flags.toml_text(tables))
         return _run(path)
+    except OSError as ex:
+        print(f"appliance serve: cannot write the key file: {ex}", file=sys.stderr)
+        return 2
     finally:
         path.unlink(missing_ok=True)
+        if written is not None:
+            written.remove()
 
 
 def _run(config_path: Path | None) -> int:

@@ -39,13 +39,17 @@ NamedContent = Path | tuple[str, Content]
 ECHO_HANDLER = '''
 def handle(data, context):
     """Each request's body back: what arrived as "data" or "body" (JSON was decoded,
-    text/* made str, the rest bytes), else its fields with bytes as text."""
+    text/* made str, the rest bytes), else its fields with bytes as text; with a
+    header "X-Return: raw" the request's dict itself (which json.dumps refuses)."""
     if data is None:
         return None
     out = []
-    for row in data:
+    for i, row in enumerate(data):
+        headers = {k.lower(): v for k, v in context.get_all_request_header(i).items()}
         value = row.get("data", row.get("body"))
-        if value is None:
+        if headers.get("x-return") == "raw":
+            value = row
+        elif value is None:
             value = {k: v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray))
                      else v for k, v in row.items()}
         out.append(value)
@@ -104,7 +108,9 @@ class LabelHandler:
             if isinstance(value, (bytes, bytearray)):
                 value = value.decode("utf-8")
             key = str(value).strip()
-            wanted = context.get_request_header(i, "x-want-status")
+            # Header names keep the client's case: look them up in any case.
+            headers = {k.lower(): v for k, v in context.get_all_request_header(i).items()}
+            wanted = headers.get("x-want-status")
             if wanted:
                 context.set_response_status(int(wanted), "Custom Phrase", idx=i)
             context.set_response_header(i, "x-labels", str(len(self.labels)))
@@ -113,7 +119,8 @@ class LabelHandler:
                 "label": self.labels.get(key),
                 "model": self.manifest["model"]["modelName"],
                 "version": self.manifest["model"]["modelVersion"],
-                "x-tag": context.get_request_header(i, "x-tag"),
+                "get_request_header(i, 'x-tag')": context.get_request_header(i, "x-tag"),
+                "get_request_header(i, 'X-Tag')": context.get_request_header(i, "X-Tag"),
                 "batch_size": context.system_properties["batch_size"],
                 "server": context.system_properties["server_name"],
                 "server_version": context.system_properties["server_version"],
@@ -139,9 +146,15 @@ def handle(data, context):
     if data is None:
         return None
     print("about to raise", flush=True)
-    if context.get_request_header(0, "x-raise") == "prediction":
+    headers = {k.lower(): v for k, v in context.get_all_request_header(0).items()}
+    if headers.get("x-raise") == "prediction":
         raise PredictionException("told to fail", 418)
     raise ValueError("the handler raised on purpose")
+"""
+
+# A handler that cannot load: its worker dies at every start.
+BROKEN_HANDLER = """
+raise RuntimeError("this handler cannot be imported")
 """
 
 # (e) Streaming as pytorch/serve's test_send_intermediate_prediction_response.py,
@@ -209,8 +222,10 @@ def handle(data, context):
 """
 BATCH_CONFIG = "batchSize: 4\nmaxBatchDelay: 200\n"
 
-# pytorch/serve's examples/image_classifier/mnist (v0.12.0): the network and the
-# handler (ImageClassifier: a PNG in "data" or "body", the argmax out).
+# pytorch/serve's examples/image_classifier/mnist (v0.12.0): the network, and its
+# handler with ImageClassifier's preprocessing written out (a PNG, or base64 text, in
+# "data" or "body"; ToTensor and Normalize by hand; the argmax out): torchvision's
+# wheel here does not load beside the CPU torch, and ImageClassifier imports it.
 MNIST_MODEL = """
 import torch
 from torch import nn
@@ -242,15 +257,30 @@ class Net(nn.Module):
         return output
 """
 MNIST_HANDLER = """
-from torchvision import transforms
-from ts.torch_handler.image_classifier import ImageClassifier
+import base64
+import io
+
+import torch
+from PIL import Image
+from ts.torch_handler.base_handler import BaseHandler
 
 
-class MNISTDigitClassifier(ImageClassifier):
-    image_processing = transforms.Compose([
-        transforms.ToTensor(),
-        transforms.Normalize((0.1307,), (0.3081,))
-    ])
+class MNISTDigitClassifier(BaseHandler):
+    def preprocess(self, data):
+        images = []
+        for row in data:
+            image = row.get("data") or row.get("body")
+            if isinstance(image, str):
+                image = base64.b64decode(image)
+            if isinstance(image, (bytearray, bytes)):
+                picture = Image.open(io.BytesIO(image)).convert("L")
+                pixels = torch.frombuffer(bytearray(picture.tobytes()), dtype=torch.uint8)
+                tensor = pixels.reshape(1, picture.height, picture.width).float() / 255.0
+                image = (tensor - 0.1307) / 0.3081
+            else:
+                image = torch.FloatTensor(image)
+            images.append(image)
+        return torch.stack(images).to(self.device)
 
     def postprocess(self, data):
         return data.argmax(1).tolist()

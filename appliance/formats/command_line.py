@@ -48,11 +48,15 @@ TAKEN = {
     "--management-port": "a TorchServe model store's management API: default 8081",
     "--grpc-management-port": "its gRPC management port: default 7071",
     "--ts-config": "torchserve's config.properties (addresses, model_store, load_models)",
-    "--ncs, --foreground, --disable-token-auth, --enable-model-api": "torchserve's; taken",
+    "--ncs, --foreground, --enable-model-api": "torchserve's; taken",
+    "--disable-token-auth": "a model store's calls need no key (else: key_file.json)",
 }
 # torchserve's flags without a value.
 SWITCHES = {"--ncs", "--no-config-snapshots", "--foreground", "--start"}
 SWITCHES |= {"--disable-token-auth", "--enable-model-api"}
+# The table config() adds when a model store's keys are to be written (cli.py writes
+# them, and names the tokens file in [auth]).
+TOKEN_AUTH = "torchserve_token_auth"
 # Where `torchserve` listens: inference (and management here) on 8080, gRPC 7070, metrics 8082.
 TORCHSERVE_PORTS = {"http_port": 8080, "grpc_port": 7070, "metrics_port": 8082}
 MANAGEMENT_PORT = 8081
@@ -137,7 +141,11 @@ def config(argv: Sequence[str], notes: list[str] | None = None) -> dict[str, Any
     models = flags.get("--models", [])
     management: dict[str, Any] = {}
     grpc_management: dict[str, Any] = {}
+    token_auth = False
     if models or any(torchserve_store.is_model_store(Path(p)) for p in repositories):
+        token_auth = not any(
+            _bool("--disable-token-auth", v) for v in flags.get("--disable-token-auth", [])
+        )
         ports = {**TORCHSERVE_PORTS, **ports}
         management["management_port"] = _port(flags, "--management-port", MANAGEMENT_PORT)
         grpc_management["management_port"] = _port(
@@ -152,7 +160,7 @@ def config(argv: Sequence[str], notes: list[str] | None = None) -> dict[str, Any
         server["drain_timeout_s"] = float(_number(flags, "--exit-timeout-secs"))
     if "--log-verbose" in flags:
         server["log_level"] = "debug" if _number(flags, "--log-verbose") > 0 else "info"
-    return {
+    tables: dict[str, Any] = {
         "server": server,
         "http": {
             "port": _port(flags, "--http-port", ports.get("http_port", 8000)),
@@ -171,6 +179,9 @@ def config(argv: Sequence[str], notes: list[str] | None = None) -> dict[str, Any
             {"path": path, **({"models": models} if models else {})} for path in repositories
         ],
     }
+    if token_auth:
+        tables[TOKEN_AUTH] = {}
+    return tables
 
 
 def _ts_config(flags: dict[str, list[str]], notes: list[str]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import json
 import logging
 import os
 import threading
@@ -50,7 +51,16 @@ log = logging.getLogger("appliance.auth")
 # How often the tokens file's metadata is looked at for a change.
 RECHECK_S = 1.0
 OPEN_PATHS = frozenset(
-    {"/v2/health/live", "/v2/health/ready", "/grps/v1/health/live", "/grps/v1/health/ready"}
+    {
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/grps/v1/health/live",
+        "/grps/v1/health/ready",
+        "/ping",
+    }
+)
+TORCHSERVE_REFUSAL = (
+    "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
 )
 OPEN_METHODS = frozenset(
     {
@@ -58,6 +68,7 @@ OPEN_METHODS = frozenset(
         "/grpc.health.v1.Health/Watch",
         "/inference.GRPCInferenceService/ServerLive",
         "/inference.GRPCInferenceService/ServerReady",
+        "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping",
         "/grps.protos.v1.GrpsService/CheckLiveness",
         "/grps.protos.v1.GrpsService/CheckReadiness",
     }
@@ -176,6 +187,12 @@ def refuse_http(req: falcon.Request, resp: falcon.Response, message: str) -> Non
     elif protocol == "umbridge":
         resp.content_type = "application/json"
         resp.data = orjson.dumps({"error": {"type": "Unauthorized", "message": message}})
+    elif protocol == "torchserve":
+        # TorchServe's refusal of a key, as its clients read it (a 400).
+        resp.status = falcon.HTTP_400
+        resp.content_type = "application/json"
+        body = {"code": 400, "type": "InvalidKeyException", "message": TORCHSERVE_REFUSAL}
+        resp.data = json.dumps(body, indent=2).encode() + b"\n"
     else:
         resp.content_type = "text/plain; charset=utf-8"
         resp.data = message.encode()

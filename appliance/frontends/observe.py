@@ -21,8 +21,22 @@ from appliance.protocols.grpc_server import Handler
 from appliance.protocols.mip.service import MipService, status_of
 
 # UM-Bridge's routes are the only ones that start with a capital letter.
-_PREFIXES = (("/v2", "kserve"), ("/grps/", "grps"), ("/graphpipe", "graphpipe"))
-_SERVICES = (("/inference.", "kserve"), ("/grps.", "grps"), ("/grpc.health.", "health"))
+_PREFIXES = (
+    ("/v2", "kserve"),
+    ("/grps/", "grps"),
+    ("/graphpipe", "graphpipe"),
+    ("/predictions/", "torchserve"),
+    ("/explanations/", "torchserve"),
+    ("/models", "torchserve"),
+    ("/v1/models/", "torchserve"),
+    ("/ping", "torchserve"),
+)
+_SERVICES = (
+    ("/inference.", "kserve"),
+    ("/grps.", "grps"),
+    ("/grpc.health.", "health"),
+    ("/org.pytorch.serve.", "torchserve"),
+)
 
 
 def protocol_of_path(method: str, path: str) -> str:

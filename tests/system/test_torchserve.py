@@ -204,7 +204,9 @@ def test_a_class_handler_reads_its_extra_file_and_sets_its_status_and_headers(
         "label": "two",
         "model": "labels",
         "version": "1.0",
-        "x-tag": "T",
+        # Any case of a header's name finds it (the HTTP stack lowers them).
+        "get_request_header(i, 'x-tag')": "T",
+        "get_request_header(i, 'X-Tag')": "T",
         "batch_size": 1,
         "server": "MMS",
         "server_version": "0.12.0",
@@ -356,6 +358,7 @@ def test_the_management_api_registers_scales_describes_and_unregisters(tmp_path:
         f"--grpc-port={grpc}",
         f"--metrics-port={metrics}",
         f"--management-port={management}",
+        "--disable-token-auth",
     )
     runtime = new_run_dir()
     appliance = start(
@@ -411,3 +414,59 @@ def test_the_management_api_registers_scales_describes_and_unregisters(tmp_path:
         appliance.stop()
         appliance.assert_clean()
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_token_authorization_is_on_unless_disabled_with_its_keys_in_key_file_json(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    write_mar(store, "echo", ECHO_HANDLER)
+    http, grpc_port, metrics, management, grpc_management = free_ports(5)
+    flags = (
+        "--model-store",
+        str(store),
+        f"--http-port={http}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics}",
+        f"--management-port={management}",
+        f"--grpc-management-port={grpc_management}",
+    )
+    runtime, workdir = new_run_dir(), tmp_path / "workdir"
+    workdir.mkdir()
+    appliance = start(
+        {"server": {"run_dir": str(runtime / "appliance")}},
+        serve_args=flags,
+        env={"XDG_RUNTIME_DIR": str(runtime)},
+        cwd=workdir,
+    )
+    try:
+        # Where it was started from, as TorchServe writes it, readable by its owner alone.
+        key_file = workdir / "key_file.json"
+        assert key_file.stat().st_mode & 0o077 == 0
+        keys = json.loads(key_file.read_text())
+        assert set(keys) == {"management", "inference", "API"}
+        base = f"http://127.0.0.1:{http}"
+        refused = requests.post(f"{base}/predictions/echo", data=b"x", timeout=TIMEOUT)
+        assert (refused.status_code, refused.content) == (
+            400,
+            _error(
+                400,
+                "InvalidKeyException",
+                "Token Authorization failed. Token either incorrect, expired, or not provided "
+                "correctly",
+            ),
+        )
+        bearer = {"Authorization": f"Bearer {keys['inference']['key']}"}
+        answer = requests.post(f"{base}/predictions/echo", data=b"x", headers=bearer, timeout=30)
+        assert answer.content == b"x"
+        manage = {"Authorization": f"Bearer {keys['management']['key']}"}
+        api = f"http://127.0.0.1:{management}/models"
+        assert requests.get(api, timeout=TIMEOUT).status_code == 400
+        assert requests.get(api, headers=manage, timeout=TIMEOUT).status_code == 200
+        # A health check needs no key.
+        assert requests.get(f"{base}/ping", timeout=TIMEOUT).status_code == 200
+    finally:
+        appliance.stop()
+        appliance.assert_clean()
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert not key_file.exists()

@@ -101,4 +101,8 @@ def test_a_model_store_listens_on_torchserve_s_ports(model_store: Path) -> None:
     assert (config["http"]["port"], config["grpc"]["port"]) == (8080, 7070)
     assert (config["http"]["metrics_port"], config["http"]["management_port"]) == (8082, 8081)
     assert config["grpc"]["management_port"] == 7071
+    # Token authorization is on, as TorchServe's, unless disabled.
+    assert command_line.TOKEN_AUTH in config
+    disabled = ["--model-store", str(model_store), "--disable-token-auth"]
+    assert command_line.TOKEN_AUTH not in command_line.config(disabled)
     assert config["repositories"] == [{"path": str(model_store), "models": ["all"]}]

@@ -44,7 +44,6 @@ IGNORED = {
     "decode_input_request",
     "max_response_size",
     "enable_model_api",
-    "disable_token_authorization",
     "disable_system_metrics",
     "model_snapshot",
     "cpu_launcher_enable",
@@ -63,6 +62,17 @@ REFUSED = {
     "certificate_file": "set [tls] cert and key in a config (appliance serve --config)",
     "grpc_inference_address": "the appliance listens on one address: set inference_address",
 }
+
+
+# Keys whose value is a flag's, as it is; addresses whose port is a flag's.
+FLAG_OF = {
+    "grpc_inference_port": "--grpc-port",
+    "grpc_management_port": "--grpc-management-port",
+    "model_store": "--model-store",
+    "disable_token_authorization": "--disable-token-auth",
+    "max_request_size": "--max-request-size",
+}
+PORT_OF = {"management_address": "--management-port", "metrics_address": "--metrics-port"}
 
 
 class PropertiesError(ValueError):
@@ -125,20 +135,12 @@ def as_flags(properties: dict[str, str], where: Path) -> tuple[dict[str, list[st
             host, port = _address(key, value, where)
             flags["--http-address"] = [host]
             flags["--http-port"] = [port]
-        elif key == "management_address":
-            flags["--management-port"] = [_address(key, value, where)[1]]
-        elif key == "metrics_address":
-            flags["--metrics-port"] = [_address(key, value, where)[1]]
-        elif key == "grpc_inference_port":
-            flags["--grpc-port"] = [value]
-        elif key == "grpc_management_port":
-            flags["--grpc-management-port"] = [value]
-        elif key == "model_store":
-            flags["--model-store"] = [value]
+        elif key in PORT_OF:
+            flags[PORT_OF[key]] = [_address(key, value, where)[1]]
+        elif key in FLAG_OF:
+            flags[FLAG_OF[key]] = [value]
         elif key == "load_models":
             flags["--models"] = [item.strip() for item in value.split(",") if item.strip()]
-        elif key == "max_request_size":
-            flags["--max-request-size"] = [value]
         else:
             raise PropertiesError(
                 f"--ts-config {where}: {key} is not a config.properties key the appliance "

@@ -24,7 +24,12 @@ class RequestProcessor:
         self._request_header = request_header
 
     def get_request_property(self, key: str) -> Any:
-        return self._request_header.get(key)
+        # TorchServe keeps the client's case of a header's name; the appliance's
+        # HTTP stack gives names in lower case: a name is found in any case.
+        found = self._request_header.get(key)
+        if found is None and isinstance(key, str):
+            found = self._request_header.get(key.lower())
+        return found
 
     def report_status(self, code: int, reason_phrase: str | None = None) -> None:
         self._status_code = code
