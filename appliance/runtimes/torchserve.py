@@ -97,6 +97,13 @@ class TorchServeModel(RuntimeModel):
             ModelFileError: the archive cannot be read, its handler cannot be
                 imported, or initializing it raised.
         """
+        try:
+            self._load()
+        except BaseException:
+            self.unload()  # a failed load leaves no unpacked archive behind
+            raise
+
+    def _load(self) -> None:
         from appliance.runtimes.ts_surface import ensure_ts
 
         ensure_ts()

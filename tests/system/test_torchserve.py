@@ -311,9 +311,14 @@ def test_torchserve_s_grpc_services_answer_inference_and_management(
         assert failed.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_an_archive_that_cannot_be_served_is_refused_by_name(tmp_path: Path) -> None:
+def test_an_archive_that_cannot_be_served_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = tmp_path / "store"
     write_mar(store, "vision", "x = 1\n", handler_entry="image_classifier")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     with serving_repository(store) as appliance:
         base = f"http://127.0.0.1:{appliance.ports['http']}"
         answer = requests.post(f"{base}/predictions/vision", data=b"x", timeout=TIMEOUT)
@@ -324,6 +329,8 @@ def test_an_archive_that_cannot_be_served_is_refused_by_name(tmp_path: Path) -> 
         assert "torchvision" in refusal["message"]
         ping = requests.get(f"{base}/ping", timeout=TIMEOUT)
         assert (ping.status_code, ping.json()) == (500, {"status": "Unhealthy"})
+    # Each failed load removed the archive it had unpacked.
+    assert not list(temp.iterdir())
 
 
 def test_a_streaming_handler_s_intermediate_responses_arrive_as_chunks(tmp_path: Path) -> None:
