@@ -8,13 +8,11 @@ order, ``createdOn`` as ``%d/%m/%Y %H:%M:%S`` local time, ``runtime``
 ``python``, ``archiverVersion`` ``0.12.0``; the ``model`` keys only where
 given: ``modelName``, ``serializedFile``, ``handler``, ``modelFile``,
 ``modelVersion``, ``requirementsFile``, ``configFile``).
-:func:`write_model_dir` writes the same files unpacked in ``NAME/``
-(the archiver's ``--archive-format no-archive``), which TorchServe
-serves from its model store as it serves an archive.
+:func:`write_model_dir` writes the same files unpacked in ``NAME/`` (the
+archiver's ``--archive-format no-archive``), which TorchServe serves as it serves an archive.
 
-The handlers are source strings, one per behaviour the tests look at; none
-needs torch but :data:`MNIST_HANDLER` (pytorch/serve's
-examples/image_classifier/mnist, with :func:`mnist_state_dict`).
+The handlers are source strings, one per behaviour the tests look at; only
+:data:`MNIST_HANDLER` (with :func:`mnist_state_dict`) needs torch.
 """
 
 from __future__ import annotations
@@ -37,6 +35,14 @@ NamedContent = Path | tuple[str, Content]
 
 # (a) A module-level handler: TorchServe calls handle(None, context) once at load.
 ECHO_HANDLER = '''
+def _raw(context, i):
+    try:  # under an envelope, rows are its elements, not requests
+        headers = context.get_all_request_header(i)
+    except (IndexError, KeyError, TypeError):
+        return False
+    return {k.lower(): v for k, v in headers.items()}.get("x-return") == "raw"
+
+
 def handle(data, context):
     """Each request's body back: what arrived as "data" or "body" (JSON was decoded,
     text/* made str, the rest bytes), else its fields with bytes as text; with a
@@ -45,9 +51,8 @@ def handle(data, context):
         return None
     out = []
     for i, row in enumerate(data):
-        headers = {k.lower(): v for k, v in context.get_all_request_header(i).items()}
         value = row.get("data", row.get("body"))
-        if headers.get("x-return") == "raw":
+        if _raw(context, i):
             value = row
         elif value is None:
             value = {k: v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray))
@@ -139,6 +144,8 @@ def handle(data, context):
 
 # (d) Raises: a ValueError, or TorchServe's own PredictionException when asked.
 RAISING_HANDLER = """
+import logging
+
 from ts.utils.util import PredictionException
 
 
@@ -146,6 +153,7 @@ def handle(data, context):
     if data is None:
         return None
     print("about to raise", flush=True)
+    logging.getLogger(__name__).warning("logged with logging.warning")
     headers = {k.lower(): v for k, v in context.get_all_request_header(0).items()}
     if headers.get("x-raise") == "prediction":
         raise PredictionException("told to fail", 418)

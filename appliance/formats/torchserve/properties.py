@@ -52,6 +52,9 @@ IGNORED = {
     "allowed_urls",
     "use_native_io",
     "io_ratio",
+    # The appliance listens on one address, inference_address's.
+    "grpc_inference_address",
+    "grpc_management_address",
 }
 REFUSED = {
     "models": "set minWorkers, batchSize and maxBatchDelay in the archive's model-config.yaml",
@@ -60,7 +63,6 @@ REFUSED = {
     "keystore": "set [tls] cert and key in a config (appliance serve --config)",
     "private_key_file": "set [tls] cert and key in a config (appliance serve --config)",
     "certificate_file": "set [tls] cert and key in a config (appliance serve --config)",
-    "grpc_inference_address": "the appliance listens on one address: set inference_address",
 }
 
 

@@ -1,0 +1,226 @@
+"""One TorchServe model store served by real TorchServe 0.12 and by the appliance, call by call.
+
+The store (tests/torchserve_models.py, written fresh into tmp: a module-level
+``handle``, a handler that shows what it was given, a class handler with an
+extra file and its own statuses and headers, handlers that fail in each way
+TorchServe answers, a batch-4 handler and a streaming one) is served
+unchanged by TorchServe (bench/.peers/torchserve, with CPU torch) and by
+``appliance serve --model-store``. The same HTTP calls go to both: statuses
+and bodies must be equal, and what a handler saw of each request too.
+
+Where the appliance answers otherwise on purpose, ``ON_PURPOSE`` says why
+(docs/models/torchserve.md lists the same).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import requests
+
+from bench.servers import PeerServer, PeerUnavailable
+from bench.torchserve_peer import torchserve
+from tests.system.harness import Appliance, free_ports, new_run_dir, start
+from tests.torchserve_models import (
+    BATCH_CONFIG,
+    BATCH_HANDLER,
+    ECHO_HANDLER,
+    INSPECT_HANDLER,
+    LABELS,
+    LABELS_HANDLER,
+    RAISING_HANDLER,
+    STREAM_HANDLER,
+    WRONG_LENGTH_HANDLER,
+    write_mar,
+    write_model_dir,
+)
+
+pytestmark = pytest.mark.peers
+
+TIMEOUT = 60
+# Call name -> why the appliance's answer differs from TorchServe's.
+ON_PURPOSE = {
+    "labels status": "a handler's reason phrase is not sent (uvicorn sends the status's own)",
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    method: str
+    path: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+CALLS = [
+    Call("ping", "GET", "/ping"),
+    Call("json", "POST", "/predictions/echo", {"json": {"a": [1, 2], "b": "x"}}),
+    Call(
+        "text",
+        "POST",
+        "/predictions/echo",
+        {"data": "héllo".encode(), "headers": {"Content-Type": "text/plain; charset=utf-8"}},
+    ),
+    Call("bytes", "POST", "/predictions/echo", {"data": bytes(range(256))}),
+    Call("put", "PUT", "/predictions/echo", {"data": b"uploaded"}),
+    Call("version", "POST", "/predictions/echo/1.0", {"data": b"v"}),
+    Call("wrong version", "POST", "/predictions/echo/9.9", {"data": b"v"}),
+    Call("unknown model", "POST", "/predictions/nope", {"data": b"v"}),
+    Call("labels", "POST", "/predictions/labels", {"data": b"1"}),
+    Call(
+        "labels status",
+        "POST",
+        "/predictions/labels",
+        {"data": b"2", "headers": {"x-want-status": "201"}},
+    ),
+    Call("wrong length", "POST", "/predictions/wrong", {"data": b"1"}),
+    Call("raises", "POST", "/predictions/raising", {"data": b"1"}),
+    Call(
+        "prediction exception",
+        "POST",
+        "/predictions/raising",
+        {"data": b"1", "headers": {"x-raise": "prediction"}},
+    ),
+    Call("list", "GET", "/models", {"management": True}),
+    Call("list page", "GET", "/models?limit=2", {"management": True}),
+    Call("describe unknown", "GET", "/models/nope", {"management": True}),
+]
+
+
+@dataclass
+class Served:
+    torchserve: PeerServer
+    appliance: Appliance
+    ports: dict[str, int]
+
+    def url(self, server: str, path: str, management: bool) -> str:
+        if server == "torchserve":
+            base = self.torchserve.urls["management" if management else "inference"]
+        else:
+            port = self.ports["management" if management else "http"]
+            base = f"http://127.0.0.1:{port}"
+        return base + path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    store = tmp_path_factory.mktemp("model-store")
+    write_mar(store, "echo", ECHO_HANDLER)
+    write_mar(store, "inspect", INSPECT_HANDLER)
+    write_model_dir(
+        store, "labels", LABELS_HANDLER, extra_files={"labels.json": json.dumps(LABELS)}
+    )
+    write_mar(store, "wrong", WRONG_LENGTH_HANDLER)
+    write_mar(store, "raising", RAISING_HANDLER)
+    write_mar(store, "batch", BATCH_HANDLER, config_yaml=BATCH_CONFIG)
+    write_mar(store, "stream", STREAM_HANDLER)
+    try:
+        peer = torchserve(store, "all")
+        real = peer.__enter__()
+    except PeerUnavailable as ex:
+        pytest.skip(f"real TorchServe is not available here: {ex}")
+    runtime = new_run_dir()
+    try:
+        http, grpc, metrics, management, grpc_management = free_ports(5)
+        flags = (
+            "--model-store",
+            str(store),
+            "--models",
+            "all",
+            "--disable-token-auth",
+            f"--http-port={http}",
+            f"--grpc-port={grpc}",
+            f"--metrics-port={metrics}",
+            f"--management-port={management}",
+            f"--grpc-management-port={grpc_management}",
+        )
+        appliance = start(
+            {"server": {"run_dir": str(runtime / "appliance")}},
+            serve_args=flags,
+            env={"XDG_RUNTIME_DIR": str(runtime)},
+        )
+        try:
+            yield Served(real, appliance, {"http": http, "management": management})
+        finally:
+            appliance.stop()
+            appliance.assert_clean()
+    finally:
+        peer.__exit__(None, None, None)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _answer(served: Served, server: str, call: Call) -> tuple[int, bytes]:
+    kwargs = dict(call.kwargs)
+    management = kwargs.pop("management", False)
+    url = served.url(server, call.path, management)
+    answer = requests.request(call.method, url, timeout=TIMEOUT, **kwargs)
+    return answer.status_code, answer.content
+
+
+@pytest.mark.parametrize("call", CALLS, ids=lambda call: call.name)
+def test_each_call_answers_as_torchserve_s(served: Served, call: Call) -> None:
+    theirs = _answer(served, "torchserve", call)
+    ours = _answer(served, "appliance", call)
+    if call.name in ON_PURPOSE:
+        assert ours[0] == theirs[0], ON_PURPOSE[call.name]
+        return
+    assert ours == theirs
+
+
+def test_a_handler_sees_each_request_as_torchserve_s_does(served: Served) -> None:
+    def seen(server: str, headers: dict[str, str], **kwargs: Any) -> dict[str, Any]:
+        url = served.url(server, "/predictions/inspect/1.0/extra/path", False)
+        sent = {"X-Tag": "t1", **headers}
+        answer = requests.post(url, timeout=TIMEOUT, headers=sent, **kwargs)
+        assert answer.status_code == 200, answer.text
+        found: dict[str, Any] = answer.json()
+        return found
+
+    for kwargs in (
+        {"json": {"x": 1}},
+        {"data": b"raw"},
+        {"data": b"plain text", "headers": {"Content-Type": "text/plain"}},
+        {"files": {"data": ("a.json", b'{"y": 2}', "application/json")}, "data": {"k": "v"}},
+    ):
+        headers = kwargs.pop("headers", {})
+        theirs = seen("torchserve", headers, **kwargs)
+        ours = seen("appliance", headers, **kwargs)
+        assert ours["fields"] == theirs["fields"]
+        assert ours["batch"] == theirs["batch"] == 1
+        # Headers: the same names (in any case) and values, TorchServe's own among them.
+        lowered = {k.lower(): v for k, v in theirs["headers"].items()}
+        mine = {k.lower(): v for k, v in ours["headers"].items()}
+        for name in ("x-tag", "url_path", "explain"):
+            assert mine.get(name) == lowered.get(name), name
+        # (a form's boundary is the client's own, new each time)
+        media = str(lowered.get("content-type")).split(";")[0]
+        assert str(mine.get("content-type")).split(";")[0] == media
+
+
+def test_four_concurrent_requests_make_one_batch_on_both(served: Served) -> None:
+    for server in ("torchserve", "appliance"):
+        url = served.url(server, "/predictions/batch", False)
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(_post_to(url), range(4)))
+        assert all(answer.json()["batch_size"] == 4 for answer in answers), server
+
+
+def _post_to(url: str) -> Any:
+    return lambda _: requests.post(url, data=b"x", timeout=TIMEOUT)
+
+
+def test_a_streamed_answer_arrives_in_the_same_chunks(served: Served) -> None:
+    bodies = {}
+    for server in ("torchserve", "appliance"):
+        url = served.url(server, "/predictions/stream", False)
+        with requests.post(url, data=b"x", stream=True, timeout=TIMEOUT) as answer:
+            assert answer.status_code == 200
+            assert answer.headers.get("transfer-encoding") == "chunked"
+            bodies[server] = b"".join(answer.iter_content(chunk_size=None))
+    assert bodies["appliance"] == bodies["torchserve"]
