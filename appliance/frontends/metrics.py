@@ -24,7 +24,7 @@ from appliance.client.api import ModelClient
 from appliance.core.segment import Space, held_by
 from appliance.core.status import Role, SlotState
 from appliance.core.tree import PREFIX
-from appliance.frontends import triton_metrics
+from appliance.frontends import torchserve_metrics, triton_metrics
 from appliance.observability.metric_files import MetricFiles
 from appliance.protocols.web import blocking
 
@@ -151,4 +151,9 @@ class MetricsResource:
                 registry.register(others)
         registry.register(TreeCollector(self.client))
         resp.content_type = CONTENT_TYPE_LATEST
-        resp.data = counted + triton_metrics.text(self.client) + generate_latest(registry)
+        resp.data = (
+            counted
+            + triton_metrics.text(self.client)
+            + torchserve_metrics.text(self.client)
+            + generate_latest(registry)
+        )

@@ -121,7 +121,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     write_mar(store, "batch", BATCH_HANDLER, config_yaml=BATCH_CONFIG)
     write_mar(store, "stream", STREAM_HANDLER)
     try:
-        peer = torchserve(store, "all")
+        # Prometheus names on /metrics, as a TorchServe user who scrapes it sets.
+        peer = torchserve(store, "all", {"metrics_mode": "prometheus"})
         real = peer.__enter__()
     except PeerUnavailable as ex:
         pytest.skip(f"real TorchServe is not available here: {ex}")
@@ -146,7 +147,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             env={"XDG_RUNTIME_DIR": str(runtime)},
         )
         try:
-            yield Served(real, appliance, {"http": http, "management": management})
+            ports = {"http": http, "management": management, "metrics": metrics}
+            yield Served(real, appliance, ports)
         finally:
             appliance.stop()
             appliance.assert_clean()
@@ -224,3 +226,48 @@ def test_a_streamed_answer_arrives_in_the_same_chunks(served: Served) -> None:
             assert answer.headers.get("transfer-encoding") == "chunked"
             bodies[server] = b"".join(answer.iter_content(chunk_size=None))
     assert bodies["appliance"] == bodies["torchserve"]
+
+
+FAMILIES = (
+    "ts_inference_requests_total",
+    "ts_inference_latency_microseconds",
+    "ts_queue_latency_microseconds",
+)
+
+
+def _samples(text: str, name: str) -> dict[str, float]:
+    """``name``'s samples by their label text."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, _, value = line[len(name) :].rpartition(" ")
+            found[labels] = float(value)
+    return found
+
+
+def test_torchserve_s_metric_families_count_the_same_requests(served: Served) -> None:
+    def scrape(server: str) -> str:
+        if server == "torchserve":
+            url = served.torchserve.urls["metrics"] + "/metrics"
+        else:
+            url = f"http://127.0.0.1:{served.ports['metrics']}/metrics"
+        return requests.get(url, timeout=TIMEOUT).text
+
+    before = {server: scrape(server) for server in ("torchserve", "appliance")}
+    for server in ("torchserve", "appliance"):
+        for _ in range(3):
+            url = served.url(server, "/predictions/echo", False)
+            assert requests.post(url, data=b"m", timeout=TIMEOUT).status_code == 200
+    after = {server: scrape(server) for server in ("torchserve", "appliance")}
+    for name in FAMILIES:
+        for server in ("torchserve", "appliance"):
+            assert f"# TYPE {name} counter" in after[server], (server, name)
+    label = '{model_name="echo",model_version="default",hostname="%s",}'
+    for server in ("torchserve", "appliance"):
+        counts = _samples(after[server], FAMILIES[0])
+        [key] = [
+            key for key in counts if key.startswith('{model_name="echo",model_version="default"')
+        ]
+        assert key == label % key.split('hostname="')[1].split('"')[0]
+        was = _samples(before[server], FAMILIES[0]).get(key, 0.0)
+        assert counts[key] - was == 3.0, server

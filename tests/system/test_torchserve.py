@@ -477,3 +477,23 @@ def test_token_authorization_is_on_unless_disabled_with_its_keys_in_key_file_jso
         appliance.assert_clean()
         shutil.rmtree(runtime, ignore_errors=True)
     assert not key_file.exists()
+
+
+def test_torchserve_s_metric_families_are_on_the_metrics_port(
+    served: tuple[str, Appliance],
+) -> None:
+    base, appliance = served
+    for _ in range(2):
+        requests.post(f"{base}/predictions/echo", data=b"m", timeout=TIMEOUT)
+    text = requests.get(
+        f"http://127.0.0.1:{appliance.ports['metrics']}/metrics", timeout=TIMEOUT
+    ).text
+    assert "# TYPE ts_inference_requests_total counter" in text
+    assert "# TYPE ts_queue_latency_microseconds counter" in text
+    [line] = [
+        line
+        for line in text.splitlines()
+        if line.startswith('ts_inference_requests_total{model_name="echo",model_version="default"')
+    ]
+    assert float(line.rsplit(" ", 1)[1]) >= 2
+    assert 'CPUUtilization{Level="Host",Hostname="' in text
