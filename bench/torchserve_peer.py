@@ -7,7 +7,9 @@ keeps its pid file (``TMPDIR``), its unpacked archives and its workers'
 unix sockets (``java.io.tmpdir``, from ``TEMP``) there, and its log files
 (``logs/``, through ``LOG_LOCATION`` and ``METRICS_LOCATION``), beside the
 ``config.properties`` written for that start. Two peers never share a
-socket, and nothing is left in ``/tmp``.
+socket, and nothing is left in ``/tmp``. The console goes to
+``bench/.peers/torchserve-<id>.server.log``, removed after a block that
+ended without an exception (kept for a look after a failure).
 
 ``torchserve --foreground`` is a Python launcher that waits on the Java
 frontend; the frontend starts one Python worker per model worker. Stopping
@@ -175,7 +177,9 @@ def torchserve(
     }
     PEERS_DIR.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="torchserve-"))
+    label = tmp.name  # torchserve-<id>: peers started at once keep their consoles apart
     seen: dict[int, psutil.Process] = {}
+    failed = True
     try:
         logs = tmp / "logs"
         logs.mkdir()
@@ -205,7 +209,7 @@ def torchserve(
         def listening() -> bool:
             return requests.get(ping, timeout=2).status_code in (200, 500)
 
-        with started("torchserve", argv, urls, listening, tmp, env) as server:
+        with started(label, argv, urls, listening, tmp, env) as server:
             try:
                 server.details = {
                     "version": VERSION,
@@ -218,11 +222,14 @@ def torchserve(
                 _track(server, tmp, seen)
                 _wait_ready(server, names, ready_timeout_s, tmp, seen)
                 yield server
+                failed = False
             finally:
                 _stop(server, tmp, seen)
     finally:
         _sweep(tmp, seen)
         shutil.rmtree(tmp, ignore_errors=True)
+        if not failed:
+            (PEERS_DIR / f"{label}.server.log").unlink(missing_ok=True)
 
 
 def _track(server: PeerServer, tmp: Path, seen: dict[int, psutil.Process]) -> None:
@@ -298,7 +305,7 @@ def _tail(server: PeerServer) -> str:
     except OSError:
         return "(no log)"
     lines = [ln for ln in lines if " ACCESS_LOG - " not in ln and " TS_METRICS - " not in ln]
-    return "\n".join(lines[-LOG_TAIL_LINES:])
+    return "\n".join([*lines[-LOG_TAIL_LINES:], f"(the whole console: {server.log})"])
 
 
 def _stop(server: PeerServer, tmp: Path, seen: dict[int, psutil.Process]) -> None:
