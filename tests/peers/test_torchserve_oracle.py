@@ -120,9 +120,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     write_mar(store, "raising", RAISING_HANDLER)
     write_mar(store, "batch", BATCH_HANDLER, config_yaml=BATCH_CONFIG)
     write_mar(store, "stream", STREAM_HANDLER)
+    # Not served at the start: registered through the management API.
+    write_mar(store, "later", ECHO_HANDLER, version="3.1")
+    models = ["echo.mar", "inspect.mar", "labels", "wrong.mar", "raising.mar", "batch.mar"]
+    models.append("stream.mar")
     try:
         # Prometheus names on /metrics, as a TorchServe user who scrapes it sets.
-        peer = torchserve(store, "all", {"metrics_mode": "prometheus"})
+        peer = torchserve(store, models, {"metrics_mode": "prometheus"})
         real = peer.__enter__()
     except PeerUnavailable as ex:
         pytest.skip(f"real TorchServe is not available here: {ex}")
@@ -133,7 +137,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             "--model-store",
             str(store),
             "--models",
-            "all",
+            *models,
             "--disable-token-auth",
             f"--http-port={http}",
             f"--grpc-port={grpc}",
@@ -271,3 +275,51 @@ def test_torchserve_s_metric_families_count_the_same_requests(served: Served) ->
         assert key == label % key.split('hostname="')[1].split('"')[0]
         was = _samples(before[server], FAMILIES[0]).get(key, 0.0)
         assert counts[key] - was == 3.0, server
+
+
+def _manage(served: Served, server: str, method: str, path: str) -> tuple[int, Any]:
+    answer = requests.request(method, served.url(server, path, True), timeout=120)
+    return answer.status_code, answer.json()
+
+
+def _shape(value: Any) -> Any:
+    """A JSON value's keys and types, without its values (pids, times, sizes)."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shape(item) for item in value[:1]]
+    return type(value).__name__
+
+
+def test_management_registers_scales_describes_and_unregisters_as_torchserve(
+    served: Served,
+) -> None:
+    steps = [
+        ("POST", "/models?url=later.mar&initial_workers=1&synchronous=true"),
+        ("POST", "/models?url=later.mar&initial_workers=1&synchronous=true"),
+        ("POST", "/models?url=missing.mar"),
+        ("POST", "/models"),
+        ("PUT", "/models/later?min_worker=2&synchronous=true"),
+        ("PUT", "/models/later/3.1/set-default"),
+        ("PUT", "/models/later/9.9/set-default"),
+        ("GET", "/models/nope"),
+        ("PUT", "/models/nope?min_worker=1"),
+    ]
+    for method, path in steps:
+        theirs = _manage(served, "torchserve", method, path)
+        ours = _manage(served, "appliance", method, path)
+        assert ours == theirs, (method, path)
+    described = {
+        server: _manage(served, server, "GET", "/models/later")[1][0]
+        for server in ("torchserve", "appliance")
+    }
+    assert _shape(described["appliance"]) == _shape(described["torchserve"])
+    for key in ("modelName", "modelVersion", "modelUrl", "minWorkers", "maxWorkers", "batchSize"):
+        assert described["appliance"][key] == described["torchserve"][key], key
+    ready = [[w["status"] for w in d["workers"]] for d in described.values()]
+    assert ready == [["READY", "READY"], ["READY", "READY"]]
+    for server in ("torchserve", "appliance"):
+        url = served.url(server, "/predictions/later", False)
+        assert requests.post(url, data=b"r", timeout=TIMEOUT).content == b"r"
+    gone = {s: _manage(served, s, "DELETE", "/models/later") for s in ("torchserve", "appliance")}
+    assert gone["appliance"] == gone["torchserve"]

@@ -49,6 +49,25 @@ DEFAULT_RESPONSE_TIMEOUT_S = 120
 LOAD_TIMEOUT_S = 300.0
 # Worker ids as TorchServe numbers them: from 9000, one per worker.
 FIRST_WORKER_ID = 9000
+# TorchServe's job_queue_size, which its describe reports as remaining capacity.
+JOB_QUEUE_SIZE = 100
+UNUSED_FIELDS = {
+    "startupTimeout": 120,
+    "maxRetryTimeoutInSec": 300,
+    "clientTimeoutInMills": 0,
+    "parallelType": "",
+    "parallelLevel": 0,
+}
+SEQUENCE_FIELDS = {
+    "continuousBatching": False,
+    "useJobTicket": False,
+    "useVenv": False,
+    "stateful": False,
+    "sequenceMaxIdleMSec": 0,
+    "sequenceTimeoutMSec": 0,
+    "maxNumSequence": 0,
+    "maxSequenceJobQueueSize": 0,
+}
 
 
 def number(params: Params, name: str, default: int) -> int:
@@ -143,7 +162,13 @@ def unregister(client: ModelClient, model: str, version: str | None) -> Answer:
 
 
 def set_default(client: ModelClient, model: str, version: str) -> Answer:
-    _version(client, model, version)
+    if _version(client, model, None) != version:
+        # Worded so by TorchServe's ModelManager (its other 404s say "version:").
+        raise TorchServeError(
+            404,
+            "ModelVersionNotFoundException",
+            f"Model version {version} does not exist for model {model}",
+        )
     return 200, {
         "status": f'Default version successfully updated for model "{model}" to "{version}"'
     }
@@ -180,7 +205,7 @@ def _archive(client: ModelClient, url: str, name: str | None) -> dict[str, Any]:
                 f"start with --models {name}={file}",
             )
         return entry
-    raise TorchServeError(404, "ModelNotFoundException", f"Model not found in model store: {url}")
+    raise TorchServeError(404, "ModelNotFoundException", f"Model not found at: {url}")
 
 
 def _change(run: Callable[[], None], done: str, synchronous: bool) -> Answer:
@@ -234,9 +259,13 @@ def _describe(client: ModelClient, model: str, version: str) -> dict[str, Any]:
         "batchSize": int(entry.get("max_batch_size") or 1),
         "maxBatchDelay": int(entry.get("max_queue_delay_ms", DEFAULT_BATCH_DELAY_MS)),
         "responseTimeout": int(entry.get("max_busy_s", DEFAULT_RESPONSE_TIMEOUT_S)),
+        # What TorchServe's describe has of features the appliance leaves at their defaults.
+        **UNUSED_FIELDS,
+        "deviceType": "gpu" if str(entry.get("device", "cpu")).startswith("cuda") else "cpu",
+        **SEQUENCE_FIELDS,
         "loadedAtStartup": not entry.get("options", {}).get("unregistered", False),
         "workers": workers,
-        "jobQueueStatus": {"remainingCapacity": 1024, "pendingRequests": 0},
+        "jobQueueStatus": {"remainingCapacity": JOB_QUEUE_SIZE, "pendingRequests": 0},
     }
 
 

@@ -94,7 +94,8 @@ class Predictions:
 
         resp.stream = chunks()  # type: ignore[assignment]  # ASGI: an async iterator
 
-    on_put = on_post
+    # TorchServe runs the handler whatever the method (curl -T sends PUT).
+    on_put = on_get = on_delete = on_post
 
 
 def _head(resp: falcon.Response, said: dict[str, Any]) -> None:
