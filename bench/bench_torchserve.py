@@ -1,0 +1,208 @@
+"""A TorchServe archive served by TorchServe 0.12 and by the appliance: one store, two servers.
+
+The archive is pytorch/serve's MNIST network (examples/image_classifier/mnist's
+``Net``, random weights) with an eager-model handler that subclasses
+``BaseHandler`` and decodes a 28x28 PNG with Pillow and torch: the mnist
+example's own handler needs torchvision, whose CPU build this host's
+registries do not have. TorchServe serves it with one Python worker
+(bench/.peers/torchserve, CPU torch), the appliance with one instance; the
+handler is the same file, unmodified.
+
+Cells: TorchServe's inference API (``POST /predictions/digits``, the PNG as
+the body, http.client keep-alive), 1 and 16 clients in closed loops
+(bench/loadgen.py's client processes). Rounds interleave the servers; the
+table holds medians over rounds. Server CPU per request is each server's
+whole process tree (TorchServe's Java frontend and Python worker; the
+appliance's every process). Results go to bench/results/torchserve.json. Usage::
+
+    python bench/bench_torchserve.py [--seconds S] [--rounds R] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.loadgen import (  # noqa: E402
+    ClientPool,
+    ProcessTree,
+    median_row,
+    round_arguments,
+    write_results,
+)
+from bench.servers import PeerUnavailable  # noqa: E402
+from bench.torchserve_peer import torchserve  # noqa: E402
+from tests.system.harness import free_ports, new_run_dir, start  # noqa: E402
+from tests.torchserve_models import (  # noqa: E402
+    MNIST_MODEL,
+    digit_png,
+    mnist_state_dict,
+    write_mar,
+)
+
+RESULTS = ROOT / "bench" / "results" / "torchserve.json"
+MODEL = "digits"
+CLIENTS = (1, 16)
+POOL = 4
+# The mnist example's handler without torchvision: Pillow decodes, torch normalizes.
+HANDLER = """
+import io
+
+import torch
+from PIL import Image
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class DigitHandler(BaseHandler):
+    def preprocess(self, data):
+        images = []
+        for row in data:
+            raw = row.get("data") or row.get("body")
+            image = Image.open(io.BytesIO(bytes(raw))).convert("L")
+            pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+            pixels = pixels.reshape(1, image.height, image.width).float() / 255.0
+            images.append((pixels - 0.1307) / 0.3081)
+        return torch.stack(images).to(self.device)
+
+    def postprocess(self, data):
+        return data.argmax(1).tolist()
+"""
+
+
+def make_call(spec: dict[str, Any], shared: dict[str, Any]) -> Callable[[], None]:
+    """One prediction over a keep-alive connection; raises unless it answers a digit."""
+    del shared
+    import http.client
+
+    host, port = spec["address"].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = base64.b64decode(spec["png"])
+    headers = {"Content-Type": "application/octet-stream", **spec.get("headers", {})}
+
+    def call() -> None:
+        connection.request("POST", f"/predictions/{MODEL}", body=body, headers=headers)
+        answer = connection.getresponse()
+        data = answer.read()
+        if answer.status != 200 or not data.strip().isdigit():
+            raise AssertionError(f"{answer.status}: {data[:200]!r}")
+
+    return call
+
+
+@contextlib.contextmanager
+def model_store() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="bench-torchserve-") as where:
+        root = Path(where)
+        weights = mnist_state_dict(root / "mnist_cnn.pt")
+        write_mar(
+            root / "store",
+            MODEL,
+            HANDLER,
+            model_file=("mnist.py", MNIST_MODEL),
+            serialized_file=weights,
+        )
+        yield root / "store"
+
+
+@contextlib.contextmanager
+def appliance(store: Path) -> Iterator[dict[str, Any]]:
+    http, grpc, metrics, management, grpc_management = free_ports(5)
+    flags = (
+        "--model-store",
+        str(store),
+        "--models",
+        "all",
+        "--disable-token-auth",
+        f"--http-port={http}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
+        f"--management-port={management}",
+        f"--grpc-management-port={grpc_management}",
+    )
+    runtime = new_run_dir()
+    # With serve's flags the run directory is the default one, under XDG_RUNTIME_DIR.
+    served = start(
+        {"server": {"run_dir": str(runtime / "appliance")}},
+        serve_args=flags,
+        env={"XDG_RUNTIME_DIR": str(runtime)},
+    )
+    try:
+        yield {"address": f"127.0.0.1:{http}", "pid": served.process.pid}
+    finally:
+        served.stop()
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+Runs = dict[str, dict[str, list[dict[str, Any]]]]
+
+
+def measure(pool: ClientPool, servers: dict[str, dict[str, Any]], args: argparse.Namespace) -> Runs:
+    runs: Runs = {}
+    png = base64.b64encode(digit_png()).decode()  # a spec travels as JSON
+    for round_ in range(args.rounds):
+        print(f"round {round_ + 1}/{args.rounds}", file=sys.stderr)
+        for clients in CLIENTS:
+            cell = f"predictions {clients}c"
+            for server, where in servers.items():
+                spec = {"address": where["address"], "png": png}
+                row = pool.measure(spec, clients, args.seconds, ProcessTree(where["pid"]))
+                if row["errors"]:
+                    raise RuntimeError(f"{server} {cell}: {row['error']}")
+                runs.setdefault(cell, {}).setdefault(server, []).append(row)
+    return runs
+
+
+def report(table: dict[str, dict[str, dict[str, Any]]]) -> None:
+    print("\nmedians over rounds; server CPU per request is the server's whole process tree")
+    print("| cell | server | p50 ms | p99 ms | req/s | server CPU µs/req |")
+    print("|---|---|---|---|---|---|")
+    for cell, rows in table.items():
+        for server, row in rows.items():
+            print(
+                f"| {cell} | {server} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
+                f"{row['rps']:.0f} | {row['server_cpu_us']:.0f} |"
+            )
+
+
+def main() -> int:
+    args = round_arguments(__doc__.split("\n")[0], 1.0)
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(model_store())
+        servers = {"appliance": stack.enter_context(appliance(store))}
+        try:
+            peer = stack.enter_context(torchserve(store, "all"))
+            address = peer.urls["inference"].removeprefix("http://")
+            servers["torchserve"] = {"address": address, "pid": peer.process.pid}
+        except PeerUnavailable as ex:
+            print(f"TorchServe left out: {ex}", file=sys.stderr)
+        pool = stack.enter_context(ClientPool(POOL, make_call))
+        runs = measure(pool, servers, args)
+    table = {
+        cell: {server: median_row(rows) for server, rows in by_server.items()}
+        for cell, by_server in runs.items()
+    }
+    report(table)
+    write_results(
+        RESULTS,
+        seconds=args.seconds,
+        rounds=args.rounds,
+        torchserve="0.12.0" if "torchserve" in servers else None,
+        summary=table,
+        runs=runs,
+    )
+    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
