@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -42,7 +41,7 @@ from bench.loadgen import (  # noqa: E402
 )
 from bench.servers import PeerUnavailable  # noqa: E402
 from bench.torchserve_peer import torchserve  # noqa: E402
-from tests.system.harness import free_ports, new_run_dir, start  # noqa: E402
+from tests.system.model_store import serving_model_store  # noqa: E402
 from tests.torchserve_models import (  # noqa: E402
     MNIST_MODEL,
     digit_png,
@@ -116,31 +115,8 @@ def model_store() -> Iterator[Path]:
 
 @contextlib.contextmanager
 def appliance(store: Path) -> Iterator[dict[str, Any]]:
-    http, grpc, metrics, management, grpc_management = free_ports(5)
-    flags = (
-        "--model-store",
-        str(store),
-        "--models",
-        "all",
-        "--disable-token-auth",
-        f"--http-port={http}",
-        f"--grpc-port={grpc}",
-        f"--metrics-port={metrics}",
-        f"--management-port={management}",
-        f"--grpc-management-port={grpc_management}",
-    )
-    runtime = new_run_dir()
-    # With serve's flags the run directory is the default one, under XDG_RUNTIME_DIR.
-    served = start(
-        {"server": {"run_dir": str(runtime / "appliance")}},
-        serve_args=flags,
-        env={"XDG_RUNTIME_DIR": str(runtime)},
-    )
-    try:
-        yield {"address": f"127.0.0.1:{http}", "pid": served.process.pid}
-    finally:
-        served.stop()
-        shutil.rmtree(runtime, ignore_errors=True)
+    with serving_model_store(store) as served:
+        yield {"address": f"127.0.0.1:{served.ports['http']}", "pid": served.process.pid}
 
 
 Runs = dict[str, dict[str, list[dict[str, Any]]]]

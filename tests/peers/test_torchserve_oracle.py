@@ -15,7 +15,6 @@ Where the appliance answers otherwise on purpose, ``ON_PURPOSE`` says why
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,7 +25,8 @@ import requests
 
 from bench.servers import PeerServer, PeerUnavailable
 from bench.torchserve_peer import torchserve
-from tests.system.harness import Appliance, free_ports, new_run_dir, start
+from tests.system.harness import Appliance
+from tests.system.model_store import serving_model_store
 from tests.torchserve_models import (
     BATCH_CONFIG,
     BATCH_HANDLER,
@@ -130,35 +130,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         real = peer.__enter__()
     except PeerUnavailable as ex:
         pytest.skip(f"real TorchServe is not available here: {ex}")
-    runtime = new_run_dir()
     try:
-        http, grpc, metrics, management, grpc_management = free_ports(5)
-        flags = (
-            "--model-store",
-            str(store),
-            "--models",
-            *models,
-            "--disable-token-auth",
-            f"--http-port={http}",
-            f"--grpc-port={grpc}",
-            f"--metrics-port={metrics}",
-            f"--management-port={management}",
-            f"--grpc-management-port={grpc_management}",
-        )
-        appliance = start(
-            {"server": {"run_dir": str(runtime / "appliance")}},
-            serve_args=flags,
-            env={"XDG_RUNTIME_DIR": str(runtime)},
-        )
-        try:
-            ports = {"http": http, "management": management, "metrics": metrics}
-            yield Served(real, appliance, ports)
-        finally:
-            appliance.stop()
-            appliance.assert_clean()
+        with serving_model_store(store, models) as appliance:
+            yield Served(real, appliance, appliance.ports)
     finally:
         peer.__exit__(None, None, None)
-        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _answer(served: Served, server: str, call: Call) -> tuple[int, bytes]:

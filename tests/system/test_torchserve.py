@@ -12,7 +12,6 @@ comparison with TorchServe itself is tests/peers/test_torchserve_oracle.py.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,8 @@ from appliance._generated import (
     torchserve_management_pb2,
     torchserve_management_pb2_grpc,
 )
-from tests.system.harness import Appliance, free_ports, new_run_dir, serving_repository, start
+from tests.system.harness import Appliance, serving_repository
+from tests.system.model_store import serving_model_store
 from tests.torchserve_models import (
     BATCH_CONFIG,
     BATCH_HANDLER,
@@ -60,32 +60,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Appl
     write_mar(store, "wrong", WRONG_LENGTH_HANDLER)
     write_mar(store, "raising", RAISING_HANDLER)
     write_mar(store, "batch", BATCH_HANDLER, config_yaml=BATCH_CONFIG)
-    runtime, temp = new_run_dir(), tmp_path_factory.mktemp("tmp")
-    http, grpc, metrics, management, grpc_management = free_ports(5)
-    flags = (
-        f"--grpc-management-port={grpc_management}",
-        "--model-store",
-        str(store),
-        "--models",
-        "all",
-        "--ncs",
-        "--disable-token-auth",
-        "--http-address=127.0.0.1",
-        f"--http-port={http}",
-        f"--grpc-port={grpc}",
-        f"--metrics-port={metrics}",
-        f"--management-port={management}",
-    )
-    where = {"server": {"run_dir": str(runtime / "appliance")}}
-    appliance = start(
-        where, env={"XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(temp)}, serve_args=flags
-    )
-    try:
-        yield f"http://127.0.0.1:{http}", appliance
-    finally:
-        appliance.stop()
-        appliance.assert_clean()
-        shutil.rmtree(runtime, ignore_errors=True)
+    temp = tmp_path_factory.mktemp("tmp")
+    with serving_model_store(store, env={"TMPDIR": str(temp)}) as appliance:
+        yield f"http://127.0.0.1:{appliance.ports['http']}", appliance
     # Each instance unpacked its archive into a directory of its own, and removed it.
     assert not list(temp.glob("appliance-ts-*"))
 
@@ -355,25 +332,8 @@ def test_the_management_api_registers_scales_describes_and_unregisters(tmp_path:
     store = tmp_path / "store"
     write_mar(store, "echo", ECHO_HANDLER)
     write_mar(store, "later", ECHO_HANDLER, version="3.1")
-    http, grpc, metrics, management = free_ports(4)
-    flags = (
-        "--model-store",
-        str(store),
-        "--models",
-        "echo.mar",
-        f"--http-port={http}",
-        f"--grpc-port={grpc}",
-        f"--metrics-port={metrics}",
-        f"--management-port={management}",
-        "--disable-token-auth",
-    )
-    runtime = new_run_dir()
-    appliance = start(
-        {"server": {"run_dir": str(runtime / "appliance")}},
-        serve_args=flags,
-        env={"XDG_RUNTIME_DIR": str(runtime)},
-    )
-    try:
+    with serving_model_store(store, ["echo.mar"]) as appliance:
+        management, http = appliance.ports["management"], appliance.ports["http"]
         api = f"http://127.0.0.1:{management}"
         base = f"http://127.0.0.1:{http}"
         # --models named one archive: the other is the store's, not registered.
@@ -417,10 +377,6 @@ def test_the_management_api_registers_scales_describes_and_unregisters(tmp_path:
         assert requests.get(f"{api}/models", timeout=TIMEOUT).json() == listed
         unknown = requests.delete(f"{api}/models/later", timeout=TIMEOUT)
         assert (unknown.status_code, unknown.json()["message"]) == (404, "Model not found: later")
-    finally:
-        appliance.stop()
-        appliance.assert_clean()
-        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def test_token_authorization_is_on_unless_disabled_with_its_keys_in_key_file_json(
@@ -428,25 +384,10 @@ def test_token_authorization_is_on_unless_disabled_with_its_keys_in_key_file_jso
 ) -> None:
     store = tmp_path / "store"
     write_mar(store, "echo", ECHO_HANDLER)
-    http, grpc_port, metrics, management, grpc_management = free_ports(5)
-    flags = (
-        "--model-store",
-        str(store),
-        f"--http-port={http}",
-        f"--grpc-port={grpc_port}",
-        f"--metrics-port={metrics}",
-        f"--management-port={management}",
-        f"--grpc-management-port={grpc_management}",
-    )
-    runtime, workdir = new_run_dir(), tmp_path / "workdir"
+    workdir = tmp_path / "workdir"
     workdir.mkdir()
-    appliance = start(
-        {"server": {"run_dir": str(runtime / "appliance")}},
-        serve_args=flags,
-        env={"XDG_RUNTIME_DIR": str(runtime)},
-        cwd=workdir,
-    )
-    try:
+    with serving_model_store(store, token_auth=True, cwd=workdir) as appliance:
+        http, management = appliance.ports["http"], appliance.ports["management"]
         # Where it was started from, as TorchServe writes it, readable by its owner alone.
         key_file = workdir / "key_file.json"
         assert key_file.stat().st_mode & 0o077 == 0
@@ -472,10 +413,6 @@ def test_token_authorization_is_on_unless_disabled_with_its_keys_in_key_file_jso
         assert requests.get(api, headers=manage, timeout=TIMEOUT).status_code == 200
         # A health check needs no key.
         assert requests.get(f"{base}/ping", timeout=TIMEOUT).status_code == 200
-    finally:
-        appliance.stop()
-        appliance.assert_clean()
-        shutil.rmtree(runtime, ignore_errors=True)
     assert not key_file.exists()
 
 
