@@ -14,6 +14,7 @@ Where the appliance answers otherwise on purpose, ``ON_PURPOSE`` says why
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from bench.servers import PeerServer, PeerUnavailable
 from bench.torchserve_peer import torchserve
 from tests.system.harness import Appliance
 from tests.system.model_store import serving_model_store
+from tests.torchscript_archive import write_script_mar
 from tests.torchserve_models import (
     BATCH_CONFIG,
     BATCH_HANDLER,
@@ -34,6 +36,7 @@ from tests.torchserve_models import (
     INSPECT_HANDLER,
     LABELS,
     LABELS_HANDLER,
+    METRICS_HANDLER,
     RAISING_HANDLER,
     STREAM_HANDLER,
     WRONG_LENGTH_HANDLER,
@@ -87,6 +90,8 @@ CALLS = [
         "/predictions/raising",
         {"data": b"1", "headers": {"x-raise": "prediction"}},
     ),
+    Call("custom metrics", "POST", "/predictions/metrics", {"data": b"1"}),
+    Call("torchscript", "POST", "/predictions/scripted", {"json": [1.0, 2.0, 3.0]}),
     Call("list", "GET", "/models", {"management": True}),
     Call("list page", "GET", "/models?limit=2", {"management": True}),
     Call("describe unknown", "GET", "/models/nope", {"management": True}),
@@ -120,10 +125,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     write_mar(store, "raising", RAISING_HANDLER)
     write_mar(store, "batch", BATCH_HANDLER, config_yaml=BATCH_CONFIG)
     write_mar(store, "stream", STREAM_HANDLER)
+    write_mar(store, "metrics", METRICS_HANDLER)
+    write_script_mar(store, tmp_path_factory.mktemp("scripted"))
     # Not served at the start: registered through the management API.
     write_mar(store, "later", ECHO_HANDLER, version="3.1")
     models = ["echo.mar", "inspect.mar", "labels", "wrong.mar", "raising.mar", "batch.mar"]
-    models.append("stream.mar")
+    models += ["stream.mar", "metrics.mar", "scripted.mar"]
     try:
         # Prometheus names on /metrics, as a TorchServe user who scrapes it sets.
         peer = torchserve(store, models, {"metrics_mode": "prometheus"})
@@ -191,6 +198,21 @@ def test_four_concurrent_requests_make_one_batch_on_both(served: Served) -> None
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(_post_to(url), range(4)))
         assert all(answer.json()["batch_size"] == 4 for answer in answers), server
+
+
+def test_a_torchscript_batch_answers_the_same_on_both(served: Served) -> None:
+    rows = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]
+    answers = {}
+    for server in ("torchserve", "appliance"):
+        url = served.url(server, "/predictions/scripted", False)
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(functools.partial(_post_json, url), rows))
+        answers[server] = [reply.json()["y"] for reply in replies]
+    assert answers["appliance"] == answers["torchserve"]
+
+
+def _post_json(url: str, row: Any) -> Any:
+    return requests.post(url, json=row, timeout=TIMEOUT)
 
 
 def _post_to(url: str) -> Any:

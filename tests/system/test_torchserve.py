@@ -32,6 +32,7 @@ from appliance._generated import (
 )
 from tests.system.harness import Appliance, serving_repository
 from tests.system.model_store import serving_model_store
+from tests.torchscript_archive import write_script_mar
 from tests.torchserve_models import (
     BATCH_CONFIG,
     BATCH_HANDLER,
@@ -60,6 +61,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Appl
     write_mar(store, "wrong", WRONG_LENGTH_HANDLER)
     write_mar(store, "raising", RAISING_HANDLER)
     write_mar(store, "batch", BATCH_HANDLER, config_yaml=BATCH_CONFIG)
+    write_script_mar(store, tmp_path_factory.mktemp("scripted"))
     temp = tmp_path_factory.mktemp("tmp")
     with serving_model_store(store, env={"TMPDIR": str(temp)}) as appliance:
         yield f"http://127.0.0.1:{appliance.ports['http']}", appliance
@@ -79,13 +81,13 @@ def test_ping_and_the_model_list_answer_as_torchserve_s(served: tuple[str, Appli
     assert ping.headers["x-request-id"]
     listed = requests.get(f"{base}/models", timeout=TIMEOUT).json()
     assert [m["modelName"] for m in listed["models"]] == sorted(
-        ["batch", "echo", "inspect", "labels", "raising", "wrong"]
+        ["batch", "echo", "inspect", "labels", "raising", "scripted", "wrong"]
     )
     assert {m["modelName"]: m["modelUrl"] for m in listed["models"]}["echo"] == "echo.mar"
     page = requests.get(f"{base}/models?limit=4", timeout=TIMEOUT).json()
     assert (len(page["models"]), page["nextPageToken"]) == (4, "4")
     rest = requests.get(f"{base}/models?limit=4&next_page_token=4", timeout=TIMEOUT).json()
-    assert [m["modelName"] for m in rest["models"]] == ["raising", "wrong"]
+    assert [m["modelName"] for m in rest["models"]] == ["raising", "scripted", "wrong"]
     assert "nextPageToken" not in rest
     # The management port answers the management API alone, as TorchServe's 8081.
     management = f"http://127.0.0.1:{appliance.ports['management']}"
@@ -227,6 +229,24 @@ def test_four_concurrent_requests_reach_a_batch_4_handler_as_one_list(
     assert all(item["batch_size"] == 4 for item in seen)
     # maxBatchDelay 200 ms gathers all four (this host may split them under load).
     assert sum(item["batch"] for item in seen) >= 4 + 2
+
+
+def test_a_torchscript_model_under_basehandler_batches_as_its_model_config_says(
+    served: tuple[str, Appliance],
+) -> None:
+    base, _ = served
+    rows = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(
+            pool.map(
+                lambda row: requests.post(f"{base}/predictions/scripted", json=row, timeout=60),
+                rows,
+            )
+        )
+    seen = [answer.json() for answer in answers]
+    assert [item["y"] for item in seen] == [[1.5, -1.5], [2.5, 0.0], [3.5, -0.25], [6.5, -0.75]]
+    # batchSize 4 with maxBatchDelay 200 ms gathers them (this host may split them under load).
+    assert max(item["batch"] for item in seen) >= 2
 
 
 def test_the_same_archive_answers_kserve_v2(served: tuple[str, Appliance]) -> None:
