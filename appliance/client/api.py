@@ -255,7 +255,7 @@ class ModelClient:
         found: list[dict[str, Any]] = []
         for repo in self.config.repositories:
             try:
-                found += repository.scan(Path(repo.path), repo.versions, repo.models)
+                found += repository.scan(Path(repo.path), repo.versions, repo.models, repo.envelope)
             except RepositoryError:
                 continue  # the master refuses such a config at its next reload
         return found

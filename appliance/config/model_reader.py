@@ -26,6 +26,7 @@ from appliance.core.sequences import STRATEGIES
 from appliance.formats import repository
 from appliance.formats.model_versions import parse_versions
 from appliance.formats.repository_layout import RepositoryError
+from appliance.formats.torchserve.store import ENVELOPES
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
 
@@ -42,7 +43,9 @@ class ModelReader(ValueReader):
         found = []
         for index, item in enumerate(raw):
             where = f"repositories[{index}]"
-            self.no_extra(item, {"path", "versions", "skip_unavailable", "models"}, where)
+            self.no_extra(
+                item, {"path", "versions", "skip_unavailable", "models", "envelope"}, where
+            )
             if "path" not in item:
                 self.fail(f"{where}.path", "missing; a repository needs the directory's path")
             path = Path(self.value(f"{where}.path", item["path"], "str")).expanduser()
@@ -56,7 +59,15 @@ class ModelReader(ValueReader):
                 f"{where}.skip_unavailable", item.get("skip_unavailable", False), "bool"
             )
             models = self.value(f"{where}.models", item.get("models", []), "tuple[str, ...]")
-            found.append(RepositoryConfig(os.path.normpath(path), versions, skip, tuple(models)))
+            envelope = self.value(f"{where}.envelope", item.get("envelope", ""), "str")
+            if envelope not in ENVELOPES:
+                self.fail(
+                    f"{where}.envelope",
+                    f"expected one of {', '.join(repr(e) for e in ENVELOPES)}, got {envelope!r}",
+                )
+            found.append(
+                RepositoryConfig(os.path.normpath(path), versions, skip, tuple(models), envelope)
+            )
         return found
 
     def repository_models(
@@ -67,7 +78,9 @@ class ModelReader(ValueReader):
         for index, repo in enumerate(repositories):
             where = f"repositories[{index}]"
             try:
-                entries = repository.scan(Path(repo.path), repo.versions, repo.models)
+                entries = repository.scan(
+                    Path(repo.path), repo.versions, repo.models, repo.envelope
+                )
             except RepositoryError as ex:
                 self.fail(f"{where}.path", str(ex))
             for entry in entries:

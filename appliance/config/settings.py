@@ -350,6 +350,9 @@ class RepositoryConfig:
     # A TorchServe model store: the archives served, as its --models names them
     # ("all", "NAME=FILE.mar", "FILE.mar"); empty: all of them.
     models: tuple[str, ...] = ()
+    # A TorchServe model store: its service_envelope around every handler, "kserve"
+    # (KServe v1's instances) or "kservev2" (KServe v2's inputs); "": none.
+    envelope: str = ""
 
 
 @dataclass(frozen=True, slots=True)

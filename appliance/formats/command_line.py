@@ -48,6 +48,7 @@ TAKEN = {
     "--management-port": "a TorchServe model store's management API: default 8081",
     "--grpc-management-port": "its gRPC management port: default 7071",
     "--ts-config": "torchserve's config.properties (addresses, model_store, load_models)",
+    "--service-envelope": "kserve or kservev2: TorchServe's envelope around every handler",
     "--ncs, --foreground, --enable-model-api": "torchserve's; taken",
     "--disable-token-auth": "a model store's calls need no key (else: key_file.json)",
 }
@@ -176,12 +177,19 @@ def config(argv: Sequence[str], notes: list[str] | None = None) -> dict[str, Any
         # Triton has no MIP (and its metrics port is 8002, MIP's default).
         "mip": {"listeners": []},
         "repositories": [
-            {"path": path, **({"models": models} if models else {})} for path in repositories
+            {"path": path, **({"models": models} if models else {}), **_envelope(flags)}
+            for path in repositories
         ],
     }
     if token_auth:
         tables[TOKEN_AUTH] = {}
     return tables
+
+
+def _envelope(flags: dict[str, list[str]]) -> dict[str, Any]:
+    """The repository key of TorchServe's service_envelope (checked by the config's reader)."""
+    values = flags.get("--service-envelope")
+    return {"envelope": values[-1]} if values else {}
 
 
 def _ts_config(flags: dict[str, list[str]], notes: list[str]) -> dict[str, Any]:
@@ -271,6 +279,7 @@ _KNOWN = {
     *SWITCHES,
     "--ts-config",
     "--models",
+    "--service-envelope",
     "--management-port",
     "--grpc-management-port",
     "--http-port",

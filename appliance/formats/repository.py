@@ -71,7 +71,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
 
 
 def scan(
-    root: Path, policy: VersionPolicy = "latest", models: Sequence[str] = ()
+    root: Path, policy: VersionPolicy = "latest", models: Sequence[str] = (), envelope: str = ""
 ) -> list[dict[str, Any]]:
     """Return a ``[[models]]`` entry per served version of each model in ``root``.
 
@@ -80,7 +80,7 @@ def scan(
     ``<name>.v<version>``. A folder of MLServer's (model-settings.json files)
     is read by MLServer's rules instead (mlserver_settings.py), and a TorchServe
     model store (.mar archives) by TorchServe's, ``models`` naming the archives
-    served (torchserve/store.py).
+    served and ``envelope`` TorchServe's service_envelope (torchserve/store.py).
 
     Raises:
         RepositoryError: ``root`` is not a readable directory, or a model
@@ -95,7 +95,7 @@ def scan(
         # MLServer serves every version it finds: no version policy applies.
         return mlserver_settings.scan(root)
     if models or (root.is_dir() and torchserve_store.is_model_store(root)):
-        return torchserve_store.scan(root, models)
+        return torchserve_store.scan(root, models, envelope)
     entries: list[dict[str, Any]] = []
     for model_dir in model_dirs(root):
         entries += model_entries(model_dir, policy)

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from appliance.core.http_body import BODY
 from appliance.errors import ApplianceError, ModelFailed
 from appliance.formats.torchserve.archive import (
     ArchiveError,
@@ -52,7 +53,13 @@ from appliance.formats.torchserve.archive import (
 )
 from appliance.model import Arrays, Outputs, Request
 from appliance.runtimes.interface import ModelFileError, RuntimeModel
-from appliance.runtimes.torchserve_io import answer, encode, request_data
+from appliance.runtimes.torchserve_io import (
+    answer,
+    encode,
+    request_data,
+    v2_outputs,
+    v2_request,
+)
 
 log = logging.getLogger("appliance.worker")
 
@@ -66,6 +73,11 @@ BUILT_IN = {
 }
 FAILED = 503
 OUT_OF_RESOURCES = 507
+# TorchServe's request envelopes; the v2 one also takes KServe v2 tensors.
+ENVELOPES = ("kserve", "kservev2")
+KSERVE_V2 = "kservev2"
+# The fields that carry a request's body (TorchServe's handlers read "data" or "body").
+BODIES = {"body", "data"}
 # What a handler that streams calls (ts.handler_utils.utils).
 STREAMS = "send_intermediate_predict_response"
 
@@ -89,6 +101,8 @@ class TorchServeModel(RuntimeModel):
         self._entry: Entry | None = None
         self._context: Any = None
         self.streams = False
+        # TorchServe's service_envelope for this archive ("" for none).
+        self.envelope = str(options.get("envelope") or "")
 
     def load(self) -> None:
         """Unpack the archive, import its handler and initialize it.
@@ -136,6 +150,8 @@ class TorchServeModel(RuntimeModel):
         )
         handler = str(model["handler"])
         entry, initialize = self._entry_point(handler)
+        if self.envelope:
+            entry = self._enveloped(entry)
         try:
             initialize(self._context)
         except Exception as ex:
@@ -148,6 +164,20 @@ class TorchServeModel(RuntimeModel):
         self._entry = entry
         self.streams = any(STREAMS in _text(path) for path in model_dir.rglob("*.py"))
         self.description = f"TorchServe handler {handler} ({self.file_name})"
+
+    def _enveloped(self, entry: Entry) -> Entry:
+        """The entry point inside TorchServe's envelope (its ``service_envelope``)."""
+        try:
+            module = importlib.import_module(f"ts.torch_handler.request_envelope.{self.envelope}")
+        except ImportError:
+            raise ModelFileError(
+                f"{self.file_name}: no request envelope {self.envelope!r} "
+                f"(TorchServe's: {', '.join(ENVELOPES)})"
+            ) from None
+        util = importlib.import_module("ts.utils.util")
+        envelope = util.list_classes_from_module(module)[0]
+        handle: Entry = envelope(entry).handle
+        return handle
 
     def _entry_point(self, handler: str) -> tuple[Entry, Callable[[Any], Any]]:
         """The handler's entry point and what initializes it, as TorchServe's loader finds them."""
@@ -258,8 +288,15 @@ class TorchServeModel(RuntimeModel):
         context = self._context
         data, processors, ids = [], [], {}
         request_processor = importlib.import_module("ts.context").RequestProcessor
+        native: set[int] = set()
         for index, request in enumerate(requests):
             item, headers = request_data(request)
+            if self.envelope == KSERVE_V2 and not BODIES & set(item):
+                # KServe v2 tensors (from the appliance's own KServe frontends): the
+                # envelope gets them as the v2 JSON it parses, and its answer goes back
+                # as tensors.
+                item = {BODY: v2_request(request)}
+                native.add(index)
             data.append(item)
             processors.append(request_processor(headers))
             ids[index] = request.request_id or str(uuid.uuid4())
@@ -282,7 +319,7 @@ class TorchServeModel(RuntimeModel):
             )
             return [ModelFailed("number of batch response mismatched", FAILED)] * len(requests)
         try:
-            bodies = [encode(value) for value in ret]
+            bodies = [None if index in native else encode(value) for index, value in enumerate(ret)]
         except TypeError:
             log.warning(
                 "model %s: Unable to serialize model output.", self.model_name, exc_info=True
@@ -290,9 +327,19 @@ class TorchServeModel(RuntimeModel):
             return [ModelFailed("Unsupported model output data type.", FAILED)] * len(requests)
         answers: list[Outputs | ApplianceError] = []
         for index, body in enumerate(bodies):
+            if body is None:
+                answers.append(self._tensors(ret[index]))
+                continue
             status, reason = context.get_response_status(index)
             answers.append(answer(body, status or 200, reason, context.get_response_headers(index)))
         return answers
+
+    def _tensors(self, response: Any) -> Outputs | ApplianceError:
+        try:
+            return v2_outputs(response)
+        except (ValueError, KeyError, TypeError) as ex:
+            log.warning("model %s: the kservev2 envelope's answer: %s", self.model_name, ex)
+            return ModelFailed(f"model {self.model_name}: the kservev2 envelope's answer: {ex}")
 
     def _failure(self, ex: Exception) -> ModelFailed:
         """The batch's error, worded and numbered as TorchServe's worker answers it."""

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from appliance.core import dtypes
+from appliance.core.dtypes import DType
 from appliance.core.http_body import BODY, CONTENT_TYPE, HEADERS, INPUT_PARAMETERS, REASON, STATUS
 from appliance.model import OutputsWithParameters, Request
 
@@ -107,3 +109,58 @@ def answer(
     if kept:
         response[HEADERS] = kept
     return OutputsWithParameters({BODY: array}, {}, response)
+
+
+def v2_request(request: Request) -> dict[str, Any]:
+    """A request's tensors as the KServe v2 JSON body TorchServe's kservev2 envelope
+    parses (BYTES elements as text where they are UTF-8)."""
+    inputs = []
+    for name, array in request.inputs.items():
+        flat = array.reshape(-1)
+        if array.dtype.kind == "O":
+            data = [_text(bytes(item)) for item in flat]
+            datatype = "BYTES"
+        else:
+            data = flat.tolist()
+            datatype = dtypes.from_numpy(array.dtype).value
+        inputs.append(
+            {"name": name, "shape": list(array.shape), "datatype": datatype, "data": data}
+        )
+    body: dict[str, Any] = {"inputs": inputs}
+    if request.request_id:
+        body["id"] = request.request_id
+    return body
+
+
+def v2_outputs(response: Any) -> dict[str, np.ndarray[Any, Any]]:
+    """The tensors of a KServe v2 response the kservev2 envelope made.
+
+    Raises:
+        ValueError: not a v2 response, or an output that does not fit its datatype and shape.
+    """
+    if isinstance(response, bytes | bytearray | str):
+        response = json.loads(response)
+    if not isinstance(response, dict) or not isinstance(response.get("outputs"), list):
+        raise ValueError("the kservev2 envelope answered no outputs")
+    arrays = {}
+    for output in response["outputs"]:
+        shape = [int(dim) for dim in output["shape"]]
+        if output["datatype"] == "BYTES":
+            items = [
+                str(item).encode() if not isinstance(item, bytes) else item
+                for item in output["data"]
+            ]
+            array = np.empty(len(items), dtype=object)
+            array[:] = items
+            arrays[str(output["name"])] = array.reshape(shape)
+        else:
+            dtype = dtypes.to_numpy(DType(output["datatype"]))
+            arrays[str(output["name"])] = np.asarray(output["data"], dtype=dtype).reshape(shape)
+    return arrays
+
+
+def _text(item: bytes) -> str | bytes:
+    try:
+        return item.decode()
+    except UnicodeDecodeError:
+        return item

@@ -22,13 +22,15 @@ def serving_model_store(
     models: Sequence[str] = ("all",),
     *,
     token_auth: bool = False,
+    flags: Sequence[str] = (),
     env: dict[str, str] | None = None,
     cwd: Path = ROOT,
 ) -> Iterator[Appliance]:
     """The appliance serving ``store``'s ``models`` for a ``with`` block; its
-    ``ports`` name http, grpc, metrics, management and grpc_management."""
+    ``ports`` name http, grpc, metrics, management and grpc_management; ``flags``
+    are more of torchserve's."""
     http, grpc, metrics, management, grpc_management = free_ports(5)
-    flags = [
+    line = [
         "--model-store",
         str(store),
         "--models",
@@ -39,14 +41,15 @@ def serving_model_store(
         f"--metrics-port={metrics}",
         f"--management-port={management}",
         f"--grpc-management-port={grpc_management}",
+        *flags,
     ]
     if not token_auth:
-        flags.append("--disable-token-auth")
+        line.append("--disable-token-auth")
     runtime = new_run_dir()
     # With serve's flags the run directory is the default one, under XDG_RUNTIME_DIR.
     appliance = start(
         {"server": {"run_dir": str(runtime / "appliance")}},
-        serve_args=tuple(flags),
+        serve_args=tuple(line),
         env={"XDG_RUNTIME_DIR": str(runtime), **(env or {})},
         cwd=cwd,
     )

@@ -13,6 +13,7 @@ the command line wins) and lists what it leaves out:
     grpc_management_port=7071                  --grpc-management-port
     model_store=/models, load_models=all       --model-store, --models
     max_request_size=6553500                   the HTTP body limit (bytes)
+    service_envelope=kservev2                  the envelope around every handler
 
 Keys that mean nothing here (Netty's threads, snapshots, the metrics mode,
 ...) are :data:`IGNORED` and said once in the log; keys for what the
@@ -58,7 +59,6 @@ IGNORED = {
 }
 REFUSED = {
     "models": "set minWorkers, batchSize and maxBatchDelay in the archive's model-config.yaml",
-    "service_envelope": "the KServe envelopes are not served; handlers get the body as it is",
     "install_py_dep_per_model": "install what a handler needs into the appliance's environment",
     "keystore": "set [tls] cert and key in a config (appliance serve --config)",
     "private_key_file": "set [tls] cert and key in a config (appliance serve --config)",
@@ -73,6 +73,7 @@ FLAG_OF = {
     "model_store": "--model-store",
     "disable_token_authorization": "--disable-token-auth",
     "max_request_size": "--max-request-size",
+    "service_envelope": "--service-envelope",
 }
 PORT_OF = {"management_address": "--management-port", "metrics_address": "--metrics-port"}
 

@@ -46,6 +46,8 @@ TORCHSERVE_CLASS = "appliance.runtimes.torchserve:TorchServeModel"
 BROKEN_CLASS = "appliance.runtimes.broken:Broken"
 NOTES = "config_notes"
 ALL = "all"
+# TorchServe's service_envelope values the runtime serves ("" for none).
+ENVELOPES = ("", "kserve", "kservev2")
 # The option of an archive the store holds but --models did not name.
 UNREGISTERED = "unregistered"
 DEFAULT_BATCH_DELAY_MS = 100
@@ -66,7 +68,7 @@ def _archive_child(child: Path) -> bool:
     return not child.name.startswith(".") and is_archive(child)
 
 
-def scan(root: Path, models: Sequence[str] = ()) -> list[dict[str, Any]]:
+def scan(root: Path, models: Sequence[str] = (), envelope: str = "") -> list[dict[str, Any]]:
     """An entry per archive ``models`` names (all of them when it is empty or
     ``all``), then one per other archive of the store, marked :data:`UNREGISTERED`."""
     wanted = [item.strip() for spec in models for item in spec.split(",") if item.strip()]
@@ -80,10 +82,10 @@ def scan(root: Path, models: Sequence[str] = ()) -> list[dict[str, Any]]:
             name, _, file = item.rpartition("=")
             picks.append((name or None, root / file))
     named = {path.resolve() for _, path in picks}
-    entries = [_entry(name, path) for name, path in picks]
+    entries = [_entry(name, path, envelope) for name, path in picks]
     for path in archives:
         if path.resolve() not in named:
-            entry = _entry(None, path)
+            entry = _entry(None, path, envelope)
             entry.setdefault("options", {})[UNREGISTERED] = True
             entries.append(entry)
     seen: set[str] = set()
@@ -95,7 +97,7 @@ def scan(root: Path, models: Sequence[str] = ()) -> list[dict[str, Any]]:
     return kept
 
 
-def _entry(name: str | None, path: Path) -> dict[str, Any]:
+def _entry(name: str | None, path: Path, envelope: str = "") -> dict[str, Any]:
     fallback = name or path.name.removesuffix(SUFFIX)
     if not path.exists():
         return _broken(fallback, f"{path.name}: no such archive in the model store {path.parent}")
@@ -112,6 +114,8 @@ def _entry(name: str | None, path: Path) -> dict[str, Any]:
         "version": str(model.get("modelVersion") or "1.0"),
         "stamp": _stamp(path),
     }
+    if envelope:
+        options["envelope"] = envelope
     notes = [f"{path.name}: model-config.yaml: {key} is not used" for key in _unused(settings)]
     if model.get("requirementsFile"):
         notes.append(

@@ -1,0 +1,1 @@
+"""TorchServe's request envelopes (``service_envelope``): KServe's formats around a handler."""
