@@ -5,7 +5,9 @@ field per form field (a file part with its content type, a plain field
 with none); any other body is the one field ``body`` with the request's
 media type (its parameters, such as charset, left out). Every request
 header is passed on, with ``url_path`` (the path after the model's version)
-and ``explain`` ("True" for /explanations), which TorchServe adds.
+and ``explain`` ("True" for /explanations), which TorchServe adds. On its
+legacy paths (/invocations, /models/{m}/invoke, /{m}/predict) the query's
+parameters are fields too.
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ class Call:
     parameters: dict[str, Any]
 
 
-def read_call(body: bytes, headers: Mapping[str, str], url_path: str, explain: bool) -> Call:
+def read_call(
+    body: bytes,
+    headers: Mapping[str, str],
+    url_path: str,
+    explain: bool,
+    query: list[tuple[str, str]] | None = None,
+) -> Call:
     """The inputs and parameters of one request.
 
     Raises:
@@ -50,6 +58,8 @@ def read_call(body: bytes, headers: Mapping[str, str], url_path: str, explain: b
         fields = [(name, value.encode("latin-1"), "") for name, value in pairs]
     else:
         fields = [(BODY, body, media)]
+    # The legacy paths pass the query's parameters as fields (no content type), first.
+    fields = [(name, value.encode(), "") for name, value in query or ()] + fields
     passed = dict(headers)
     passed["url_path"] = url_path
     passed["explain"] = "True" if explain else "False"

@@ -6,6 +6,8 @@ SPEC: TorchServe 0.12's frontend (docs/models/torchserve.md lists what differs):
     POST /predictions/{model}[/{version}[/...]]  the handler's answer (PUT too: curl -T)
     POST /explanations/{model}[/{version}]       the same, with the header explain: True
     POST /v1/models/{model}:predict, :explain    the same (KServe v1's paths)
+    POST /invocations[?model_name=], /models/{model}/invoke, /{model}/predict
+                                                 the same, the query's parameters as fields
 
 A model's answer is its handler's body, with the status, content type and
 headers the handler set; a failure is TorchServe's ``{"code", "type",
@@ -25,7 +27,7 @@ import falcon
 from appliance.client.api import ModelClient
 from appliance.core.http_body import CONTENT_TYPE, HEADERS, REASON, STATUS
 from appliance.protocols.torchserve.answers import common_headers, guarded_json, json_answer
-from appliance.protocols.torchserve.errors import pretty
+from appliance.protocols.torchserve.errors import TorchServeError, pretty
 from appliance.protocols.torchserve.predict import answers, model_metadata
 from appliance.protocols.torchserve.request import read_call
 from appliance.protocols.web import App, read_body
@@ -51,6 +53,8 @@ class Predictions:
         self.client = client
         self.explain = explain
         self.limit = client.config.http.max_body_bytes
+        # Whether the query's parameters are fields (TorchServe's legacy paths).
+        self.query = False
 
     @guarded_json
     async def on_post(
@@ -61,10 +65,22 @@ class Predictions:
         version: str | None = None,
         rest: str = "",
     ) -> None:
+        await self._answer(req, resp, model, version, rest)
+
+    async def _answer(
+        self, req: falcon.Request, resp: falcon.Response, model: str, version: str | None, rest: str
+    ) -> None:
         metadata = model_metadata(self.client, model, version)
         body = read_body(req, self.limit)
         headers = {str(key).lower(): str(value) for key, value in req.headers.items()}
-        call = read_call(body, headers, rest, self.explain)
+        query = None
+        if self.query:  # a repeated parameter is each of its values, as TorchServe adds them
+            query = [
+                (name, value)
+                for name, given in req.params.items()
+                for value in (given if isinstance(given, list) else [given])
+            ]
+        call = read_call(body, headers, rest, self.explain, query)
         request_id = str(uuid.uuid4())
         resp.set_header("x-request-id", request_id)
         parts = answers(self.client, metadata, call, request_id)
@@ -112,6 +128,31 @@ def _head(resp: falcon.Response, said: dict[str, Any]) -> None:
     common_headers(resp)
 
 
+class Legacy(Predictions):
+    """TorchServe's older inference paths: the query's parameters are fields too, and
+    /invocations names its model in ``model_name`` (or serves the only model)."""
+
+    def __init__(self, client: ModelClient) -> None:
+        super().__init__(client, False)
+        self.query = True
+
+    @guarded_json
+    async def on_post(
+        self, req: falcon.Request, resp: falcon.Response, model: str | None = None
+    ) -> None:
+        name = model or req.get_param("model_name")
+        if not name:
+            served = self.client.models()
+            if len(served) != 1:
+                raise TorchServeError(
+                    400, "BadRequestException", "Parameter model_name is required."
+                )
+            name = served[0]
+        await self._answer(req, resp, name, None, "")
+
+    on_put = on_get = on_post
+
+
 def add_routes(app: App, client: ModelClient) -> None:
     """Mount TorchServe's inference routes."""
     app.add_route("/ping", Ping(client))
@@ -123,3 +164,7 @@ def add_routes(app: App, client: ModelClient) -> None:
     # KServe v1's paths, which TorchServe routes to the same handler (its body as it is).
     app.add_route("/v1/models/{model}:predict", Predictions(client, False))
     app.add_route("/v1/models/{model}:explain", Predictions(client, True))
+    legacy = Legacy(client)
+    app.add_route("/invocations", legacy)
+    app.add_route("/models/{model}/invoke", legacy)
+    app.add_route("/{model}/predict", legacy)
