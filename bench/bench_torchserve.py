@@ -42,40 +42,13 @@ from bench.loadgen import (  # noqa: E402
 from bench.servers import PeerUnavailable  # noqa: E402
 from bench.torchserve_peer import torchserve  # noqa: E402
 from tests.system.model_store import serving_model_store  # noqa: E402
-from tests.torchserve_models import (  # noqa: E402
-    MNIST_MODEL,
-    digit_png,
-    mnist_state_dict,
-    write_mar,
-)
+from tests.torch_archives import write_digits_mar  # noqa: E402
+from tests.torchserve_models import digit_png  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "torchserve.json"
 MODEL = "digits"
 CLIENTS = (1, 16)
 POOL = 4
-# The mnist example's handler without torchvision: Pillow decodes, torch normalizes.
-HANDLER = """
-import io
-
-import torch
-from PIL import Image
-from ts.torch_handler.base_handler import BaseHandler
-
-
-class DigitHandler(BaseHandler):
-    def preprocess(self, data):
-        images = []
-        for row in data:
-            raw = row.get("data") or row.get("body")
-            image = Image.open(io.BytesIO(bytes(raw))).convert("L")
-            pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-            pixels = pixels.reshape(1, image.height, image.width).float() / 255.0
-            images.append((pixels - 0.1307) / 0.3081)
-        return torch.stack(images).to(self.device)
-
-    def postprocess(self, data):
-        return data.argmax(1).tolist()
-"""
 
 
 def make_call(spec: dict[str, Any], shared: dict[str, Any]) -> Callable[[], None]:
@@ -102,14 +75,7 @@ def make_call(spec: dict[str, Any], shared: dict[str, Any]) -> Callable[[], None
 def model_store() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="bench-torchserve-") as where:
         root = Path(where)
-        weights = mnist_state_dict(root / "mnist_cnn.pt")
-        write_mar(
-            root / "store",
-            MODEL,
-            HANDLER,
-            model_file=("mnist.py", MNIST_MODEL),
-            serialized_file=weights,
-        )
+        write_digits_mar(root / "store", root / "work")
         yield root / "store"
 
 

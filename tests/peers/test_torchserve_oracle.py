@@ -28,7 +28,7 @@ from bench.servers import PeerServer, PeerUnavailable
 from bench.torchserve_peer import torchserve
 from tests.system.harness import Appliance
 from tests.system.model_store import serving_model_store
-from tests.torchscript_archive import write_script_mar
+from tests.torch_archives import write_digits_mar, write_script_mar
 from tests.torchserve_models import (
     BATCH_CONFIG,
     BATCH_HANDLER,
@@ -40,6 +40,7 @@ from tests.torchserve_models import (
     RAISING_HANDLER,
     STREAM_HANDLER,
     WRONG_LENGTH_HANDLER,
+    digit_png,
     write_mar,
     write_model_dir,
 )
@@ -96,6 +97,11 @@ CALLS = [
     Call("legacy predict", "POST", "/echo/predict", {"data": b"legacy"}),
     Call("legacy form", "POST", "/echo/predict?k=v", {"data": {"f": "1"}}),
     Call("torchscript", "POST", "/predictions/scripted", {"json": [1.0, 2.0, 3.0]}),
+    # The mnist example's network: a PNG as the body (curl -T), as a form's file field.
+    Call("mnist body", "PUT", "/predictions/digits", {"data": digit_png()}),
+    Call("mnist form", "POST", "/predictions/digits", {"files": {"data": ("0.png", digit_png())}}),
+    # BaseHandler without get_insights: its explain path fails (a 503 on both).
+    Call("mnist explanations", "POST", "/explanations/digits", {"data": digit_png()}),
     Call("list", "GET", "/models", {"management": True}),
     Call("list page", "GET", "/models?limit=2", {"management": True}),
     Call("describe unknown", "GET", "/models/nope", {"management": True}),
@@ -131,10 +137,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     write_mar(store, "stream", STREAM_HANDLER)
     write_mar(store, "metrics", METRICS_HANDLER)
     write_script_mar(store, tmp_path_factory.mktemp("scripted"))
+    write_digits_mar(store, tmp_path_factory.mktemp("digits"))
     # Not served at the start: registered through the management API.
     write_mar(store, "later", ECHO_HANDLER, version="3.1")
     models = ["echo.mar", "inspect.mar", "labels", "wrong.mar", "raising.mar", "batch.mar"]
-    models += ["stream.mar", "metrics.mar", "scripted.mar"]
+    models += ["stream.mar", "metrics.mar", "scripted.mar", "digits.mar"]
     try:
         # Prometheus names on /metrics, as a TorchServe user who scrapes it sets.
         peer = torchserve(store, models, {"metrics_mode": "prometheus"})

@@ -32,7 +32,7 @@ from appliance._generated import (
 )
 from tests.system.harness import Appliance, serving_repository
 from tests.system.model_store import serving_model_store
-from tests.torchscript_archive import write_script_mar
+from tests.torch_archives import write_script_mar
 from tests.torchserve_models import (
     BATCH_CONFIG,
     BATCH_HANDLER,
