@@ -54,6 +54,7 @@ from appliance.formats.torchserve.archive import (
 from appliance.model import Arrays, Outputs, Request
 from appliance.runtimes.interface import ModelFileError, RuntimeModel
 from appliance.runtimes.torchserve_io import (
+    FrameSink,
     answer,
     encode,
     request_data,
@@ -272,7 +273,8 @@ class TorchServeModel(RuntimeModel):
                 last = self._failure(ex if isinstance(ex, Exception) else RuntimeError(str(ex)))
             parts.put((True, last))
 
-        context.send_intermediate = send
+        context.send_intermediate = send  # the appliance's own ts
+        context.cl_socket = FrameSink(lambda part: parts.put((False, part)))  # TorchServe's
         threading.Thread(target=run, name="torchserve-stream", daemon=True).start()
         while True:
             done, part = parts.get()

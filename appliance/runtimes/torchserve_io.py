@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -164,3 +165,60 @@ def _text(item: bytes) -> str | bytes:
         return item.decode()
     except UnicodeDecodeError:
         return item
+
+
+class FrameSink:
+    """What TorchServe's own ``send_intermediate_predict_response`` writes to
+    (``context.cl_socket.sendall``), where TorchServe itself is installed: its
+    worker's reply frame, read back into each request's body, status and headers."""
+
+    def __init__(self, deliver: Any) -> None:
+        self.deliver = deliver
+
+    def sendall(self, frame: bytes | bytearray) -> None:
+        for body, content_type, status, reason, headers in read_frame(bytes(frame)):
+            if content_type:
+                headers = {**headers, "content-type": content_type}
+            headers.pop("ts_stream_next", None)  # TorchServe's own marker, not the client's
+            self.deliver(answer(body, status, reason, headers))
+
+
+def read_frame(frame: bytes) -> list[tuple[bytes, str, int, str, dict[str, str]]]:
+    """The answers in a TorchServe worker's reply frame (its create_predict_response):
+    a code and a message, then per request its id, content type, status, reason
+    phrase, headers and body, until a length of -1.
+
+    Raises:
+        ValueError: a frame cut short.
+    """
+    at = 0
+
+    def number() -> int:
+        nonlocal at
+        if at + 4 > len(frame):
+            raise ValueError("a TorchServe reply frame cut short")
+        (value,) = struct.unpack_from("!i", frame, at)
+        at += 4
+        return int(value)
+
+    def chunk() -> bytes:
+        nonlocal at
+        size = number()
+        if size < 0 or at + size > len(frame):
+            raise ValueError("a TorchServe reply frame cut short")
+        at += size
+        return frame[at - size : at]
+
+    number()  # the batch's code
+    chunk()  # its message
+    found: list[tuple[bytes, str, int, str, dict[str, str]]] = []
+    while True:
+        size = number()
+        if size == -1:
+            return found
+        at += size  # the request's id
+        content_type = chunk().decode()
+        status = number()
+        reason = chunk().decode()
+        headers = {chunk().decode(): chunk().decode() for _ in range(number())}
+        found.append((chunk(), content_type, status, reason, headers))
