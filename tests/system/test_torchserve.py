@@ -62,6 +62,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Appl
     write_mar(store, "raising", RAISING_HANDLER)
     write_mar(store, "batch", BATCH_HANDLER, config_yaml=BATCH_CONFIG)
     write_script_mar(store, tmp_path_factory.mktemp("scripted"))
+    write_mar(store, "stream", STREAM_HANDLER)
     temp = tmp_path_factory.mktemp("tmp")
     with serving_model_store(store, env={"TMPDIR": str(temp)}) as appliance:
         yield f"http://127.0.0.1:{appliance.ports['http']}", appliance
@@ -81,13 +82,13 @@ def test_ping_and_the_model_list_answer_as_torchserve_s(served: tuple[str, Appli
     assert ping.headers["x-request-id"]
     listed = requests.get(f"{base}/models", timeout=TIMEOUT).json()
     assert [m["modelName"] for m in listed["models"]] == sorted(
-        ["batch", "echo", "inspect", "labels", "raising", "scripted", "wrong"]
+        ["batch", "echo", "inspect", "labels", "raising", "scripted", "stream", "wrong"]
     )
     assert {m["modelName"]: m["modelUrl"] for m in listed["models"]}["echo"] == "echo.mar"
     page = requests.get(f"{base}/models?limit=4", timeout=TIMEOUT).json()
     assert (len(page["models"]), page["nextPageToken"]) == (4, "4")
     rest = requests.get(f"{base}/models?limit=4&next_page_token=4", timeout=TIMEOUT).json()
-    assert [m["modelName"] for m in rest["models"]] == ["raising", "scripted", "wrong"]
+    assert [m["modelName"] for m in rest["models"]] == ["raising", "scripted", "stream", "wrong"]
     assert "nextPageToken" not in rest
     # The management port answers the management API alone, as TorchServe's 8081.
     management = f"http://127.0.0.1:{appliance.ports['management']}"
@@ -330,22 +331,19 @@ def test_an_archive_that_cannot_be_served_is_refused_by_name(
     assert not list(temp.iterdir())
 
 
-def test_a_streaming_handler_s_intermediate_responses_arrive_as_chunks(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    write_mar(store, "stream", STREAM_HANDLER)
-    with serving_repository(store) as appliance:
-        base = f"http://127.0.0.1:{appliance.ports['http']}"
-        with requests.post(
-            f"{base}/predictions/stream", data=b"x", stream=True, timeout=TIMEOUT
-        ) as answer:
-            assert answer.status_code == 200
-            assert answer.headers["transfer-encoding"] == "chunked"
-            arrived = []
-            for chunk in answer.iter_content(chunk_size=None):
-                arrived.append((time.monotonic(), chunk))
-        assert b"".join(chunk for _, chunk in arrived) == b"part0 part1 part2 last"
-        # Each part came as it was sent (the handler sleeps 0.3 s between them).
-        assert arrived[-1][0] - arrived[0][0] > 0.5
+def test_a_streaming_handler_s_intermediate_responses_arrive_as_chunks(
+    served: tuple[str, Appliance],
+) -> None:
+    base, _ = served
+    with requests.post(f"{base}/predictions/stream", data=b"x", stream=True, timeout=30) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["transfer-encoding"] == "chunked"
+        arrived = []
+        for chunk in answer.iter_content(chunk_size=None):
+            arrived.append((time.monotonic(), chunk))
+    assert b"".join(chunk for _, chunk in arrived) == b"part0 part1 part2 last"
+    # Each part came as it was sent (the handler sleeps 0.3 s between them).
+    assert arrived[-1][0] - arrived[0][0] > 0.5
 
 
 def test_the_management_api_registers_scales_describes_and_unregisters(tmp_path: Path) -> None:
