@@ -82,7 +82,8 @@ def test_config_properties_reads_as_torchserve_s_flags(tmp_path: Path, model_sto
 @pytest.mark.parametrize(
     ("line", "wanted"),
     [
-        ("service_envelope=kserve", "service_envelope is not taken"),
+        ('models={"noop": {"1.0": {"minWorkers": 1}}}', "models is not taken"),
+        ("install_py_dep_per_model=true", "install_py_dep_per_model is not taken"),
         ("some_new_key=1", "some_new_key is not a config.properties key"),
         ("inference_address=8080", "expected http://HOST:PORT"),
     ],
