@@ -21,6 +21,8 @@ from appliance.observability.metrics import (
     CALL_SECONDS_COUNT,
     CALL_SECONDS_SUM,
     CALLS_TOTAL,
+    FRONTEND_FAMILY,
+    FRONTEND_TOTAL,
     OUTCOMES,
     call_samples,
 )
@@ -109,6 +111,19 @@ def call_totals(model: str) -> tuple[int, int, float]:
         elif name == CALL_SECONDS_SUM:
             seconds += value
     return ok, failed, seconds
+
+
+def answered_by_class(protocol: str) -> dict[str, int]:
+    """The requests ``protocol``'s frontends answered, by status class ("2XX", "4XX",
+    "5XX"), every process's (HTTP statuses; other forms of status count in none)."""
+    found = {"2XX": 0, "4XX": 0, "5XX": 0}
+    for name, labels, value in call_samples((FRONTEND_FAMILY,)):
+        status = labels.get("status", "")
+        if name == FRONTEND_TOTAL and labels.get("protocol") == protocol and status.isdigit():
+            kind = f"{status[0]}XX"
+            if kind in found:
+                found[kind] += int(value)
+    return found
 
 
 def rejected_calls(model: str) -> int:

@@ -7,6 +7,7 @@ them (a comma after the last label, numbers as Java prints doubles):
     ts_inference_requests_total{model_name, model_version, hostname}    counter
     ts_inference_latency_microseconds{model_name, model_version, hostname}  counter
     ts_queue_latency_microseconds{model_name, model_version, hostname}  counter
+    Requests2XX, Requests4XX, Requests5XX{Level="Host", Hostname}        counters
     CPUUtilization, MemoryUsed, MemoryAvailable, MemoryUtilization,
     DiskUsage, DiskUtilization, DiskAvailable{Level="Host", Hostname}   gauges
 
@@ -23,6 +24,7 @@ import socket
 import psutil
 
 from appliance.client.api import ModelClient
+from appliance.client.traffic import answered_by_class
 from appliance.core.status import Counter
 from appliance.observability.metric_files import escape_value
 
@@ -55,6 +57,10 @@ def text(client: ModelClient) -> bytes:
             value = sum(counts[model][counter] for counter in counters) * scale
             labels = {"model_name": model, "model_version": "default", "hostname": host}
             lines.append(_sample(name, labels, value))
+    for kind, count in answered_by_class(PLATFORM).items():
+        name = f"Requests{kind}"
+        lines.append(_family(name, "counter", "Count"))
+        lines.append(_sample(name, {"Level": "Host", "Hostname": host}, count))
     memory = psutil.virtual_memory()
     disk = psutil.disk_usage("/")
     for name, unit, value in (

@@ -21,7 +21,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Histogram
@@ -95,8 +95,10 @@ COMPUTE = Histogram(
     ["model"],
     buckets=_SECONDS,
 )
+FRONTEND_FAMILY = "appliance_frontend_requests"
+FRONTEND_TOTAL = "appliance_frontend_requests_total"
 FRONTEND = Counter(
-    "appliance_frontend_requests",
+    FRONTEND_FAMILY,
     "Requests answered by the frontends, by protocol and wire status.",
     ["protocol", "status"],
 )
@@ -140,19 +142,22 @@ def record_cache(model: str, hit: bool, seconds: float) -> None:
     CACHE_SECONDS.labels(model, result).inc(seconds)
 
 
-def call_samples() -> Iterable[tuple[str, dict[str, str], float]]:
-    """Yield (sample name, labels, value) of the model-call families, every process's."""
+def call_samples(
+    families: Container[str] = CALL_FAMILIES,
+) -> Iterable[tuple[str, dict[str, str], float]]:
+    """Yield (sample name, labels, value) of the model-call families (or ``families``),
+    every process's."""
     global _files
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
         # PERF: kept between reads, so the files of idle models are not parsed again.
         if _files is None or str(_files.directory) != directory:
             _files = MetricFiles(directory)
-        yield from _files.samples(CALL_FAMILIES)
+        yield from _files.samples(families)
         return
     # A process outside an appliance tree records in memory only.
     for metric in REGISTRY.collect():
-        if metric.name in CALL_FAMILIES:
+        if metric.name in families:
             for sample in metric.samples:
                 yield sample.name, sample.labels, sample.value
 

@@ -272,7 +272,7 @@ def test_torchserve_s_metric_families_count_the_same_requests(served: Served) ->
             url = served.url(server, "/predictions/echo", False)
             assert requests.post(url, data=b"m", timeout=TIMEOUT).status_code == 200
     after = {server: scrape(server) for server in ("torchserve", "appliance")}
-    for name in FAMILIES:
+    for name in (*FAMILIES, "Requests2XX", "Requests4XX", "Requests5XX"):
         for server in ("torchserve", "appliance"):
             assert f"# TYPE {name} counter" in after[server], (server, name)
     label = '{model_name="echo",model_version="default",hostname="%s",}'

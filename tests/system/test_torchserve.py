@@ -452,3 +452,6 @@ def test_torchserve_s_metric_families_are_on_the_metrics_port(
     ]
     assert float(line.rsplit(" ", 1)[1]) >= 2
     assert 'CPUUtilization{Level="Host",Hostname="' in text
+    # TorchServe's APIs' answers by status class: the two predictions at least.
+    [ok] = [line for line in text.splitlines() if line.startswith("Requests2XX{")]
+    assert float(ok.rsplit(" ", 1)[1]) >= 2
