@@ -36,6 +36,7 @@ from bench.loadgen import (  # noqa: E402
     ClientPool,
     ProcessTree,
     median_row,
+    print_cells,
     round_arguments,
     write_results,
 )
@@ -104,18 +105,6 @@ def measure(pool: ClientPool, servers: dict[str, dict[str, Any]], args: argparse
     return runs
 
 
-def report(table: dict[str, dict[str, dict[str, Any]]]) -> None:
-    print("\nmedians over rounds; server CPU per request is the server's whole process tree")
-    print("| cell | server | p50 ms | p99 ms | req/s | server CPU µs/req |")
-    print("|---|---|---|---|---|---|")
-    for cell, rows in table.items():
-        for server, row in rows.items():
-            print(
-                f"| {cell} | {server} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
-                f"{row['rps']:.0f} | {row['server_cpu_us']:.0f} |"
-            )
-
-
 def main() -> int:
     args = round_arguments(__doc__.split("\n")[0], 1.0)
     with contextlib.ExitStack() as stack:
@@ -133,7 +122,7 @@ def main() -> int:
         cell: {server: median_row(rows) for server, rows in by_server.items()}
         for cell, by_server in runs.items()
     }
-    report(table)
+    print_cells(table)
     write_results(
         RESULTS,
         seconds=args.seconds,

@@ -114,6 +114,19 @@ def machine() -> dict[str, Any]:
     }
 
 
+def print_cells(table: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """Print a cell-by-server table of median rows (latency, req/s, server CPU)."""
+    print("\nmedians over rounds; server CPU per request is the server's whole process tree")
+    print("| cell | server | p50 ms | p99 ms | req/s | server CPU µs/req |")
+    print("|---|---|---|---|---|---|")
+    for cell, rows in table.items():
+        for server, row in rows.items():
+            print(
+                f"| {cell} | {server} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
+                f"{row['rps']:.0f} | {row['server_cpu_us']:.0f} |"
+            )
+
+
 def write_results(path: Path, **payload: Any) -> None:
     """Write ``payload`` and the machine's description as indented JSON."""
     path.parent.mkdir(parents=True, exist_ok=True)
