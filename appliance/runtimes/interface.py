@@ -354,3 +354,23 @@ def _unique(specs: Sequence[TensorSpec], what: str, where: str) -> None:
     for name in names:
         if names.count(name) > 1:
             raise ModelFileError(f"{where}: {what} name {name!r} appears more than once")
+
+
+def exception_text(ex: BaseException) -> str:
+    """An exception as "ValueError: ...", its class named without its module (a
+    runtime's messages quote the model's own errors so)."""
+    return f"{type(ex).__name__}: {first_lines(ex)}"
+
+
+def first_lines(ex: BaseException) -> str:
+    """An exception's message, its first three lines joined (its class's name if empty)."""
+    lines = str(ex).strip().splitlines()
+    return " ".join(line.strip() for line in lines[:3]) or type(ex).__name__
+
+
+def text_or_bytes(item: bytes) -> str | bytes:
+    """A BYTES element as text where it is UTF-8, as JSON-minded model code expects it."""
+    try:
+        return item.decode()
+    except UnicodeDecodeError:
+        return item

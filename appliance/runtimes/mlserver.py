@@ -51,7 +51,13 @@ from appliance.core.http_body import INPUT_PARAMETERS
 from appliance.errors import ApplianceError, BadRequest, ModelFailed, ModelNotFound
 from appliance.formats.mlserver.settings import ADAPTIVE
 from appliance.model import Arrays, Outputs, OutputsWithParameters, Request
-from appliance.runtimes.interface import ModelFileError, RuntimeModel
+from appliance.runtimes.interface import (
+    ModelFileError,
+    RuntimeModel,
+    exception_text,
+    first_lines,
+    text_or_bytes,
+)
 
 log = logging.getLogger("appliance.worker")
 
@@ -99,20 +105,22 @@ class MLServerModel(RuntimeModel):
         try:
             settings = loader.load_model_settings(str(self.path))
         except Exception as ex:
-            raise ModelFileError(f"{self.file_name}: {self._short(_first_line(ex))}") from None
+            raise ModelFileError(f"{self.file_name}: {self._short(first_lines(ex))}") from None
         self.platform = settings.platform
         cls = self._import(settings)
         try:
             model = cls(settings)
         except Exception as ex:
-            raise ModelFileError(f"{self.file_name}: {cls.__name__}() raised {_last(ex)}") from None
+            raise ModelFileError(
+                f"{self.file_name}: {cls.__name__}() raised {exception_text(ex)}"
+            ) from None
         self._loop = asyncio.new_event_loop()
         try:
             with self._context(settings):
                 ready = self._loop.run_until_complete(model.load())
         except Exception as ex:
             raise ModelFileError(
-                f"{self.file_name}: {cls.__name__}.load raised {self._short(_last(ex))}"
+                f"{self.file_name}: {cls.__name__}.load raised {self._short(exception_text(ex))}"
             ) from None
         if ready is False:
             raise ModelFileError(f"{self.file_name}: {cls.__name__}.load returned False")
@@ -129,7 +137,7 @@ class MLServerModel(RuntimeModel):
             with self._context(self._model.settings):
                 found = self._loop.run_until_complete(self._model.metadata()).model_dump()
         except Exception as ex:
-            log.error("model %s: metadata() raised %s", self.model_name, _last(ex))
+            log.error("model %s: metadata() raised %s", self.model_name, exception_text(ex))
             return {}
         return {key: found[key] for key in ("inputs", "outputs", "parameters") if key in found}
 
@@ -159,12 +167,12 @@ class MLServerModel(RuntimeModel):
                 ) from None
             raise ModelFileError(
                 f"{self.file_name}: implementation {name} cannot be imported: "
-                f"{self._short(_last(ex))}"
+                f"{self._short(exception_text(ex))}"
             ) from None
         except Exception as ex:
             raise ModelFileError(
                 f"{self.file_name}: implementation {name} cannot be imported: "
-                f"{self._short(_last(ex))}"
+                f"{self._short(exception_text(ex))}"
             ) from None
 
     def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
@@ -184,7 +192,7 @@ class MLServerModel(RuntimeModel):
         try:
             payload = self._payload(Request(inputs, parameters, None))
         except ValueError as ex:
-            raise BadRequest(f"model {self.model_name}: {_first_line(ex)}") from None
+            raise BadRequest(f"model {self.model_name}: {first_lines(ex)}") from None
         return self._stream(payload)
 
     def _stream(self, payload: Any) -> Iterator[Outputs]:
@@ -226,7 +234,7 @@ class MLServerModel(RuntimeModel):
         try:
             payloads = {str(index): self._payload(r) for index, r in enumerate(requests)}
         except ValueError as ex:
-            return [BadRequest(f"model {self.model_name}: {_first_line(ex)}")] * len(requests)
+            return [BadRequest(f"model {self.model_name}: {first_lines(ex)}")] * len(requests)
         # MLServer's own merging and splitting, as its adaptive batcher uses them.
         batched = importlib.import_module("mlserver.batching.requests").BatchedRequests(payloads)
         response = self._answer(batched.merged_request)
@@ -235,7 +243,7 @@ class MLServerModel(RuntimeModel):
         try:
             parts = batched.split_response(response)
         except Exception as ex:
-            failed = ModelFailed(f"model {self.model_name}: {_last(ex)}")
+            failed = ModelFailed(f"model {self.model_name}: {exception_text(ex)}")
             return [failed] * len(requests)
         missing = ModelFailed(f"model {self.model_name}: the batch's response left a request out")
         return [self._outputs(parts[key]) if key in parts else missing for key in payloads]
@@ -244,7 +252,7 @@ class MLServerModel(RuntimeModel):
         try:
             payload = self._payload(request)
         except ValueError as ex:  # pydantic's ValidationError: a parameter of the wrong type
-            return BadRequest(f"model {self.model_name}: {_first_line(ex)}")
+            return BadRequest(f"model {self.model_name}: {first_lines(ex)}")
         response = self._answer(payload)
         if isinstance(response, ApplianceError):
             return response
@@ -288,7 +296,7 @@ class MLServerModel(RuntimeModel):
         except (AttributeError, ValueError, TypeError, KeyError) as ex:
             return ModelFailed(
                 f"model {self.model_name}: {what} an InferenceResponse whose "
-                f"outputs fit their datatype and shape: {_last(ex)}"
+                f"outputs fit their datatype and shape: {exception_text(ex)}"
             )
 
     def unload(self) -> None:
@@ -296,7 +304,7 @@ class MLServerModel(RuntimeModel):
             if self._model is not None and self._loop is not None:
                 self._loop.run_until_complete(self._model.unload())
         except Exception as ex:
-            log.error("model %s: unload raised %s", self.model_name, _last(ex))
+            log.error("model %s: unload raised %s", self.model_name, exception_text(ex))
         finally:
             if self._loop is not None:
                 self._loop.close()
@@ -366,15 +374,8 @@ def _data(array: np.ndarray[Any, Any]) -> list[Any]:
     """
     flat = array.reshape(-1)
     if array.dtype.kind == "O":
-        return [_text_or_bytes(bytes(item)) for item in flat]
+        return [text_or_bytes(bytes(item)) for item in flat]
     return list(flat.tolist())
-
-
-def _text_or_bytes(item: bytes) -> str | bytes:
-    try:
-        return item.decode()
-    except UnicodeDecodeError:
-        return item
 
 
 def _array(output: Any) -> np.ndarray[Any, Any]:
@@ -402,13 +403,3 @@ def _flatten(items: list[Any]) -> list[Any]:
         else:
             flat.append(item)
     return flat
-
-
-def _last(ex: BaseException) -> str:
-    """An exception as "ValueError: ...", its class named without its module."""
-    return f"{type(ex).__name__}: {_first_line(ex)}"
-
-
-def _first_line(ex: BaseException) -> str:
-    lines = str(ex).strip().splitlines()
-    return " ".join(line.strip() for line in lines[:3]) or type(ex).__name__

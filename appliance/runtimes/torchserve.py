@@ -52,7 +52,7 @@ from appliance.formats.torchserve.archive import (
     unpack,
 )
 from appliance.model import Arrays, Outputs, Request
-from appliance.runtimes.interface import ModelFileError, RuntimeModel
+from appliance.runtimes.interface import ModelFileError, RuntimeModel, exception_text
 from appliance.runtimes.torchserve_io import (
     FrameSink,
     answer,
@@ -160,7 +160,7 @@ class TorchServeModel(RuntimeModel):
                 "model %s: initializing handler %s failed", self.model_name, handler, exc_info=True
             )
             raise ModelFileError(
-                f"{self.file_name}: handler {handler}: initialize raised {_last(ex)}"
+                f"{self.file_name}: handler {handler}: initialize raised {exception_text(ex)}"
             ) from None
         self._entry = entry
         self.streams = any(STREAMS in _text(path) for path in model_dir.rglob("*.py"))
@@ -201,7 +201,8 @@ class TorchServeModel(RuntimeModel):
             service = classes[0]()
         except Exception as ex:
             raise ModelFileError(
-                f"{self.file_name}: handler {handler}: {classes[0].__name__}() raised {_last(ex)}"
+                f"{self.file_name}: handler {handler}: {classes[0].__name__}() raised "
+                f"{exception_text(ex)}"
             ) from None
         if not hasattr(service, "handle"):
             raise ModelFileError(
@@ -217,11 +218,11 @@ class TorchServeModel(RuntimeModel):
         except ImportError as ex:
             if own:
                 raise ModelFileError(
-                    f"{self.file_name}: handler {handler} cannot be imported: {_last(ex)}"
+                    f"{self.file_name}: handler {handler} cannot be imported: {exception_text(ex)}"
                 ) from None
         except Exception as ex:
             raise ModelFileError(
-                f"{self.file_name}: handler {handler} cannot be imported: {_last(ex)}"
+                f"{self.file_name}: handler {handler} cannot be imported: {exception_text(ex)}"
             ) from None
         try:
             return importlib.import_module(f"ts.torch_handler.{module_name}")
@@ -369,8 +370,3 @@ def _text(path: Path) -> str:
         return path.read_text(errors="replace")
     except OSError:
         return ""
-
-
-def _last(ex: BaseException) -> str:
-    lines = str(ex).strip().splitlines()
-    return f"{type(ex).__name__}: {lines[0] if lines else ''}".rstrip(": ")

@@ -29,6 +29,7 @@ from appliance.core import dtypes
 from appliance.core.dtypes import DType
 from appliance.core.http_body import BODY, CONTENT_TYPE, HEADERS, INPUT_PARAMETERS, REASON, STATUS
 from appliance.model import OutputsWithParameters, Request
+from appliance.runtimes.interface import text_or_bytes
 
 log = logging.getLogger("appliance.worker")
 
@@ -119,7 +120,7 @@ def v2_request(request: Request) -> dict[str, Any]:
     for name, array in request.inputs.items():
         flat = array.reshape(-1)
         if array.dtype.kind == "O":
-            data = [_text(bytes(item)) for item in flat]
+            data = [text_or_bytes(bytes(item)) for item in flat]
             datatype = "BYTES"
         else:
             data = flat.tolist()
@@ -158,13 +159,6 @@ def v2_outputs(response: Any) -> dict[str, np.ndarray[Any, Any]]:
             dtype = dtypes.to_numpy(DType(output["datatype"]))
             arrays[str(output["name"])] = np.asarray(output["data"], dtype=dtype).reshape(shape)
     return arrays
-
-
-def _text(item: bytes) -> str | bytes:
-    try:
-        return item.decode()
-    except UnicodeDecodeError:
-        return item
 
 
 class FrameSink:

@@ -56,14 +56,6 @@ def version_not_found(name: str, version: str) -> TorchServeError:
     )
 
 
-def not_found() -> TorchServeError:
-    return TorchServeError(
-        404,
-        "ResourceNotFoundException",
-        "Requested resource is not found, please refer to API document.",
-    )
-
-
 def from_error(error: Exception) -> TorchServeError:
     """TorchServe's form of any failure (an unexpected one is logged)."""
     if isinstance(error, TorchServeError):
