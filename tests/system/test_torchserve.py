@@ -455,3 +455,33 @@ def test_torchserve_s_metric_families_are_on_the_metrics_port(
     # TorchServe's APIs' answers by status class: the two predictions at least.
     [ok] = [line for line in text.splitlines() if line.startswith("Requests2XX{")]
     assert float(ok.rsplit(" ", 1)[1]) >= 2
+
+
+def test_hostile_requests_are_answered_and_the_appliance_keeps_serving(
+    served: tuple[str, Appliance],
+) -> None:
+    base, appliance = served
+    api = f"http://127.0.0.1:{appliance.ports['management']}"
+    multipart = {"Content-Type": "multipart/form-data"}  # no boundary
+    cases = [
+        ("POST", f"{base}/predictions/echo", {"data": b"a", "headers": multipart}, 400),
+        ("POST", f"{base}/predictions/echo/{'9' * 5000}", {"data": b"x"}, 404),
+        ("GET", f"{api}/models?limit=abc", {}, 400),
+        ("POST", f"{api}/models?url=../../../etc/passwd", {}, 404),
+        ("POST", f"{api}/models?url=file:///etc/passwd", {}, 400),
+        ("PUT", f"{api}/models/echo?min_worker=2&max_worker=1", {}, 400),
+    ]
+    for method, url, kwargs, status in cases:
+        answer = requests.request(method, url, timeout=TIMEOUT, **kwargs)
+        assert answer.status_code == status, (url[-40:], answer.text)
+        assert answer.json()["code"] == status
+    # Malformed JSON reaches the handler as bytes, as on TorchServe.
+    bad = requests.post(
+        f"{base}/predictions/echo",
+        data=b"{bad json",
+        headers={"Content-Type": "application/json"},
+        timeout=TIMEOUT,
+    )
+    assert (bad.status_code, bad.content) == (200, b"{bad json")
+    assert appliance.process.poll() is None
+    assert requests.get(f"{base}/ping", timeout=TIMEOUT).status_code == 200
