@@ -42,8 +42,9 @@ import json
 import logging
 import queue
 import sys
+import threading
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from appliance.config import device as devices
@@ -157,8 +158,13 @@ class PythonBackendModel(RuntimeModel):
         """
         parts: queue.SimpleQueue[tuple[pb_utils.InferenceResponse | None, int]]
         parts = queue.SimpleQueue()
-        sender = pb_utils.InferenceResponseSender(lambda r, flags: parts.put((r, flags)))
-        wrapped = self._request(request, sender)
+        # Set once the stream is closed before its final flag (the client cancelled
+        # it or went away): the model sees is_cancelled() and may stop generating.
+        gave_up = threading.Event()
+        sender = pb_utils.InferenceResponseSender(
+            lambda r, flags: parts.put((r, flags)), gave_up.is_set
+        )
+        wrapped = self._request(request, sender, gave_up.is_set)
         try:
             returned = self._awaited(self._instance.execute([wrapped]))
         except Exception as ex:
@@ -170,15 +176,19 @@ class PythonBackendModel(RuntimeModel):
                 f"{type(returned).__name__}"
             )
         final = False
-        while not final:
-            response, flags = parts.get()
-            final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            if response is None:
-                continue
-            result = self._result(response)
-            if isinstance(result, ApplianceError):
-                raise result
-            yield result
+        try:
+            while not final:
+                response, flags = parts.get()
+                final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                if response is None:
+                    continue
+                result = self._result(response)
+                if isinstance(result, ApplianceError):
+                    raise result
+                yield result
+        finally:
+            if not final:
+                gave_up.set()
 
     def unload(self) -> None:
         finalize = getattr(self._instance, "finalize", None)
@@ -289,7 +299,10 @@ class PythonBackendModel(RuntimeModel):
     # -- requests and responses ------------------------------------------------
 
     def _request(
-        self, request: Request, sender: pb_utils.InferenceResponseSender | None = None
+        self,
+        request: Request,
+        sender: pb_utils.InferenceResponseSender | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> pb_utils.InferenceRequest:
         inputs = [pb_utils.Tensor(name, array) for name, array in request.inputs.items()]
         wanted = (
@@ -304,6 +317,7 @@ class PythonBackendModel(RuntimeModel):
             flags=request.flags,
             model_name=self.model_name,
             response_sender=sender,
+            cancelled=cancelled,
         )
 
     def _result(self, response: Any) -> Outputs | ApplianceError:
