@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # The package with its extras, $(1) the pip options.
-EXTRAS := dev,onnx,torch,traces
+EXTRAS := dev,onnx,torch,traces,openai
 install_editable = $(PY) -m pip install --quiet $(1) -e '.[$(EXTRAS)]'
 
 install: $(STAMP)

@@ -65,6 +65,18 @@ def check(config: ApplianceConfig, reader: ValueReader) -> None:
             reader.fail(port_key, f"expected a port 0..65535, got {port}")
     _check_http(config.http, reader)
     _check_server(config.server, reader)
+    _check_openai(config, reader)
+
+
+def _check_openai(config: ApplianceConfig, reader: ValueReader) -> None:
+    prefix = config.openai.prefix
+    if not prefix.startswith("/") or prefix.rstrip("/") in ("", "/v2") or " " in prefix:
+        reader.fail(
+            "openai.prefix",
+            f'expected a path such as "/v1" (not "/" or KServe\'s "/v2"), got {prefix!r}',
+        )
+    if config.openai.default_max_tokens < 1:
+        reader.fail("openai.default_max_tokens", "expected a whole number >= 1")
 
 
 def _check_server(server: ServerConfig, reader: ValueReader) -> None:

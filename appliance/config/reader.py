@@ -36,6 +36,7 @@ from appliance.config.settings import (
     MipConfig,
     MipListener,
     ModelConfig,
+    OpenAIConfig,
     ServerConfig,
     ShmConfig,
     TlsConfig,
@@ -134,7 +135,7 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
     """Check a config mapping and build it (see :func:`from_dict`)."""
     # "source" and "auto" are written by the master into its snapshot.
     known = {"server", "http", "grpc", "mip", "shm", "models", "repositories", "source", "auto"}
-    known |= {"tls", "auth", "traces"}
+    known |= {"tls", "auth", "traces", "openai"}
     Reader(source).no_extra(data, known, "")
     server = data.get("server", {})
     reader = Reader(source, Reader(source).cpus(server))
@@ -167,6 +168,7 @@ def build(data: Mapping[str, Any], source: str, scan_repositories: bool) -> Appl
         tls=reader.tls(data.get("tls", {})),
         auth=reader.auth(data.get("auth", {})),
         traces=reader.section(TracesConfig, data.get("traces", {}), "traces"),
+        openai=reader.section(OpenAIConfig, data.get("openai", {}), "openai"),
         ensembles=served_ensembles,
         auto=(*reader.value("auto", data.get("auto", ()), "tuple[str, ...]"), *reader.auto),
     )

@@ -171,6 +171,19 @@ class ShmConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenAIConfig:
+    """OpenAI's routes on the HTTP port (appliance/protocols/openai/)."""
+
+    # Where the routes live: {prefix}/chat/completions, {prefix}/models, ...
+    prefix: str = "/v1"
+    # A tokenizer directory for every model without one of its own (its chat
+    # template and token counts); "": none.
+    tokenizer: str = ""
+    # Sent as max_tokens when a request gives none (Triton's --default-max-tokens).
+    default_max_tokens: int = 16
+
+
+@dataclass(frozen=True, slots=True)
 class TracesConfig:
     """Request traces (appliance/observability/tracing.py): where spans go, and the
     starting settings.
@@ -368,6 +381,7 @@ class ApplianceConfig:
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
     traces: TracesConfig = TracesConfig()
+    openai: OpenAIConfig = OpenAIConfig()
     # Ensembles, from [[models]] tables with steps and from repositories: no
     # process serves one, so they are kept apart from ``models``.
     ensembles: tuple[EnsembleConfig, ...] = ()

@@ -175,7 +175,8 @@ class HttpAuth:
 
 def refuse_http(req: falcon.Request, resp: falcon.Response, message: str) -> None:
     """Answer 401 in the error form of the protocol the path belongs to."""
-    protocol = protocol_of_path(req.method, req.path)
+    # The observer, which runs first, has named it; it knows where OpenAI's routes are.
+    protocol = getattr(req.context, "protocol", None) or protocol_of_path(req.method, req.path)
     resp.status = falcon.HTTP_401
     resp.set_header("WWW-Authenticate", CHALLENGE)
     if protocol == "kserve":
@@ -187,6 +188,10 @@ def refuse_http(req: falcon.Request, resp: falcon.Response, message: str) -> Non
     elif protocol == "umbridge":
         resp.content_type = "application/json"
         resp.data = orjson.dumps({"error": {"type": "Unauthorized", "message": message}})
+    elif protocol == "openai":
+        error = {"message": message, "type": "invalid_request_error", "param": None}
+        resp.content_type = "application/json"
+        resp.data = orjson.dumps({"error": {**error, "code": "invalid_api_key"}})
     elif protocol == "torchserve":
         # TorchServe's refusal of a key, as its clients read it (a 400).
         resp.status = falcon.HTTP_400

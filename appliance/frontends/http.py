@@ -35,6 +35,7 @@ from appliance.protocols.dashboard import rest as dashboard_rest
 from appliance.protocols.graphpipe import rest as graphpipe_rest
 from appliance.protocols.grps import rest as grps_rest
 from appliance.protocols.kserve import rest as kserve_rest
+from appliance.protocols.openai import rest as openai_rest
 from appliance.protocols.threads import Threads
 from appliance.protocols.torchserve import management_rest as torchserve_management
 from appliance.protocols.torchserve import rest as torchserve_rest
@@ -45,6 +46,7 @@ from appliance.protocols.web import App, ReadAhead
 # GET / serves GraphPipe's default model, and the dashboard to a browser.
 ROUTES: tuple[Callable[[App, ModelClient], None], ...] = (
     kserve_rest.add_routes,
+    openai_rest.add_routes,
     grps_rest.add_routes,
     umbridge_rest.add_routes,
     torchserve_rest.add_routes,
@@ -60,7 +62,8 @@ def create_app(client: ModelClient, threads: Threads) -> App:
     """Assemble the falcon app every protocol's REST routes mount into."""
     # Refused requests are answered before their bodies are read.
     body = ReadAhead(client.config.http.max_body_bytes, threads)
-    app = falcon.asgi.App(middleware=[HttpObserver(), *auth.http_middleware(client.config), body])
+    observer = HttpObserver(client.config.openai.prefix)
+    app = falcon.asgi.App(middleware=[observer, *auth.http_middleware(client.config), body])
     for add_routes in ROUTES:
         add_routes(app, client)
     app.add_route("/metrics", MetricsResource(client))

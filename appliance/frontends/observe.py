@@ -39,8 +39,11 @@ _SERVICES = (
 )
 
 
-def protocol_of_path(method: str, path: str) -> str:
-    """Which protocol an HTTP request speaks, from its path."""
+def protocol_of_path(method: str, path: str, openai_prefix: str = "/v1/") -> str:
+    """Which protocol an HTTP request speaks, from its path (``openai_prefix``: where
+    OpenAI's routes are, ending in "/"; TorchServe's KServe v1 paths have a colon)."""
+    if path.startswith(openai_prefix) and ":" not in path:
+        return "openai"
     for prefix, protocol in _PREFIXES:
         if path.startswith(prefix):
             return protocol
@@ -56,8 +59,11 @@ def protocol_of_path(method: str, path: str) -> str:
 class HttpObserver:
     """falcon middleware: tag, count and log every HTTP request."""
 
+    def __init__(self, openai_prefix: str = "/v1") -> None:
+        self.openai_prefix = openai_prefix.rstrip("/") + "/"
+
     async def process_request(self, req: falcon.Request, _resp: falcon.Response) -> None:
-        protocol = protocol_of_path(req.method, req.path)
+        protocol = protocol_of_path(req.method, req.path, self.openai_prefix)
         PROTOCOL.set(protocol)
         MODEL.set("")
         req.context.protocol = protocol

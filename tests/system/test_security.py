@@ -245,6 +245,15 @@ def test_kserve_rest_needs_the_token(https: str) -> None:
     assert get(f"{https}/v2/models/simple").status_code == 401
 
 
+def test_openai_routes_need_the_token_as_an_api_key(https: str) -> None:
+    refused = get(f"{https}/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert refused.status_code == 401
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
+    listed = get(f"{https}/v1/models", headers=BEARER).json()
+    assert "simple" in {model["id"] for model in listed["data"]}
+
+
 def test_grps_rest_needs_the_token_but_health_is_open(https: str) -> None:
     url = f"{https}/grps/v1/infer/predict?model=echo"
     refused = post(url, json={"str_data": "hi"})

@@ -1,0 +1,1 @@
+"""OpenAI's inference API (chat and text completions, embeddings, models) over the model client."""
