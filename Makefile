@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # The package with its extras, $(1) the pip options.
-EXTRAS := dev,onnx,torch,traces,openai
+EXTRAS := dev,onnx,torch,traces,openai,llm
 install_editable = $(PY) -m pip install --quiet $(1) -e '.[$(EXTRAS)]'
 
 install: $(STAMP)
@@ -81,7 +81,7 @@ test-unit: $(STAMP)
 # proxy, PIP_CERT (the CA bundle pip trusts here) is lent to the build.
 IMAGE ?= localhost/appliance:latest
 IMAGE_BASE ?= docker.io/library/python:3.12-slim
-IMAGE_EXTRAS ?= onnx,torch
+IMAGE_EXTRAS ?= onnx,torch,openai,llm
 LOCAL_BASE := localhost/appliance-base:bookworm
 image:
 	buildah bud --isolation chroot --layers --build-arg BASE=$(IMAGE_BASE) \

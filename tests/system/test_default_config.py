@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import openai
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
@@ -129,6 +130,42 @@ def test_graphpipe_root_serves_a_model_with_declared_inputs_and_outputs(
     # The status page is still there for a browser.
     page = requests.get(root, headers={"Accept": "text/html"}, timeout=10)
     assert page.status_code == 200
+
+
+def test_the_demo_language_models_answer_the_openai_client(appliance: Appliance) -> None:
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{appliance.ports['http']}/v1", api_key="-", max_retries=0
+    )
+    assert {"tiny_gpt", "tiny_embed"} <= {model.id for model in client.models.list()}
+    messages: Any = [{"role": "user", "content": "What does the model worker do?"}]
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny_gpt",
+            messages=messages,
+            max_tokens=12,
+            stream=True,
+            seed=5,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert 0 < usage.completion_tokens <= 12
+    # Seeded: the same text again, whole.
+    again = client.chat.completions.create(
+        model="tiny_gpt", messages=messages, max_tokens=12, seed=5
+    )
+    assert again.choices[0].message.content == text
+    vectors = client.embeddings.create(
+        model="tiny_embed", input=["shared memory rings", "shared memory", "a gRPC port"]
+    )
+    near, far = (
+        float(np.dot(vectors.data[0].embedding, vectors.data[i].embedding)) for i in (1, 2)
+    )
+    assert len(vectors.data[0].embedding) == 64
+    assert near > far
 
 
 def test_digits_ensemble_answers_the_labels_of_digits_and_argmax_on_the_holdout(
