@@ -13,7 +13,7 @@ from appliance.client.inflight import InFlight
 from appliance.client.request import TensorLike
 from appliance.client.result import InferResult
 from appliance.errors import ApplianceError, ErrorCode
-from appliance.observability.metrics import record_call
+from appliance.observability.metrics import record_call, record_stream_response
 
 
 class StreamCall:
@@ -33,6 +33,7 @@ class StreamCall:
         self._request = (channel, body, inputs, timeout_s)
         self._call: Call | None = None
         self._started = 0.0
+        self._responses = 0
 
     def open(self) -> Run[None]:
         channel, body, inputs, timeout_s = self._request
@@ -43,7 +44,12 @@ class StreamCall:
     def next(self) -> Run[InferResult | None]:
         assert self._call is not None
         yield self._call
-        yield self._flight.part(self._call)
+        part = self._flight.part(self._call)
+        if part is not None:
+            first = self._responses == 0
+            self._responses += 1
+            record_stream_response(self._request[1]["model"], self._started if first else None)
+        yield part
 
     def __enter__(self) -> StreamCall:
         self._started = time.perf_counter()

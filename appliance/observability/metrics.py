@@ -103,6 +103,20 @@ FRONTEND = Counter(
     ["protocol", "status"],
 )
 
+# A stream's responses (a language model's tokens, one response each): how soon
+# the first came, and how many, so that tokens per second is their rate.
+STREAM_FIRST = Histogram(
+    "appliance_stream_first_response_seconds",
+    "Time from a frontend opening a stream to its first response (time to first token).",
+    ["protocol", "model"],
+    buckets=_SECONDS,
+)
+STREAM_RESPONSES = Counter(
+    "appliance_stream_responses",
+    "Responses of streams (a token-streaming model's tokens), by protocol and model.",
+    ["protocol", "model"],
+)
+
 # The outcome label of each error code (a call's, on appliance_model_requests).
 OUTCOMES = {code: code.name.lower() for code in ErrorCode}
 OUTCOMES[ErrorCode.OK] = "ok"
@@ -133,6 +147,22 @@ def record_call(model: str, code: ErrorCode, started: float) -> None:
         _CALLS[key] = children
     _add(children[0], 1.0)
     children[1].observe(time.perf_counter() - started)
+
+
+_STREAMS: dict[tuple[str, str], tuple[Any, Observed]] = {}
+
+
+def record_stream_response(model: str, started: float | None) -> None:
+    """Count one response of a stream; ``started`` (its time.perf_counter() at opening)
+    only for its first, whose wait is observed."""
+    key = (PROTOCOL.get(), model)
+    children = _STREAMS.get(key)
+    if children is None:
+        children = (STREAM_RESPONSES.labels(*key)._value, Observed(STREAM_FIRST.labels(*key)))
+        _STREAMS[key] = children
+    _add(children[0], 1.0)
+    if started is not None:
+        children[1].observe(time.perf_counter() - started)
 
 
 def record_cache(model: str, hit: bool, seconds: float) -> None:

@@ -259,3 +259,27 @@ def test_a_client_that_goes_away_stops_its_generation(
     assert int(sent) < 100
     time.sleep(0)  # the appliance goes on serving
     assert post(appliance, "/completions", {"model": "tiny_llm", "prompt": "x"}).status_code == 200
+
+
+def test_metrics_count_the_routes_and_time_the_first_token(
+    appliance: Appliance, client: openai.OpenAI
+) -> None:
+    list(client.completions.create(model="tiny_llm", prompt="a b c", max_tokens=3, stream=True))
+    http = appliance.ports["http"]
+
+    def samples() -> dict[str, float]:
+        text = requests.get(f"http://127.0.0.1:{http}/metrics", timeout=10).text
+        found = {}
+        for line in text.splitlines():
+            if line.startswith("appliance_") and 'protocol="openai"' in line:
+                name, _, value = line.rpartition(" ")
+                found[name] = float(value)
+        return found
+
+    first = 'appliance_stream_first_response_seconds_count{model="tiny_llm",protocol="openai"}'
+    tokens = 'appliance_stream_responses_total{model="tiny_llm",protocol="openai"}'
+    assert eventually(lambda: samples().get(first, 0) >= 1, timeout_s=10)
+    got = samples()
+    assert got[tokens] >= 3
+    answered = [v for k, v in got.items() if k.startswith("appliance_frontend_requests_total")]
+    assert sum(answered) >= 1
