@@ -365,3 +365,18 @@ def serving_repository(path: Path) -> Iterator[Appliance]:
     config["repositories"] = [{"path": str(path)}]
     with serving(config) as started:
         yield started
+
+
+@contextlib.contextmanager
+def copied_repository(source: Path, prefix: str = "repo-") -> Iterator[Path]:
+    """A copy of the model repository at ``source`` for a ``with`` block, removed after.
+
+    Not under a run_dir: the master sweeps stale directories there. A copy, so
+    that what a test adds or a model writes stays out of the checkout.
+    """
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        shutil.copytree(source, root, dirs_exist_ok=True)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

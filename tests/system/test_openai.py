@@ -8,8 +8,7 @@ and an embedding model batched by the dynamic batcher.
 from __future__ import annotations
 
 import base64
-import shutil
-import tempfile
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,19 +20,21 @@ import orjson
 import pytest
 import requests
 
-from tests.system.harness import ROOT, Appliance, eventually, serving_repository
+from tests.system.harness import (
+    ROOT,
+    Appliance,
+    copied_repository,
+    eventually,
+    serving_repository,
+)
 
 MODELS = ROOT / "tests" / "data" / "openai_models"
 
 
 @pytest.fixture(scope="module")
 def repository() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="openai-", dir="/tmp"))
-    shutil.copytree(MODELS, root, dirs_exist_ok=True)
-    try:
+    with copied_repository(MODELS, "openai-") as root:
         yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -283,3 +284,23 @@ def test_metrics_count_the_routes_and_time_the_first_token(
     assert got[tokens] >= 3
     answered = [v for k, v in got.items() if k.startswith("appliance_frontend_requests_total")]
     assert sum(answered) >= 1
+
+
+def test_a_client_that_stops_reading_holds_back_no_other(appliance: Appliance) -> None:
+    body = orjson.dumps(
+        {"model": "tiny_llm", "prompt": "many words to repeat", "max_tokens": 5000, "stream": True}
+    )
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", appliance.ports["http"]), timeout=30) as stuck:
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.sendall(head.encode() + body)
+        assert stuck.recv(64).startswith(b"HTTP/1.1 200")
+        # It reads no more; its stream fills the socket's buffers and waits.
+        started = time.monotonic()
+        other = post(appliance, "/completions", {"model": "tiny_llm", "prompt": "x y"})
+        assert other.status_code == 200
+        assert other.json()["choices"][0]["text"] == "x y x y x y x y x y x y x y x y"
+        assert time.monotonic() - started < 10

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import queue
 import shutil
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from tests.sequence_streams import sequence_streamed
 from tests.system.harness import (
     ROOT,
     Appliance,
+    copied_repository,
     demo_models,
     make_config,
     new_run_dir,
@@ -42,12 +42,8 @@ MODELS = ROOT / "tests" / "data" / "python_models"
 
 @pytest.fixture(scope="module")
 def repository() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="pyrepo-", dir="/tmp"))
-    shutil.copytree(MODELS, root, dirs_exist_ok=True)
-    try:
+    with copied_repository(MODELS, "pyrepo-") as root:
         yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
