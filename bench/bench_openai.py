@@ -1,7 +1,7 @@
 """OpenAI's routes on the demo models: streams' time to first token and tokens per second,
 and embeddings over OpenAI's route against the same model over KServe.
 
-The appliance serves ``appliance/demos/repository`` (tiny_gpt, tiny_embed).
+The appliance serves ``appliance/demos/llm`` (tiny_gpt, tiny_embed).
 
 - Streams: S streams at once (1 and 16), each a closed loop of
   ``POST /v1/completions`` with ``stream: true``, 32 tokens (seeded sampling),
@@ -47,7 +47,7 @@ from bench.loadgen import (  # noqa: E402
 from tests.system.harness import serving_repository  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "openai.json"
-REPOSITORY = ROOT / "appliance" / "demos" / "repository"
+REPOSITORY = ROOT / "appliance" / "demos" / "llm"
 STREAMS = (1, 16)
 CLIENTS = (1, 16)
 TOKENS = 32

@@ -4,7 +4,7 @@ Nothing is downloaded. A byte-level BPE tokenizer is trained with
 ``tokenizers`` on text shipped in this repository (README.md and
 docs/architecture.md), and a GPT-2 of two layers (about 0.2 M parameters) is
 trained briefly on the same text with ``transformers`` and torch, seeded.
-It writes, under ``appliance/demos/repository``::
+It writes, under ``appliance/demos/llm``::
 
     tiny_gpt/1/config.json, model.safetensors   the causal language model
     tiny_gpt/tokenizer/                         tokenizer.json, tokenizer_config.json
@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = [ROOT / "README.md", ROOT / "docs" / "architecture.md"]
-DEMOS = ROOT / "appliance" / "demos" / "repository"
+DEMOS = ROOT / "appliance" / "demos" / "llm"
 VOCAB = 512
 CONTEXT = 128
 EOS = "<|endoftext|>"
