@@ -54,13 +54,15 @@ edits = [
     (r"^(\[http\]\nport = )8000", rf"\g<1>{ports[0]}"),
     (r"^(\[grpc\]\nport = )8001", rf"\g<1>{ports[1]}"),
     (r"^(listeners = \[\{ port = )8002", rf"\g<1>{ports[2]}"),
-    (r'^path = "demos/repository"', f'path = "{base.parent / "demos" / "repository"}"'),
-    (r'^path = "demos/ensembles"', f'path = "{base.parent / "demos" / "ensembles"}"'),
 ]
 for pattern, replacement in edits:
     text, n = re.subn(pattern, replacement, text, flags=re.MULTILINE)
     if n != 1:
         sys.exit(f"{base}: expected one line matching {pattern!r}, found {n}")
+# Every repository of the demos, relative to default.toml's directory: made absolute.
+text, n = re.subn(r'^path = "(demos/[^"]+)"', rf'path = "{base.parent}/\1"', text, flags=re.MULTILINE)
+if n == 0:
+    sys.exit(f"{base}: expected the demos' repositories (path = \"demos/...\"), found none")
 host_dir.mkdir(parents=True, exist_ok=True)
 (host_dir / "config.toml").write_text(text)
 PY
