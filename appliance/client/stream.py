@@ -13,6 +13,7 @@ from appliance.client.inflight import InFlight
 from appliance.client.request import TensorLike
 from appliance.client.result import InferResult
 from appliance.errors import ApplianceError, ErrorCode
+from appliance.observability import tracing
 from appliance.observability.metrics import record_call, record_stream_response
 
 
@@ -34,6 +35,7 @@ class StreamCall:
         self._call: Call | None = None
         self._started = 0.0
         self._responses = 0
+        self._traced: tracing.CallTrace | None = None
 
     def open(self) -> Run[None]:
         channel, body, inputs, timeout_s = self._request
@@ -53,6 +55,11 @@ class StreamCall:
 
     def __enter__(self) -> StreamCall:
         self._started = time.perf_counter()
+        body = self._request[1]
+        # A sampled request's stream is its ``infer`` span, as a unary call's is.
+        self._traced, traceparent = tracing.start_call(body["model"])
+        if traceparent:
+            body["trace"] = traceparent
         return self
 
     def __exit__(
@@ -69,3 +76,5 @@ class StreamCall:
             record_call(model, ErrorCode.OK, self._started)
         elif isinstance(error, ApplianceError):
             record_call(model, error.code, self._started)
+        if self._traced is not None:
+            self._traced.end(error.message if isinstance(error, ApplianceError) else "")

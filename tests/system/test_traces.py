@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
@@ -135,7 +136,7 @@ TWICE = {
 
 @pytest.fixture(scope="module")
 def appliance(receiver: Receiver) -> Iterator[Appliance]:
-    models = [*demo_models("simple"), scaled(2.0, delay_s=0.0), TWICE]
+    models = [*demo_models("simple", "repeat_int32"), scaled(2.0, delay_s=0.0), TWICE]
     config = make_config(new_run_dir(), models, **SECTIONS)
     config["traces"] = {"url": receiver.url, "export_ms": 100}
     with serving(config) as started:
@@ -199,6 +200,38 @@ def test_kserve_rest_follows_the_callers_trace_into_the_model_worker(
     batch = next(s for s in receiver.trees() if s["id"] in by_name["compute"]["links"])
     assert batch["name"] == "batch simple"
     assert by_name["compute"]["id"] in batch["links"] or infer["id"] in batch["links"]
+
+
+def test_a_stream_is_one_infer_span_under_the_request(
+    appliance: Appliance, receiver: Receiver
+) -> None:
+    """A streamed call (MLServer's infer_stream: server-sent events) is traced as a unary
+    one is: its ``infer`` span under the request's, the worker's spans under it."""
+    trace = "4bf92f3577b34da6a3ce929d0e0e4737"
+    body = {
+        "inputs": [
+            {"name": "IN", "datatype": "INT32", "shape": [3], "data": [4, 5, 6]},
+            {"name": "DELAY", "datatype": "UINT32", "shape": [3], "data": [0, 0, 0]},
+            {"name": "WAIT", "datatype": "UINT32", "shape": [1], "data": [0]},
+        ]
+    }
+    answer = requests.post(
+        f"http://127.0.0.1:{appliance.ports['http']}/v2/models/repeat_int32/infer_stream",
+        json=body,
+        headers={"traceparent": f"00-{trace}-{CALLER_SPAN}-01"},
+        timeout=30,
+    )
+    assert answer.status_code == 200
+    assert answer.text.count("data: ") == 3
+    spans = wait_for(receiver, trace, {"kserve repeat_int32", "infer"})
+    by_name = {s["name"]: s for s in spans}
+    server, infer = by_name["kserve repeat_int32"], by_name["infer"]
+    assert server["parent"] == CALLER_SPAN
+    assert infer["parent"] == server["id"]
+    for span in spans:
+        if span["name"] in WORKER_SPANS:
+            assert span["parent"] == infer["id"], span["name"]
+            assert span["pid"] != server["pid"]
 
 
 @pytest.mark.parametrize(
