@@ -168,6 +168,9 @@ def test_embeddings_in_both_encodings_batched(appliance: Appliance, client: open
         assert vector[:3] == [len(text), sum(c in "aeiou" for c in text), len(text.split())]
     # Twelve requests at once: the dynamic batcher ran some together.
     assert max(vector[3] for vector in vectors) > 1
+    # As many texts as OpenAI allows in one request: more than the model's queue holds.
+    many = client.embeddings.create(model="tiny_embed", input=[f"t{n}" for n in range(2048)])
+    assert [item.embedding[0] for item in many.data] == [len(f"t{n}") for n in range(2048)]
     floats = client.embeddings.create(model="tiny_embed", input="hi", encoding_format="float")
     assert floats.data[0].embedding[:3] == [2, 1, 1]
     body = {"model": "tiny_embed", "input": "hi", "encoding_format": "base64"}

@@ -52,6 +52,8 @@ from appliance.protocols.web import App, guarded, read_body
 responder = guarded(render)
 DONE = falcon.asgi.SSEvent(data=b"[DONE]")
 _STARTED = int(time.time())
+# An embeddings request's texts in flight at once: enough to fill a batch many times over.
+EMBEDDINGS_IN_FLIGHT = 64
 
 
 class Route:
@@ -183,12 +185,17 @@ class Embeddings(Route):
                 "model",
             )
 
+        # One request per text: the batcher batches them, and other clients' too. At
+        # most EMBEDDINGS_IN_FLIGHT at once: OpenAI allows 2,048 texts a request, more
+        # than a model's queue holds (max_queue, 1,024 by default).
+        slots = asyncio.Semaphore(EMBEDDINGS_IN_FLIGHT)
+
         async def one(text: str) -> np.ndarray[Any, Any]:
-            result = await self.client.infer_async(metadata.name, form.inputs(text))
+            async with slots:
+                result = await self.client.infer_async(metadata.name, form.inputs(text))
             with result:
                 return form.vector_of(result.outputs, metadata.name).copy()
 
-        # One request per text: the batcher batches them, and other clients' too.
         vectors = await asyncio.gather(*(one(text) for text in request.texts))
         size = len(vectors[0])
         if request.dimensions is not None and request.dimensions != size:
