@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import falcon
@@ -115,6 +115,15 @@ def guarded(render: RenderFailure) -> Callable[[Responder], AsyncResponder]:
         return wrapper
 
     return decorate
+
+
+def send_events(resp: Any, events: AsyncIterator[falcon.asgi.SSEvent]) -> None:
+    """Answer with ``events`` as server-sent events (text/event-stream).
+
+    falcon's ASGI response sends them as they come; it stops at the first event
+    after the client has gone, and the generator is closed when dropped.
+    """
+    resp.sse = events
 
 
 def read_body(req: falcon.Request, limit: int, hint: str = "") -> bytes:

@@ -54,7 +54,7 @@ from appliance.protocols.kserve import (
 from appliance.protocols.kserve.errors import DecodeError, http_body, http_status
 from appliance.protocols.kserve.inference import InferRequest, OutputData
 from appliance.protocols.kserve.shm import RegionTable
-from appliance.protocols.web import App, guarded, read_body
+from appliance.protocols.web import App, guarded, read_body, send_events
 
 log = logging.getLogger("appliance.kserve")
 JSON = "application/json"
@@ -255,7 +255,7 @@ class ModelResource(Resource):
         if not infer.decoupled(self.client, request.model):
             with await infer.infer_async(self.client, self.regions, request, timeout_s) as outputs:
                 body = encode(request.id, outputs)
-            _send_events(resp, _events(body, None))
+            send_events(resp, _events(body, None))
             return
         parts = infer.stream_async(self.client, self.regions, request, timeout_s)
         try:
@@ -267,7 +267,7 @@ class ModelResource(Resource):
         except BaseException:
             await parts.aclose()
             raise
-        _send_events(resp, _events(answer, parts, functools.partial(encode, request.id)))
+        send_events(resp, _events(answer, parts, functools.partial(encode, request.id)))
 
 
 # Encodes a response's outputs, given the request's id.
@@ -277,10 +277,6 @@ Encode = Callable[[str, list[OutputData]], bytes]
 def _encoded(model: str, served: str, request_id: str, outputs: list[OutputData]) -> bytes:
     """A KServe response's JSON (no binary outputs)."""
     return codec.encode_infer_response(model, served, request_id, outputs)[0]
-
-
-def _send_events(resp: Any, events: AsyncIterator[falcon.asgi.SSEvent]) -> None:
-    resp.sse = events  # falcon's ASGI response streams them as text/event-stream
 
 
 async def _events(

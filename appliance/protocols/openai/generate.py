@@ -12,8 +12,7 @@ Closing the run early (a client gone) cancels the model's stream.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator
 
 from appliance.client.api import ModelClient
 from appliance.core.metadata import ModelMetadata
@@ -79,7 +78,7 @@ class Run:
         # The model echoes the prompt itself where it takes exclude_input_in_output.
         self._echo = generation.echo and metadata.input("exclude_input_in_output") is None
 
-    async def pieces(self, inputs: dict[str, Tensor], request_id: str) -> AsyncIterator[str]:
+    async def pieces(self, inputs: dict[str, Tensor], request_id: str) -> AsyncGenerator[str, None]:
         """The text as it comes (empty pieces left out); closing it cancels the model."""
         if self._echo:
             self.text = self.prompt
@@ -133,20 +132,13 @@ class Run:
         return Usage(prompt, completion)
 
 
-async def first_and_rest(pieces: AsyncIterator[str]) -> tuple[str | None, AsyncIterator[str]]:
-    """The first piece (None: none came) and the iterator, advanced past it.
+async def first_piece(pieces: AsyncGenerator[str, None]) -> str | None:
+    """The first piece (None: none came); ``pieces`` goes on after it.
 
     A request the model refuses fails here, before a response has begun.
     """
     try:
-        first = await anext(pieces, None)
+        return await anext(pieces, None)
     except BaseException:
-        await _close(pieces)
+        await pieces.aclose()
         raise
-    return first, pieces
-
-
-async def _close(pieces: Any) -> None:
-    close = getattr(pieces, "aclose", None)
-    if close is not None:
-        await close()

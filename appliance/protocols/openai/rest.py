@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from appliance.protocols.openai.errors import (
     model_not_found,
     render,
 )
-from appliance.protocols.openai.generate import Run, first_and_rest
+from appliance.protocols.openai.generate import Run, first_piece
 from appliance.protocols.openai.requests import (
     Generation,
     chat_request,
@@ -47,7 +47,7 @@ from appliance.protocols.openai.requests import (
     embedding_request,
 )
 from appliance.protocols.openai.texts import Texts, tokenizer_dir
-from appliance.protocols.web import App, guarded, read_body
+from appliance.protocols.web import App, guarded, read_body, send_events
 
 responder = guarded(render)
 DONE = falcon.asgi.SSEvent(data=b"[DONE]")
@@ -64,7 +64,8 @@ class Route:
         self.limit = client.config.http.max_body_bytes
         self.config = client.config.openai
         self.settings = convention.Settings(self.config.default_max_tokens)
-        self._texts: dict[str, Texts] = {}
+        # Each model's tokenizer directory, found again when its entry changes (a reload).
+        self._texts: dict[str, tuple[tuple[Any, ...], Texts]] = {}
 
     def body(self, req: falcon.Request) -> dict[str, Any]:
         return load_object(read_body(req, self.limit), invalid)
@@ -77,16 +78,18 @@ class Route:
 
     def texts(self, model: str) -> Texts:
         options = self._options(model)
-        model_dir = Path(options["path"]).parent.parent if "path" in options else None
-        directory = tokenizer_dir(options, self.config.tokenizer, model_dir)
-        texts = self._texts.get(model)
-        if texts is None or texts.directory != directory:
-            texts = self._texts[model] = Texts(directory)
-        return texts
+        key = (options.get("path"), options.get("stamp"), options.get("tokenizer"))
+        known = self._texts.get(model)
+        if known is None or known[0] != key:
+            path = options.get("path")
+            model_dir = Path(path).parent.parent if isinstance(path, str) else None
+            directory = tokenizer_dir(options, self.config.tokenizer, model_dir)
+            known = self._texts[model] = (key, Texts(directory))
+        return known[1]
 
-    def _options(self, model: str) -> dict[str, Any]:
+    def _options(self, model: str) -> Mapping[str, Any]:
         configured = self.client.config.model(model)
-        return dict(configured.options) if configured is not None else {}
+        return configured.options if configured is not None else {}
 
 
 class Completions(Route):
@@ -114,10 +117,10 @@ class Completions(Route):
         max_tokens = generation.max_tokens or self.settings.default_max_tokens
         run = Run(self.client, metadata, generation, prompt, texts, max_tokens)
         completion = Completion(generation.model, self.chat)
-        first, pieces = await first_and_rest(run.pieces(inputs, completion.id))
+        pieces = run.pieces(inputs, completion.id)
+        first = await first_piece(pieces)
         if generation.stream:
-            stream = _events(completion, run, first, pieces, generation.include_usage)
-            _send_events(resp, stream)
+            send_events(resp, _events(completion, run, first, pieces, generation.include_usage))
             return
         async for _ in pieces:
             pass
@@ -136,7 +139,7 @@ async def _events(
     completion: Completion,
     run: Run,
     first: str | None,
-    pieces: AsyncIterator[str],
+    pieces: AsyncGenerator[str, None],
     include_usage: bool,
 ) -> AsyncIterator[falcon.asgi.SSEvent]:
     """The stream's chunks: (a chat's role,) each piece, the finish, (the usage,) [DONE]."""
@@ -156,15 +159,7 @@ async def _events(
         # openai client raises from its iterator.
         yield falcon.asgi.SSEvent(data=encode_error(from_error(ex)))
     finally:
-        close = getattr(pieces, "aclose", None)
-        if close is not None:
-            await close()
-
-
-def _send_events(resp: Any, events: AsyncIterator[falcon.asgi.SSEvent]) -> None:
-    # falcon's ASGI response streams them as text/event-stream, and stops when
-    # the client goes away (the events' generator is then closed).
-    resp.sse = events
+        await pieces.aclose()
 
 
 def _event(document: dict[str, Any]) -> falcon.asgi.SSEvent:

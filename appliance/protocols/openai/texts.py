@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -161,7 +162,7 @@ def _strftime_now(format: str) -> str:
 
 
 def tokenizer_dir(
-    options: dict[str, Any] | None, default: str, model_dir: Path | None
+    options: Mapping[str, Any] | None, default: str, model_dir: Path | None
 ) -> Path | None:
     """Where a model's tokenizer directory is (see the module's order), or None."""
     given = (options or {}).get("tokenizer")
