@@ -207,6 +207,10 @@ def test_errors_are_openai_error_objects(appliance: Appliance, client: openai.Op
     error = bad.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert (error["type"], error["param"]) == ("invalid_request_error", "temperature")
+    huge = post(
+        appliance, "/completions", {"model": "tiny_llm", "prompt": "x", "max_tokens": 2**63}
+    )
+    assert (huge.status_code, huge.json()["error"]["param"]) == (400, "max_tokens")
     unknown = post(appliance, "/completions", {"model": "tiny_llm", "prompt": "x", "frob": 1})
     assert unknown.json()["error"]["param"] == "frob"
     not_json = requests.post(url(appliance, "/chat/completions"), data=b"{", timeout=30)

@@ -146,6 +146,27 @@ def test_only_the_inputs_a_model_declares_are_sent_in_their_shapes() -> None:
     ].shape == (1, 1)
 
 
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"max_tokens": 2**40}, "max_tokens"),  # past INT32
+        ({"seed": -1}, "seed"),  # UINT64
+        ({"seed": 2**70}, "seed"),
+    ],
+)
+def test_a_value_past_the_model_s_type_is_refused_naming_the_input(
+    body: dict[str, Any], param: str
+) -> None:
+    metadata = llm(
+        spec("max_tokens", "INT32", [1, 1], optional=True),
+        spec("seed", "UINT64", [1, 1], optional=True),
+    )
+    generation = completion_request({"model": "llm", "prompt": "p", **body})
+    with pytest.raises(OpenAIError) as caught:
+        convention.generation_inputs(metadata, generation, "p", convention.Settings())
+    assert (caught.value.status, caught.value.param) == (400, param)
+
+
 def test_a_required_input_the_routes_cannot_fill_refuses_the_model() -> None:
     metadata = llm(spec("lora_weights", "FP32", [-1]))
     generation = completion_request({"model": "llm", "prompt": "p"})
