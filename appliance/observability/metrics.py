@@ -75,7 +75,7 @@ CALL_SECONDS_SUM = "appliance_model_request_duration_seconds_sum"
 CALL_SECONDS_COUNT = "appliance_model_request_duration_seconds_count"
 _files: MetricFiles | None = None
 _TWO_DOUBLES = struct.Struct("dd")
-# Direct writes of metric values (see _add): the event loop's and the frontends' threads'.
+# Direct writes of metric values (see Written): the event loop's and the frontends' threads'.
 _WRITES = threading.Lock()
 BATCH_ROWS = Histogram(
     "appliance_batch_rows",
@@ -124,10 +124,10 @@ OUTCOMES[ErrorCode.OK] = "ok"
 
 # PERF: looking up a labelled child costs as much as recording into it, so
 # each process keeps the children it has used.
-_CALLS: dict[tuple[str, str, ErrorCode], tuple[Any, Observed]] = {}
+_CALLS: dict[tuple[str, str, ErrorCode], tuple[Written, Observed]] = {}
 _BATCHES: dict[str, tuple[Tally, Tally, Tally]] = {}
 # Wire statuses are few per protocol; a client cannot make up new ones.
-_FRONTEND: dict[tuple[str, str], Any] = {}
+_FRONTEND: dict[tuple[str, str], Written] = {}
 
 
 def record_call(model: str, code: ErrorCode, started: float) -> None:
@@ -141,15 +141,15 @@ def record_call(model: str, code: ErrorCode, started: float) -> None:
     children = _CALLS.get(key)
     if children is None:
         children = (
-            REQUESTS.labels(protocol, label, OUTCOMES[code])._value,
+            Written(REQUESTS.labels(protocol, label, OUTCOMES[code])._value),
             Observed(LATENCY.labels(protocol, label)),
         )
         _CALLS[key] = children
-    _add(children[0], 1.0)
+    children[0].add(1.0)
     children[1].observe(time.perf_counter() - started)
 
 
-_STREAMS: dict[tuple[str, str], tuple[Any, Observed]] = {}
+_STREAMS: dict[tuple[str, str], tuple[Written, Observed]] = {}
 
 
 def record_stream_response(model: str, started: float | None) -> None:
@@ -158,9 +158,10 @@ def record_stream_response(model: str, started: float | None) -> None:
     key = (PROTOCOL.get(), model)
     children = _STREAMS.get(key)
     if children is None:
-        children = (STREAM_RESPONSES.labels(*key)._value, Observed(STREAM_FIRST.labels(*key)))
+        value = STREAM_RESPONSES.labels(*key)._value
+        children = (Written(value), Observed(STREAM_FIRST.labels(*key)))
         _STREAMS[key] = children
-    _add(children[0], 1.0)
+    children[0].add(1.0)
     if started is not None:
         children[1].observe(time.perf_counter() - started)
 
@@ -208,10 +209,11 @@ class Tally:
     exposition matches observing one by one.
     """
 
-    __slots__ = ("_bounds", "_child", "_counts", "_sum")
+    __slots__ = ("_bounds", "_buckets", "_counts", "_sum", "_total")
 
     def __init__(self, child: Any) -> None:
-        self._child = child
+        self._buckets = [Written(bucket) for bucket in child._buckets]
+        self._total = Written(child._sum)
         self._bounds: list[float] = list(child._upper_bounds)
         # Observations by bucket index, of the buckets observed since the last flush.
         self._counts: dict[int, int] = {}
@@ -228,33 +230,32 @@ class Tally:
         counts = self._counts
         if not counts:
             return
-        child = self._child
-        _add(child._sum, self._sum)
-        buckets = child._buckets
+        self._total.add(self._sum)
+        buckets = self._buckets
         for index, count in counts.items():
-            _add(buckets[index], count)
+            buckets[index].add(count)
         self._counts = {}
         self._sum = 0.0
 
 
 class Observed:
-    """A histogram child observed in place: its bucket and sum written at once (see _add)."""
+    """A histogram child observed in place: its bucket and sum written at once (see Written)."""
 
     __slots__ = ("_bounds", "_buckets", "_sum")
 
     def __init__(self, child: Any) -> None:
         self._bounds: list[float] = list(child._upper_bounds)
-        self._buckets = child._buckets
-        self._sum = child._sum
+        self._buckets = [Written(bucket) for bucket in child._buckets]
+        self._sum = Written(child._sum)
 
     def observe(self, value: float) -> None:
         # The first bucket whose upper bound is >= value, as Histogram.observe picks.
-        _add(self._buckets[bisect.bisect_left(self._bounds, value)], 1.0)
-        _add(self._sum, value)
+        self._buckets[bisect.bisect_left(self._bounds, value)].add(1.0)
+        self._sum.add(value)
 
 
-def _add(value: Any, amount: float) -> None:
-    """Add to a metric child's value, as its ``inc`` does.
+class Written:
+    """One metric child's value, added to in place in its process's metrics file.
 
     PERF: a multiprocess value's ``inc`` checks the metric, takes a lock and
     asks the pid (to notice a fork), then writes through two calls: about 150
@@ -262,21 +263,29 @@ def _add(value: Any, amount: float) -> None:
     time it goes idle. Every child written here is made in the process that
     writes it, after any fork (gunicorn's, the zygote's), and written only
     here, under one lock; so the two doubles ``inc`` would write are written
-    in place (prometheus_client's MmapedDict layout: value, then timestamp 0).
+    at the place the value took in the file when it was made
+    (prometheus_client's MmapedDict layout: value, then timestamp 0). A file
+    that grows is mapped again, so its map is looked up on every write; the
+    places in it stay.
     """
-    if not getattr(value, "_multiprocess", False):
-        value.inc(amount)
-        return
-    with _WRITES:
-        total = value._value + amount
-        value._value = total
-        value._timestamp = 0.0
-        file = value._file
-        position = file._positions.get(value._key)
-        if position is None:
-            file.write_value(value._key, total, 0.0)  # makes its place in the file
-        else:
-            file._m[position : position + 16] = _TWO_DOUBLES.pack(total, 0.0)
+
+    __slots__ = ("_file", "_position", "_value")
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+        self._file = value._file if getattr(value, "_multiprocess", False) else None
+        # A multiprocess value reads itself from its file when made: its place is there.
+        self._position = -1 if self._file is None else self._file._positions[value._key]
+
+    def add(self, amount: float) -> None:
+        value, file = self._value, self._file
+        if file is None:
+            value.inc(amount)
+            return
+        with _WRITES:
+            total = value._value + amount
+            value._value = total
+            _TWO_DOUBLES.pack_into(file._m, self._position, total, 0.0)
 
 
 def record_batch(model: str, rows: int, waits_s: list[float], compute_s: float) -> None:
@@ -312,7 +321,7 @@ def log_access(protocol: str, status: str, started: float, detail: str = "") -> 
     key = (protocol, status)
     value = _FRONTEND.get(key)
     if value is None:
-        value = _FRONTEND[key] = FRONTEND.labels(protocol, status)._value
-    _add(value, 1.0)
+        value = _FRONTEND[key] = Written(FRONTEND.labels(protocol, status)._value)
+    value.add(1.0)
     latency_ms = (time.perf_counter() - started) * 1000
     logs.access(protocol, MODEL.get(), status, latency_ms, detail)
