@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?=
 GENERATED := appliance/_generated
 
-.PHONY: help install upgrade run test test-long test-unit test-image test-peers lint fmt generate generate-check docs docs-reference docs-check docs-architecture bench soak fuzz wire-capture clean install-systemd image image-base
+.PHONY: help install native upgrade run test test-long test-unit test-image test-peers lint fmt generate generate-check docs docs-reference docs-check docs-architecture bench soak fuzz wire-capture clean install-systemd image image-base
 
 # install-systemd: a virtual environment of its own under PREFIX, the unit, and
 # an example config (never overwritten). DESTDIR stages it elsewhere.
@@ -50,7 +50,12 @@ $(STAMP): pyproject.toml
 EXTRAS := dev,onnx,torch,traces,openai,llm
 install_editable = $(PY) -m pip install --quiet $(1) -e '.[$(EXTRAS)]'
 
-install: $(STAMP)
+# The model worker's request path compiled with mypyc where a C compiler is at
+# hand (appliance/native.py); a no-op when current, pure Python where it cannot.
+native: $(STAMP)
+	@$(PY) -c "from appliance import native; raise SystemExit(native.build())"
+
+install: $(STAMP) native
 
 # A venv keeps whatever once satisfied pyproject; a fresh clone (CI) gets the
 # newest releases. This makes an old venv match it.
@@ -59,16 +64,16 @@ upgrade: $(STAMP)
 	$(PY) -m pip install --quiet --no-deps graphpipe==1.0.4
 	@touch $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP) native
 	$(BIN)/appliance serve $(if $(CONFIG),--config $(CONFIG))
 
-test: $(STAMP)
+test: $(STAMP) native
 	$(BIN)/pytest -q
 
 # The tests that put a minute or more of load on the appliance (a short soak, the
 # README fleet's roll-over, two hosts behind HAProxy), apart so that make test
 # stays under 15 minutes.
-test-long: $(STAMP)
+test-long: $(STAMP) native
 	$(BIN)/pytest -q -p no:cacheprovider -m long tests
 
 test-unit: $(STAMP)
@@ -105,7 +110,7 @@ test-image: $(STAMP)
 # they install into bench/.peers/ on first use like the benchmarks' peers. The
 # appliance side of the MLServer tests needs the mlserver extras here too, and so
 # does test_mlserver_folder.py, which make test skips where they are not installed.
-test-peers: $(STAMP)
+test-peers: $(STAMP) native
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS),mlserver,mlserver-xgboost]'
 	$(BIN)/pytest -q -p no:cacheprovider -m peers tests/peers
 	$(BIN)/pytest -q -p no:cacheprovider tests/system/test_mlserver_folder.py
@@ -156,10 +161,10 @@ docs-architecture: $(STAMP)
 # BENCH_ARGS reaches every script, e.g. `make bench BENCH_ARGS=--quick`.
 # bench_peers.py installs its peers into bench/.peers/ on first use.
 BENCH_ARGS ?=
-bench: $(STAMP)
+bench: $(STAMP) native
 	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script $(BENCH_ARGS) || exit 1; done
 
-soak: $(STAMP)
+soak: $(STAMP) native
 	$(PY) bench/soak.py --minutes $(or $(MINUTES),10)
 
 # Each codec's fuzz target runs FUZZ_SECONDS with atheris (installed here, not
@@ -190,5 +195,6 @@ install-systemd:
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	@test ! -x $(PY) || $(PY) -c "from appliance import native; native.remove()"
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 	@test ! -x $(PY) || $(PY) -c "from appliance.master.sweep import sweep_stale; sweep_stale('')"

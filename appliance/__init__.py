@@ -8,3 +8,8 @@ and routes) -> ``client.api`` (the one internal client API) -> ``core``
 """
 
 __version__ = "0.1.0"
+
+from appliance import native
+
+# Before any module of the request path is imported: compiled only if current.
+native.guard()

@@ -85,6 +85,7 @@ class Side:
     label: str
     setup: Setup = field(compare=False)
     cwd: Path = ROOT
+    env: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 # The Triton system that serves what each appliance system serves (bench/plan.py).
@@ -199,7 +200,9 @@ def compare(
             trees: dict[str, ProcessTree] = {}
             for side in sides:
                 models, sections = side.setup()
-                appliance = stack.enter_context(running(models, cwd=side.cwd, **sections))
+                appliance = stack.enter_context(
+                    running(models, env=side.env, cwd=side.cwd, **sections)
+                )
                 where[side.label] = appliance_endpoints(appliance)
                 trees[side.label] = ProcessTree(appliance.process.pid)
                 log(f"{side.label} up")
@@ -365,6 +368,8 @@ def main() -> int:
     parser.add_argument("--b", action="append", default=[], help="B's section.key=value")
     parser.add_argument("--a-rev", help="serve A from the appliance package of this revision")
     parser.add_argument("--b-rev", help="serve B from the appliance package of this revision")
+    parser.add_argument("--a-env", action="append", default=[], help="A's KEY=VALUE environment")
+    parser.add_argument("--b-env", action="append", default=[], help="B's KEY=VALUE environment")
     parser.add_argument("--triton", action="store_true", help="measure real Triton beside")
     parser.add_argument(
         "--floors", action="store_true", help="the hop's floor (ZeroMQ alone) in the same rounds"
@@ -387,11 +392,15 @@ def main() -> int:
     with contextlib.ExitStack() as exports:
         sides = tuple(
             Side(
-                " ".join([*([f"@{rev}"] if rev else []), *settings]) or "defaults",
+                " ".join([*([f"@{rev}"] if rev else []), *settings, *env]) or "defaults",
                 with_settings(settings),
                 exported(rev, exports) if rev else ROOT,
+                dict(item.split("=", 1) for item in env),
             )
-            for settings, rev in ((args.a, args.a_rev), (args.b, args.b_rev))
+            for settings, rev, env in (
+                (args.a, args.a_rev, args.a_env),
+                (args.b, args.b_rev, args.b_env),
+            )
         )
         if sides[0].label == sides[1].label:
             raise SystemExit("A and B are the same settings and revision")

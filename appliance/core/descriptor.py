@@ -137,7 +137,7 @@ def to_frame(message: Message) -> bytes:
     )
     if not payloads:
         return header + encoded
-    return b"".join((header, encoded, *payloads))
+    return b"".join([header, encoded, *payloads])
 
 
 _KINDS = {int(kind): kind for kind in Kind}
@@ -321,6 +321,12 @@ def _place_client(
     return [name, tensor.dtype.value, list(tensor.shape), place]
 
 
+class Views(Protocol):
+    """What reading tensors needs of a :class:`SegmentReader`: a view of a segment's bytes."""
+
+    def view(self, segment: str, offset: int, nbytes: int) -> memoryview: ...
+
+
 class SegmentReader:
     """Read tensors out of other processes' segments, mapping each once.
 
@@ -378,7 +384,7 @@ _DTYPES = {dtype.value: dtype for dtype in DType}
 
 
 def read_tensors(
-    entries: Iterable[Sequence[Any]], payloads: Sequence[Any], reader: SegmentReader
+    entries: Iterable[Sequence[Any]], payloads: Sequence[Any], reader: Views
 ) -> dict[str, Tensor]:
     """Rebuild tensors from body entries; ring data is viewed, not copied.
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from appliance import native
 from appliance.config.settings import ApplianceConfig, ConfigError, write_snapshot
 from appliance.core.segment import Space, mib
 from appliance.core.status import Role, SlotState, StatusTable
@@ -203,6 +204,7 @@ class Supervisor:
             ", ".join(f"{port} -> {model}" for port, model in held.mip_listeners),
             "online" if self.status.online else "offline",
         )
+        log.info("model workers' request path: %s", native.state())
         # Frontends import while the zygote does; model workers wait for it.
         for child in sorted(self.children, key=lambda c: c.spec.is_model):
             if child.spec.is_model:

@@ -33,6 +33,7 @@ Array = npt.NDArray[Any]
 PREDICT = "predict"
 STREAM = "stream"
 DERIVATIVES = ("gradient", "apply_jacobian", "apply_hessian")
+METHODS = (PREDICT, STREAM, *DERIVATIVES)
 SENS, VEC = "__sens__", "__vec__"
 # The batch key of every prediction of a model that takes requests one by one.
 ANY_REQUEST = "any request"
@@ -55,7 +56,7 @@ def check_request(
     """
     body = message.body
     method = str(body.get("method", PREDICT))
-    if method not in (PREDICT, STREAM, *DERIVATIVES):
+    if method not in METHODS:
         raise BadRequest(f"unknown method {method!r}")
     parameters = body.get("params") or {}
     if not isinstance(parameters, dict):

@@ -1,0 +1,203 @@
+"""The model worker's request path, compiled where a C compiler is at hand.
+
+A profile of the model worker under load (docs/performance.md, issue 55) put
+two thirds of its CPU in the Python interpreter, spread thin over the
+modules below. ``make install`` compiles them with mypyc (from the same
+sources: no second implementation) into C extensions beside them, in one
+group library, ``appliance/_native__mypyc*.so``. Where that cannot be done
+(no compiler, no mypy), nothing is built and the same modules run as Python.
+
+Compiled modules call one another directly in C, so they only run together:
+when any of their sources changed after the build (an edit, a checkout), or
+``APPLIANCE_PURE=1`` is set, :func:`guard` (run when the package is
+imported) has every one of them loaded from its source instead, and says so
+in the master's log (:func:`state`). :func:`build` (``make install``) builds,
+or says why not; it does nothing when the build is up to date.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+PACKAGE = Path(__file__).resolve().parent
+ROOT = PACKAGE.parent
+GROUP = "appliance._native"
+MANIFEST = PACKAGE / "_native.json"
+PURE_ENV = "APPLIANCE_PURE"
+
+# The request path of a model worker: what it runs for every request, from
+# the descriptor's arrival to the reply's send, and the counting.
+MODULES = (
+    "appliance.core.descriptor",
+    "appliance.observability.metrics",
+    "appliance.worker.batch_runner",
+    "appliance.worker.batcher",
+    "appliance.worker.execute",
+    "appliance.worker.intake",
+    "appliance.worker.outbox",
+    "appliance.worker.own_slot",
+    "appliance.worker.pending",
+    "appliance.worker.plain",
+    "appliance.worker.replies",
+    "appliance.worker.sequence_batcher",  # a Batcher: a compiled class's subclass is compiled
+    "appliance.worker.server",
+)
+
+_state = "pure Python (not compiled)"
+
+
+def source_of(module: str) -> Path:
+    return ROOT / (module.replace(".", "/") + ".py")
+
+
+def state() -> str:
+    """How the request path runs in this process: compiled, or pure Python and why."""
+    return _state
+
+
+def _suffix() -> str:
+    return str(sysconfig.get_config_var("EXT_SUFFIX") or ".so")
+
+
+def _stamps() -> dict[str, list[int]]:
+    """Each source's modification time and size: what a change of it changes."""
+    out = {}
+    for module in MODULES:
+        status = source_of(module).stat()
+        out[module] = [status.st_mtime_ns, status.st_size]
+    return out
+
+
+def _digests() -> dict[str, str]:
+    return {m: hashlib.sha256(source_of(m).read_bytes()).hexdigest() for m in MODULES}
+
+
+def _built() -> dict[str, Any] | None:
+    """The manifest of the last build, if it is of these modules and this Python."""
+    try:
+        manifest = json.loads(MANIFEST.read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("modules") != list(MODULES) or manifest.get("suffix") != _suffix():
+        return None
+    return dict(manifest)
+
+
+def _why_pure() -> str | None:
+    """Why the compiled modules must not run here (None: they may)."""
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        return f"pure Python ({PURE_ENV} is set)"
+    manifest = _built()
+    if manifest is None:
+        return "pure Python (not compiled)"
+    try:
+        if manifest.get("stamps") != _stamps():
+            return "pure Python (sources changed since the build; make install rebuilds it)"
+    except OSError:
+        return "pure Python (a source is missing)"
+    if not all(_extension(m).exists() for m in MODULES):
+        return "pure Python (a compiled module is missing)"
+    return None
+
+
+def _extension(module: str) -> Path:
+    return ROOT / (module.replace(".", "/") + _suffix())
+
+
+class _FromSource(importlib.abc.MetaPathFinder):
+    """Loads the compiled modules from their sources, ahead of their extensions."""
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MODULES:
+            return None
+        return importlib.util.spec_from_file_location(fullname, source_of(fullname))
+
+
+def guard() -> None:
+    """Run the compiled modules only if every one of them is current (see the module doc)."""
+    global _state
+    why = _why_pure()
+    if why is None:
+        _state = "compiled (mypyc)"
+        return
+    _state = why
+    if _built() is not None or os.environ.get(PURE_ENV):
+        loaded = [m for m in MODULES if m in sys.modules]
+        if loaded:  # too late to choose; not expected: the package imports this first
+            _state += f"; already loaded: {', '.join(loaded)}"
+        sys.meta_path.insert(0, _FromSource())
+    elif any(_extension(m).exists() for m in MODULES):
+        sys.meta_path.insert(0, _FromSource())
+
+
+def build() -> int:
+    """Compile the modules where they are, unless the build is current."""
+    manifest = _built()
+    digests = _digests()
+    current = manifest is not None and manifest.get("digests") == digests
+    if current and all(_extension(m).exists() for m in MODULES):
+        if manifest is not None and manifest.get("stamps") != _stamps():
+            _write_manifest(digests)  # the same code, touched (a checkout): no compile
+        print("appliance.native: compiled modules are current")
+        return 0
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        print("appliance.native: no C compiler; the request path runs as pure Python")
+        return 0
+    try:
+        from mypyc.build import mypycify
+        from setuptools import setup  # type: ignore[import-untyped]
+    except ImportError as ex:
+        print(f"appliance.native: {ex}; the request path runs as pure Python")
+        return 0
+    remove()
+    sources = [str(source_of(m).relative_to(ROOT)) for m in MODULES]
+    previous = Path.cwd()
+    os.chdir(ROOT)
+    try:
+        extensions = mypycify(sources, group_name=GROUP, target_dir="build/native")
+        setup(
+            name="appliance-native",
+            ext_modules=extensions,
+            script_args=["--quiet", "build_ext", "--inplace", "--build-temp", "build/native"],
+        )
+    except (Exception, SystemExit) as ex:  # a failed compile leaves the pure path
+        remove()
+        print(f"appliance.native: compiling failed ({ex}); the request path runs as pure Python")
+        return 0
+    finally:
+        os.chdir(previous)
+    _write_manifest(digests)
+    print(f"appliance.native: compiled {len(MODULES)} modules")
+    return 0
+
+
+def _write_manifest(digests: dict[str, str]) -> None:
+    manifest = {
+        "modules": list(MODULES),
+        "suffix": _suffix(),
+        "digests": digests,
+        "stamps": _stamps(),
+    }
+    MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def remove() -> None:
+    """Remove every compiled module and the manifest: back to pure Python."""
+    MANIFEST.unlink(missing_ok=True)
+    for module in MODULES:
+        _extension(module).unlink(missing_ok=True)
+    for library in PACKAGE.glob(f"_native__mypyc*{_suffix()}"):
+        library.unlink()

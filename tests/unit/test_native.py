@@ -1,0 +1,70 @@
+"""Which request path a process runs: compiled only while every compiled module is current."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from appliance import native
+
+PROBE = (
+    "import appliance, appliance.worker.server as s, appliance.core.descriptor as d;"
+    "print(appliance.native.state()); print(s.__file__); print(d.__file__)"
+)
+
+
+def probe(root: Path, **env: str) -> list[str]:
+    """What a fresh process that imports the package from ``root`` runs."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+def test_pure_when_asked() -> None:
+    state, server, descriptor = probe(native.ROOT, **{native.PURE_ENV: "1"})
+    assert state == "pure Python (APPLIANCE_PURE is set)"
+    assert server.endswith("server.py")
+    assert descriptor.endswith("descriptor.py")
+
+
+compiled = pytest.mark.skipif(
+    native.MANIFEST.exists() is False, reason="the request path is not compiled here"
+)
+
+
+@compiled
+def test_compiled_when_built() -> None:
+    state, server, descriptor = probe(native.ROOT)
+    assert state == "compiled (mypyc)"
+    assert server.endswith(".so")
+    assert descriptor.endswith(".so")
+
+
+@compiled
+def test_a_changed_source_runs_every_module_from_source(tmp_path: Path) -> None:
+    # A copy of the package, its build included (copytree keeps modification times).
+    shutil.copytree(
+        native.PACKAGE,
+        tmp_path / "appliance",
+        ignore=shutil.ignore_patterns("__pycache__", "demos"),
+    )
+    assert probe(tmp_path)[0] == "compiled (mypyc)"
+    edited = tmp_path / "appliance" / "worker" / "plain.py"
+    edited.write_text(edited.read_text() + "\n")
+    state, server, descriptor = probe(tmp_path)
+    assert state.startswith("pure Python (sources changed since the build")
+    # Not only the edited module: compiled modules call each other in C.
+    assert server.endswith("server.py")
+    assert descriptor.endswith("descriptor.py")
