@@ -40,18 +40,28 @@ PURE_ENV = "APPLIANCE_PURE"
 # the descriptor's arrival to the reply's send, and the counting.
 MODULES = (
     "appliance.core.descriptor",
+    "appliance.core.ring",
+    "appliance.core.status",
+    "appliance.core.tensor",
     "appliance.observability.metrics",
     "appliance.worker.batch_runner",
     "appliance.worker.batcher",
     "appliance.worker.execute",
     "appliance.worker.intake",
+    "appliance.worker.mappings",
     "appliance.worker.outbox",
     "appliance.worker.own_slot",
+    "appliance.worker.passthrough",
     "appliance.worker.pending",
+    "appliance.worker.per_request",
+    "appliance.worker.pieces",
     "appliance.worker.plain",
+    "appliance.worker.refusals",
     "appliance.worker.replies",
     "appliance.worker.sequence_batcher",  # a Batcher: a compiled class's subclass is compiled
     "appliance.worker.server",
+    "appliance.worker.stream_steps",
+    "appliance.worker.streams",
 )
 
 _state = "pure Python (not compiled)"
