@@ -37,12 +37,12 @@ MANIFEST = PACKAGE / "_native.json"
 PURE_ENV = "APPLIANCE_PURE"
 
 # The request path of a model worker: what it runs for every request, from
-# the descriptor's arrival to the reply's send, and the counting.
+# the descriptor's arrival to the reply's send, and the counting. Not the core
+# modules the frontends share (status table, ring, tensors): compiled, they
+# made no difference to the worker and their callers in the frontends run
+# interpreted (bench/results/ab-native.md).
 MODULES = (
     "appliance.core.descriptor",
-    "appliance.core.ring",
-    "appliance.core.status",
-    "appliance.core.tensor",
     "appliance.observability.metrics",
     "appliance.worker.batch_runner",
     "appliance.worker.batcher",
@@ -205,9 +205,13 @@ def _write_manifest(digests: dict[str, str]) -> None:
 
 
 def remove() -> None:
-    """Remove every compiled module and the manifest: back to pure Python."""
+    """Remove every compiled module (those of the last build too) and the manifest."""
+    try:
+        built = list(json.loads(MANIFEST.read_text()).get("modules", []))
+    except (OSError, ValueError):
+        built = []
     MANIFEST.unlink(missing_ok=True)
-    for module in MODULES:
-        _extension(module).unlink(missing_ok=True)
+    for module in {*MODULES, *built}:
+        _extension(str(module)).unlink(missing_ok=True)
     for library in PACKAGE.glob(f"_native__mypyc*{_suffix()}"):
         library.unlink()
