@@ -306,7 +306,7 @@ class Batcher:
         """Remove and return the pending requests ``predicate`` selects."""
         dropped = [item for item in self.queue if predicate(item)]
         if dropped:
-            self.queue = deque(item for item in self.queue if not predicate(item))
+            self.queue = deque([item for item in self.queue if not predicate(item)])
         return dropped
 
 

@@ -50,7 +50,7 @@ class SequenceBatcher(Batcher):
         dropped = super().drop(predicate)
         held = [item for item in self.held if predicate(item)]
         if held:
-            self.held = deque(item for item in self.held if not predicate(item))
+            self.held = deque([item for item in self.held if not predicate(item)])
         return dropped + held
 
     def _admitter(self, head: Pending, now: float) -> Callable[[Pending], bool]:
