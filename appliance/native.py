@@ -144,13 +144,11 @@ def guard() -> None:
         _state = "compiled (mypyc)"
         return
     _state = why
-    if _built() is not None or os.environ.get(PURE_ENV):
-        loaded = [m for m in MODULES if m in sys.modules]
-        if loaded:  # too late to choose; not expected: the package imports this first
-            _state += f"; already loaded: {', '.join(loaded)}"
-        sys.meta_path.insert(0, _FromSource())
-    elif any(_extension(m).exists() for m in MODULES):
-        sys.meta_path.insert(0, _FromSource())
+    loaded = [m for m in MODULES if m in sys.modules]
+    if loaded:  # too late to choose; not expected: the package imports this first
+        _state += f"; already loaded: {', '.join(loaded)}"
+    # Where nothing is built this changes nothing; where anything is, it must not load.
+    sys.meta_path.insert(0, _FromSource())
 
 
 def build() -> int:
