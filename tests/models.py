@@ -200,6 +200,27 @@ class Rendezvous(Model):
             time.sleep(0.01)
 
 
+class Flood(Model):
+    """A stream of ``count`` parts of ``size`` bytes (options), as fast as they are asked for.
+
+    Before each part it writes how many it has made to ``made`` in
+    ``options["dir"]``: so a test sees whether the stream was held back.
+    """
+
+    inputs = [spec("count", "INT32", [1])]
+    outputs = [spec("data", "UINT8", [-1]), spec("index", "INT32", [1])]
+
+    def predict_stream(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Iterator[Outputs]:
+        made = Path(self.options["dir"]) / "made"
+        writing = made.with_suffix(".new")
+        size = int(self.options.get("size", 4096))
+        for index in range(int(inputs["count"][0])):
+            # Renamed into place: a reader never sees it half written.
+            writing.write_text(str(index + 1))
+            writing.replace(made)
+            yield {"data": np.full(size, 7, np.uint8), "index": np.array([index], np.int32)}
+
+
 # Stand-ins for the three models of the ensemble in Triton's architecture guide
 # (docs/user_guide/architecture.md): an image's bytes -> a 3x224x224 tensor, read
 # by a classifier and a segmenter. Each result is a function of the image's length.

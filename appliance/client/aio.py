@@ -142,6 +142,7 @@ class AsyncChannel(ReplySockets[_Box]):
         box = self._inbox[request_id]
         if box:
             item = box.popleft()
+            self._taken(request_id, box)
         else:
             if self._watchdog is None:
                 self._watchdog = self._loop.create_task(self._watch())

@@ -27,6 +27,8 @@ class Outbox(Protocol):
 
     def forget(self, request_id: int) -> None: ...
 
+    def watch(self, request_id: int, target: Target) -> None: ...
+
 
 @dataclass(slots=True)
 class Call:

@@ -42,6 +42,12 @@ from appliance.core.descriptor import DescriptorError, Kind, Message, from_frame
 from appliance.errors import DeadlineExceeded, WorkerLost
 
 SLICE_MS = 50
+# A stream's parts its consumer has not taken (a slow client) stop here: at
+# HIGH_PARTS its worker is asked to pause the stream, at LOW_PARTS to go on.
+# So a stream holds at most about HIGH_PARTS parts (and their ring blocks) in
+# its frontend, however far behind its client falls.
+HIGH_PARTS = 16
+LOW_PARTS = 4
 # Weight of the newest wait in the moving average: about the last eight count.
 WAIT_WEIGHT = 0.125
 _EVENTS = int(zmq.EVENTS)
@@ -118,6 +124,14 @@ class Wiring:
     on_stray: Callable[[Message], None]
 
 
+@dataclass(slots=True)
+class _Flow:
+    """A stream's worker, and whether it was asked to pause the stream."""
+
+    target: Target
+    paused: bool = False
+
+
 class ReplySockets(Generic[BoxT]):
     """What both channel kinds share: the PUSH sockets, the bound PULL, the boxes.
 
@@ -134,6 +148,9 @@ class ReplySockets(Generic[BoxT]):
         # A request's box holds the messages its waiter has not taken yet:
         # one reply for a unary call, parts for a stream.
         self._inbox: dict[int, BoxT] = {}
+        # The streams whose parts are kept within HIGH_PARTS (see watch).
+        self._flows: dict[int, _Flow] = {}
+        self._pid = os.getpid()
         self._replies: zmq.Socket[bytes] = wiring.context.socket(zmq.PULL)
         self._replies.setsockopt(zmq.LINGER, 0)
         self._replies.bind(wiring.reply_endpoint(number))
@@ -143,8 +160,15 @@ class ReplySockets(Generic[BoxT]):
         message.channel = self.number
         self._pushes.get(target).send(to_frame(message), flags, copy=True)
 
+    def watch(self, request_id: int, target: Target) -> None:
+        """Keep the untaken parts of the stream ``request_id`` (sent to ``target``)
+        within HIGH_PARTS: its worker pauses the stream while its box is full."""
+        self._flows[request_id] = _Flow(target)
+
     def forget(self, request_id: int) -> None:
         """Stop collecting messages for ``request_id``."""
+        if self._flows:
+            self._flows.pop(request_id, None)
         box = self._inbox.pop(request_id, None)
         if box:
             # Parts a stream's consumer left untaken still hold ring space.
@@ -162,8 +186,26 @@ class ReplySockets(Generic[BoxT]):
             box = inbox.get(message.request_id)
             if box is not None:
                 box.append(message)
+                if len(box) >= HIGH_PARTS:
+                    self._pace(message.request_id, True)
             else:
                 self._on_stray(message)
+
+    def _taken(self, request_id: int, box: BoxT) -> None:
+        """A message was taken out of ``box``: a paused stream goes on once it ran low."""
+        if self._flows and len(box) <= LOW_PARTS:
+            self._pace(request_id, False)
+
+    def _pace(self, request_id: int, pause: bool) -> None:
+        flow = self._flows.get(request_id)
+        if flow is None or flow.paused == pause:
+            return
+        flow.paused = pause
+        message = Message(Kind.PAUSE if pause else Kind.RESUME, request_id, self._pid)
+        message.channel = self.number
+        # A worker that went away ends the stream by other ways (WorkerLost).
+        with contextlib.suppress(zmq.ZMQError):
+            self._pushes.get(flow.target).send(to_frame(message), zmq.NOBLOCK, copy=True)
 
     def close(self) -> None:
         """Tell every worker this channel used to forget it, then close."""
@@ -230,7 +272,9 @@ class Channel(ReplySockets[deque[Message]]):
             self._route(frame)
         waited = time.perf_counter() - started
         self._typical_wait_s += (waited - self._typical_wait_s) * WAIT_WEIGHT
-        return box.popleft()
+        message = box.popleft()
+        self._taken(request_id, box)
+        return message
 
     def _spin(self, box: deque[Message], until: float) -> None:
         replies = self._replies

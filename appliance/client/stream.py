@@ -41,6 +41,8 @@ class StreamCall:
         channel, body, inputs, timeout_s = self._request
         target, deadline = yield from self._pick(body["model"], timeout_s, body.get("params"))
         self._call = self._flight.send(channel, target, deadline, body, inputs)
+        # A slow reader pauses the stream at its worker (see channel.py).
+        channel.watch(self._call.id, target)
         yield None
 
     def next(self) -> Run[InferResult | None]:

@@ -86,6 +86,8 @@ class Kind(enum.IntEnum):
     RELEASE = 5  # client -> worker: {blocks: [[segment, offset, nbytes], ...]}
     CANCEL = 6  # client -> worker: stop the stream request_id
     GOODBYE = 7  # client -> worker: this channel closes; forget it
+    PAUSE = 8  # client -> worker: hold the stream request_id; its reader fell behind
+    RESUME = 9  # client -> worker: go on with the stream request_id
 
 
 @dataclass(slots=True)

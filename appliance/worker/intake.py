@@ -5,7 +5,8 @@ otherwise it is read (the plain path, plain.py, or the general one),
 checked, attached to its sequence or its priority level, and queued, cut
 into pieces when it holds more rows than a batch. Whatever is wrong with it
 is answered at once. The other messages give back ring space, cancel a
-request, forget a client's channel, or open a client's CUDA region.
+request, pause or resume a stream, forget a client's channel, or open a
+client's CUDA region.
 """
 
 from __future__ import annotations
@@ -151,6 +152,9 @@ class Intake:
             self._cancel(message.pid, message.request_id)
         elif message.kind is Kind.GOODBYE:
             self.outbox.forget_channel((message.pid, message.channel))
+        elif message.kind is Kind.PAUSE or message.kind is Kind.RESUME:
+            paused = message.kind is Kind.PAUSE
+            self.stream_steps.streams.pause(message.pid, message.request_id, paused)
 
     def _accept(self, message: Message) -> None:
         if len(self.batcher) >= self.max_queue:

@@ -7,7 +7,8 @@ Each turn of the loop:
 2. run the next due batch and reply to each of its requests, with outputs
    written once into this worker's response ring (batch_runner.py,
    replies.py);
-3. advance each running stream by one part (stream_steps.py);
+3. advance each running stream by one part (stream_steps.py), but those
+   paused because their readers fell behind;
 4. beat the heartbeat, and every second give back the ring space and the
    mappings held for clients that have died, and close the clients' GPU
    buffers whose regions were unregistered (cuda_regions.py).
@@ -173,13 +174,13 @@ class WorkerServer:
     def serve(self) -> None:
         """Run until :meth:`stop` is called and all accepted work is done."""
         self.status.set_state(self.slot, SlotState.READY, self.pid)
-        batcher, queueing = self.batcher, self.queueing
+        batcher, queueing, streams = self.batcher, self.queueing, self.streams
         # PERF: the collaborators' methods bound once, not looked up every turn.
         receive, expire = self.intake.receive, self.intake.expire
         run_due, step_streams = self.runner.run_due, self.stream_steps.step
         flush_replies = self.replies.flush
         while not self._finished():
-            wait = 0.0 if self.streams else batcher.wait_s(time.monotonic())
+            wait = 0.0 if streams.running else batcher.wait_s(time.monotonic())
             if wait is None or wait >= 0.001:
                 # Nothing due: wait in a receive for a message, or for the batch.
                 receive(HEARTBEAT_MS if wait is None else int(min(wait, HEARTBEAT_S) * 1000))

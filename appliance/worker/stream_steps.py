@@ -44,7 +44,9 @@ class StreamSteps:
             self.replies.fail_pending(pending, refusals.as_error(self.metadata.name, ex))
 
     def step(self) -> None:
-        """Take one part of every open stream and send it, or end the stream."""
+        """Take one part of every open stream not paused and send it, or end the stream."""
+        if not self.streams.running:
+            return
         for stream, step in self.streams.step():
             if step is None or isinstance(step, Exception):
                 self.end(

@@ -5,6 +5,11 @@ streams share the instance with one another and with the batches between
 them; the worker sends each part as it comes and the end (or the error)
 once a stream stops. A stream whose client cancelled it, or went away, is
 closed: its generator's ``close`` lets the model stop early.
+
+A stream whose reader fell behind (a slow client: its frontend holds as many
+of its parts as it will, see appliance/client/channel.py) is paused: its
+generator is not advanced, so the model makes no more of it, until the
+frontend asks for more. The other streams and the batches go on meanwhile.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ Step = dict[str, Tensor] | Exception | None
 class Stream:
     pending: Pending
     parts: Iterator[Any]
+    paused: bool = False
 
 
 class Streams:
@@ -56,9 +62,15 @@ class Streams:
         # A decoupled sequence model's: each stream is a step of a sequence.
         self.sequences = sequences
         self._open: list[Stream] = []
+        self._paused = 0
 
     def __len__(self) -> int:
         return len(self._open)
+
+    @property
+    def running(self) -> bool:
+        """Whether any open stream is to be stepped (is not paused)."""
+        return len(self._open) > self._paused
 
     def __iter__(self) -> Iterator[Stream]:
         return iter(list(self._open))
@@ -69,9 +81,20 @@ class Streams:
         parts = iter(self.model.predict_stream_request(request))
         self._open.append(Stream(pending, parts))
 
+    def pause(self, pid: int, request_id: int, paused: bool) -> None:
+        """Pause (or go on with) the stream of client ``pid``'s ``request_id``, if still open."""
+        for stream in self._open:
+            if stream.pending.request_id == request_id and stream.pending.message.pid == pid:
+                if stream.paused != paused:
+                    stream.paused = paused
+                    self._paused += 1 if paused else -1
+                return
+
     def step(self) -> Iterator[tuple[Stream, Step]]:
-        """One step of every open stream, in the order they opened."""
+        """One step of every open stream not paused, in the order they opened."""
         for stream in list(self._open):
+            if stream.paused:
+                continue
             self.status.beat(self.slot, busy_since=time.monotonic())  # for the hang watchdog
             try:
                 part = next(stream.parts)
@@ -92,6 +115,8 @@ class Streams:
     def close(self, stream: Stream) -> None:
         """Forget ``stream`` and let its generator finish (a model may clean up there)."""
         self._open.remove(stream)
+        if stream.paused:
+            self._paused -= 1
         close = getattr(stream.parts, "close", None)
         if close is not None:
             try:

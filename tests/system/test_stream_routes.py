@@ -4,19 +4,33 @@ aliases of those two and Triton's generate extension (flat JSON objects)."""
 
 from __future__ import annotations
 
+import http.client
+import socket
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 import requests
 
-from tests.system.harness import Appliance, demo_models, running
+from tests.system.harness import Appliance, demo_models, eventually, running
+
+# Each of flood's parts is 32 KiB of UINT8, about 64 KiB as an event's JSON.
+FLOOD_PART = 32768
 
 
 @pytest.fixture(scope="module")
-def appliance() -> Iterator[Appliance]:
-    with running(demo_models("repeat_int32", "identity", "simple_string")) as started:
+def flood_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("flood")
+
+
+@pytest.fixture(scope="module")
+def appliance(flood_dir: Path) -> Iterator[Appliance]:
+    flood = {"name": "flood", "class": "tests.models:Flood"}
+    flood["options"] = {"dir": str(flood_dir), "size": FLOOD_PART}
+    with running([*demo_models("repeat_int32", "identity", "simple_string"), flood]) as started:
         yield started
 
 
@@ -80,6 +94,49 @@ def test_errors_before_the_first_response_are_kserve_errors(appliance: Appliance
     assert "IN and DELAY must have the same shape" in refused.json()["error"]
     # And the server goes on answering.
     assert len(events(stream(appliance, "repeat_int32", repeat([7])))) == 1
+
+
+def test_a_client_that_stops_reading_pauses_its_stream_and_loses_nothing(
+    appliance: Appliance, flood_dir: Path
+) -> None:
+    count = 300  # about 19 MiB of events, where the socket buffers hold at most about 4
+    body = orjson.dumps(
+        {"inputs": [{"name": "count", "datatype": "INT32", "shape": [1], "data": [count]}]}
+    )
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.settimeout(30)
+    slow.connect(("127.0.0.1", appliance.ports["http"]))
+    connection = http.client.HTTPConnection("127.0.0.1", appliance.ports["http"], timeout=30)
+    connection.sock = slow
+    try:
+        connection.request("POST", "/v2/models/flood/infer_stream", body)
+        response = connection.getresponse()
+        assert response.status == 200
+        # It reads no more. The model is held back once the buffers between are full.
+        made = flood_dir / "made"
+
+        def held() -> int:
+            before = int(made.read_text())
+            time.sleep(0.5)
+            return before if int(made.read_text()) == before else -1
+
+        assert eventually(lambda: 0 < held() < count // 2, timeout_s=10)
+        # Another stream of the same instance goes on meanwhile.
+        other = stream(
+            appliance,
+            "flood",
+            orjson.loads(body)
+            | {"inputs": [{"name": "count", "datatype": "INT32", "shape": [1], "data": [3]}]},
+        )
+        assert [e["outputs"][1]["data"] for e in events(other)] == [[0], [1], [2]]
+        # Read at last, the stream goes on to its end with every part in order.
+        text = response.read().decode()
+    finally:
+        connection.close()
+    got = [orjson.loads(line[6:]) for line in text.split("\n") if line.startswith("data: ")]
+    assert [e["outputs"][1]["data"][0] for e in got] == list(range(count))
+    assert all(len(e["outputs"][0]["data"]) == FLOOD_PART for e in got)
 
 
 # -- generate and generate_stream ---------------------------------------------------
