@@ -197,7 +197,9 @@ def cut(stops: list[str], pieces: list[str]) -> tuple[str, bool]:
         out += scan.feed(piece)
         if scan.stopped:
             return out, True
-    return out + scan.rest(), False
+    # A stop sequence may complete only with the end of the text (a longer one could have).
+    out += scan.rest()
+    return out, scan.stopped
 
 
 @given(

@@ -34,22 +34,46 @@ class StopScan:
         self.stopped = False
 
     def feed(self, piece: str) -> str:
-        """What of ``piece`` may go out now."""
+        """What of ``piece`` may go out now.
+
+        The text ends before the stop sequence that starts first, as if it had
+        come whole: a stop sequence found waits while a longer one could still
+        complete from an earlier place ("baa" for stops "a" and "baa" ends
+        before "baa", though its "a" came first).
+        """
         if not self.stops:
             return piece
         text = self.held + piece
-        found = [at for at in (text.find(stop) for stop in self.stops) if at >= 0]
-        if found:
+        first = self._first(text)
+        pending = self._pending(text, len(text) if first < 0 else first)
+        if first >= 0 and pending >= first:
             self.held, self.stopped = "", True
-            return text[: min(found)]
-        cut = max(len(text) - self.keep, 0)
-        self.held = text[cut:]
-        return text[:cut]
+            return text[:first]
+        self.held = text[pending:]
+        return text[:pending]
 
     def rest(self) -> str:
-        """What was held back, once the text has ended without a stop."""
+        """What was held back, once the text has ended (cut before a stop sequence in it)."""
         held, self.held = self.held, ""
+        first = self._first(held)
+        if first >= 0:
+            self.stopped = True
+            return held[:first]
         return held
+
+    def _first(self, text: str) -> int:
+        """Where the first stop sequence in ``text`` starts (-1: none)."""
+        found = [at for at in (text.find(stop) for stop in self.stops) if at >= 0]
+        return min(found, default=-1)
+
+    def _pending(self, text: str, limit: int) -> int:
+        """The first place before ``limit`` from which ``text`` could still become a
+        stop sequence (its tail a stop's beginning); ``limit`` where there is none."""
+        for at in range(max(0, len(text) - self.keep), limit):
+            tail = text[at:]
+            if any(len(stop) > len(tail) and stop.startswith(tail) for stop in self.stops):
+                return at
+        return limit
 
 
 class Run:
@@ -96,6 +120,8 @@ class Run:
         if rest:
             self.text += rest
             yield rest
+        if self._scan.stopped:
+            return
         if self._completion_tokens is not None and self._completion_tokens >= self.max_tokens:
             self.finish_reason = "length"
 
