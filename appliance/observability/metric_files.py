@@ -18,6 +18,7 @@ doubles, the value and a timestamp.
 
 from __future__ import annotations
 
+import math
 import struct
 import threading
 from collections.abc import Container, Iterable, Iterator
@@ -32,12 +33,16 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 _INT = struct.Struct("<i")
-_DOUBLE = struct.Struct("<d")
+_TWO_DOUBLES = struct.Struct("<dd")
 # What this module merges itself; any other type goes to prometheus_client.
 # The "triton" ones are Triton Python models' own (runtimes/custom_metrics.py):
 # shown as Triton shows them, a counter without "_total", a gauge summed.
 _TRITON = "triton"
-_OWN_TYPES = ("counter", "histogram", *(_TRITON + k for k in ("counter", "gauge", "histogram")))
+# The "ts" ones are TorchServe handlers' (runtimes/ts_model_metrics.py): shown as
+# TorchServe's Java frontend writes them, a gauge the last value any process set.
+TORCHSERVE = "ts"
+_KINDS = ("counter", "gauge", "histogram")
+_OWN_TYPES = ("counter", "histogram", *(p + k for p in (_TRITON, TORCHSERVE) for k in _KINDS))
 Labels = tuple[tuple[str, str], ...]
 # metric, sample, labels (sorted), help
 Key = tuple[str, str, Labels, str]
@@ -51,6 +56,8 @@ class _Family:
     values: dict[tuple[str, Labels], float] = field(default_factory=dict)
     # A histogram's labels without "le" -> upper bound -> count in that bucket.
     buckets: dict[Labels, dict[float, float]] = field(default_factory=dict)
+    # A TorchServe gauge's series -> when its value was set.
+    stamps: dict[tuple[str, Labels], float] = field(default_factory=dict)
 
 
 class MetricFiles:
@@ -59,8 +66,8 @@ class MetricFiles:
     def __init__(self, directory: str) -> None:
         self.directory = Path(directory)
         self._keys: dict[bytes, Key] = {}
-        # path -> (the bytes last read, what they held)
-        self._files: dict[str, tuple[bytes, list[tuple[Key, float]]]] = {}
+        # path -> (the bytes last read, what they held: key, value, timestamp)
+        self._files: dict[str, tuple[bytes, list[tuple[Key, float, float]]]] = {}
         self._bounds: dict[Labels, tuple[Labels, float]] = {}
         self._series: dict[tuple[str, Labels], str] = {}
         self._lock = threading.Lock()
@@ -100,14 +107,14 @@ class MetricFiles:
                 others.append(str(path))
                 continue
             seen.add(str(path))
-            for key, value in self._read(str(path)):
+            for key, value, stamp in self._read(str(path)):
                 if only is None or key[0] in only:
-                    self._add(families, kind, key, value)
+                    self._add(families, kind, key, value, stamp)
         for gone in set(self._files) - seen:
             del self._files[gone]
         return families, others
 
-    def _read(self, path: str) -> list[tuple[Key, float]]:
+    def _read(self, path: str) -> list[tuple[Key, float, float]]:
         try:
             with open(path, "rb") as file:
                 head = file.read(8)
@@ -126,7 +133,8 @@ class MetricFiles:
                 raise RuntimeError(f"metrics file {path} is corrupted")
             raw = data[position + 4 : position + 4 + length]
             position += 4 + length + (8 - (length + 4) % 8)
-            entries.append((self._key(raw), _DOUBLE.unpack_from(data, position)[0]))
+            value, stamp = _TWO_DOUBLES.unpack_from(data, position)
+            entries.append((self._key(raw), value, stamp))
             position += 16
         self._files[path] = (data, entries)
         return entries
@@ -138,12 +146,20 @@ class MetricFiles:
             key = self._keys[raw] = (metric, sample, tuple(sorted(labels.items())), text)
         return key
 
-    def _add(self, families: dict[str, _Family], kind: str, key: Key, value: float) -> None:
+    def _add(
+        self, families: dict[str, _Family], kind: str, key: Key, value: float, stamp: float
+    ) -> None:
         metric, sample, labels, text = key
         family = families.get(metric)
         if family is None:
             family = families[metric] = _Family(kind, text)
-        kind = kind.removeprefix(_TRITON)
+        if kind == TORCHSERVE + "gauge":
+            series = (sample, labels)
+            if stamp >= family.stamps.get(series, -1.0):
+                family.stamps[series] = stamp
+                family.values[series] = value
+            return
+        kind = kind.removeprefix(_TRITON).removeprefix(TORCHSERVE)
         if kind == "histogram" and sample.endswith("_bucket"):
             without, bound = self._bound(labels)
             counts = family.buckets.setdefault(without, {})
@@ -164,6 +180,9 @@ class MetricFiles:
     def _render(self, families: dict[str, _Family]) -> str:
         lines: list[str] = []
         for metric, family in families.items():
+            if family.kind.startswith(TORCHSERVE):
+                _render_torchserve(metric, family, lines)
+                continue
             name = f"{metric}_total" if family.kind == "counter" else metric
             escaped = family.help.replace("\\", r"\\").replace("\n", r"\n")
             kind = family.kind.removeprefix(_TRITON)
@@ -193,6 +212,42 @@ class MetricFiles:
             prefix = escape_metric_name(sample) + (f"{{{pairs}}}" if pairs else "")
             self._series[key] = prefix
         return prefix
+
+
+def _render_torchserve(metric: str, family: _Family, lines: list[str]) -> None:
+    """A TorchServe handler's family as TorchServe's Java frontend writes it: its unit
+    in the help, labels in the handler's order and then a comma, doubles as Java prints them."""
+    kind = family.kind.removeprefix(TORCHSERVE)
+    unit, _, order = family.help.partition("\t")
+    lines.append(f"# HELP {metric} Torchserve prometheus {kind} metric with unit: {unit}\n")
+    lines.append(f"# TYPE {metric} {kind}\n")
+    rank = {name: index for index, name in enumerate(order.split(","))}
+
+    def sample(name: str, labels: Labels, value: float) -> str:
+        ordered = sorted(labels, key=lambda item: (item[0] == "le", rank.get(item[0], len(rank))))
+        pairs = "".join(f'{label}="{escape_value(text)}",' for label, text in ordered)
+        return f"{name}{{{pairs}}} {java_number(value)}\n"
+
+    if kind != "histogram":
+        for (name, labels), value in family.values.items():
+            lines.append(sample(name, labels, value))
+        return
+    for labels, counts in family.buckets.items():
+        total = 0.0
+        for bound, count in sorted(counts.items()):
+            total += count
+            lines.append(sample(f"{metric}_bucket", (*labels, ("le", java_number(bound))), total))
+        lines.append(sample(f"{metric}_count", labels, total))
+        lines.append(
+            sample(f"{metric}_sum", labels, family.values.get((f"{metric}_sum", labels), 0.0))
+        )
+
+
+def java_number(value: float) -> str:
+    """A double as the Prometheus Java client writes it (``1.0``, ``+Inf``)."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
 
 
 def go_number(value: float) -> str:

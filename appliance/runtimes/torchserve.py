@@ -38,6 +38,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -306,6 +307,7 @@ class TorchServeModel(RuntimeModel):
         context.request_ids = ids
         context.request_processor = processors
         context.metrics.set_request_ids(ids)
+        started = time.time()
         try:
             ret = self._entry(data, context)
         except Exception as ex:
@@ -321,6 +323,8 @@ class TorchServeModel(RuntimeModel):
                 len(ret),
             )
             return [ModelFailed("number of batch response mismatched", FAILED)] * len(requests)
+        # As TorchServe's backend times a batch that its handler answered.
+        context.metrics.add_time("PredictionTime", round((time.time() - started) * 1000, 2))
         try:
             bodies = [None if index in native else encode(value) for index, value in enumerate(ret)]
         except TypeError:

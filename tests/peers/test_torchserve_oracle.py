@@ -143,8 +143,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     models = ["echo.mar", "inspect.mar", "labels", "wrong.mar", "raising.mar", "batch.mar"]
     models += ["stream.mar", "metrics.mar", "scripted.mar", "digits.mar"]
     try:
-        # Prometheus names on /metrics, as a TorchServe user who scrapes it sets.
-        peer = torchserve(store, models, {"metrics_mode": "prometheus"})
+        # Prometheus names on /metrics, as a TorchServe user who scrapes it sets, and
+        # every metric a handler records (the appliance exports them all).
+        properties = {"metrics_mode": "prometheus", "model_metrics_auto_detect": "true"}
+        peer = torchserve(store, models, properties)
         real = peer.__enter__()
     except PeerUnavailable as ex:
         pytest.skip(f"real TorchServe is not available here: {ex}")
@@ -284,6 +286,49 @@ def test_torchserve_s_metric_families_count_the_same_requests(served: Served) ->
         assert key == label % key.split('hostname="')[1].split('"')[0]
         was = _samples(before[server], FAMILIES[0]).get(key, 0.0)
         assert counts[key] - was == 3.0, server
+
+
+# The metrics model's (tests/torchserve_models.py): name -> whether its values are the handler's.
+HANDLER_METRICS = {
+    "InitializeCallCount": True,
+    "HandleCallCount": False,  # counts the calls of every test to the model
+    "RowsSeen": False,
+    "HandlerTime": True,
+    "BodySize": True,
+    "PredictionTime": False,  # a time
+    "SomePercent": False,
+}
+
+
+def test_a_handler_s_own_metrics_are_exported_as_torchserve_exports_them(served: Served) -> None:
+    def scrape(server: str) -> dict[str, list[str]]:
+        if server == "torchserve":
+            url = served.torchserve.urls["metrics"] + "/metrics"
+        else:
+            url = f"http://127.0.0.1:{served.ports['metrics']}/metrics"
+        text = requests.get(url, timeout=TIMEOUT).text
+        found: dict[str, list[str]] = {}
+        for line in text.splitlines():
+            for name in HANDLER_METRICS:
+                if line.split(" ", 3)[2:3] == [name] or line.split("{")[0].startswith(name):
+                    found.setdefault(name, []).append(line)
+        return found
+
+    for server in ("torchserve", "appliance"):
+        for _ in range(2):
+            url = served.url(server, "/predictions/metrics", False)
+            assert requests.post(url, data=b"1", timeout=TIMEOUT).status_code == 200
+    theirs, ours = scrape("torchserve"), scrape("appliance")
+    for name, same_values in HANDLER_METRICS.items():
+        # The HELP and TYPE lines, each series' name and labels in order, and the
+        # handler's own values.
+        # (in any order: each server lists series as they came).
+        assert sorted(line.rsplit(" ", 1)[0] for line in ours.get(name, [])) == sorted(
+            line.rsplit(" ", 1)[0] for line in theirs.get(name, [])
+        ), name
+        if same_values:
+            mine = [line for line in ours[name] if 'ModelName="metrics"' in line]
+            assert mine == [line for line in theirs[name] if 'ModelName="metrics"' in line], name
 
 
 def _manage(served: Served, server: str, method: str, path: str) -> tuple[int, Any]:

@@ -12,6 +12,7 @@ comparison with TorchServe itself is tests/peers/test_torchserve_oracle.py.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,7 @@ from tests.torchserve_models import (
     INSPECT_HANDLER,
     LABELS,
     LABELS_HANDLER,
+    METRICS_HANDLER,
     RAISING_HANDLER,
     STREAM_HANDLER,
     WRONG_LENGTH_HANDLER,
@@ -63,6 +65,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Appl
     write_mar(store, "batch", BATCH_HANDLER, config_yaml=BATCH_CONFIG)
     write_script_mar(store, tmp_path_factory.mktemp("scripted"))
     write_mar(store, "stream", STREAM_HANDLER)
+    write_mar(store, "metrics", METRICS_HANDLER)
     temp = tmp_path_factory.mktemp("tmp")
     with serving_model_store(store, env={"TMPDIR": str(temp)}) as appliance:
         yield f"http://127.0.0.1:{appliance.ports['http']}", appliance
@@ -82,14 +85,17 @@ def test_ping_and_the_model_list_answer_as_torchserve_s(served: tuple[str, Appli
     assert ping.headers["x-request-id"]
     listed = requests.get(f"{base}/models", timeout=TIMEOUT).json()
     assert [m["modelName"] for m in listed["models"]] == sorted(
-        ["batch", "echo", "inspect", "labels", "raising", "scripted", "stream", "wrong"]
+        ["batch", "echo", "inspect", "labels", "metrics", "raising", "scripted", "stream", "wrong"]
     )
     assert {m["modelName"]: m["modelUrl"] for m in listed["models"]}["echo"] == "echo.mar"
     page = requests.get(f"{base}/models?limit=4", timeout=TIMEOUT).json()
     assert (len(page["models"]), page["nextPageToken"]) == (4, "4")
     rest = requests.get(f"{base}/models?limit=4&next_page_token=4", timeout=TIMEOUT).json()
-    assert [m["modelName"] for m in rest["models"]] == ["raising", "scripted", "stream", "wrong"]
-    assert "nextPageToken" not in rest
+    assert [m["modelName"] for m in rest["models"]] == ["metrics", "raising", "scripted", "stream"]
+    assert rest["nextPageToken"] == "8"
+    last = requests.get(f"{base}/models?limit=4&next_page_token=8", timeout=TIMEOUT).json()
+    assert [m["modelName"] for m in last["models"]] == ["wrong"]
+    assert "nextPageToken" not in last
     # The management port answers the management API alone, as TorchServe's 8081.
     management = f"http://127.0.0.1:{appliance.ports['management']}"
     assert requests.get(f"{management}/models", timeout=TIMEOUT).json() == listed
@@ -455,6 +461,43 @@ def test_torchserve_s_metric_families_are_on_the_metrics_port(
     # TorchServe's APIs' answers by status class: the two predictions at least.
     [ok] = [line for line in text.splitlines() if line.startswith("Requests2XX{")]
     assert float(ok.rsplit(" ", 1)[1]) >= 2
+
+
+def test_a_handler_s_own_metrics_are_on_the_metrics_port_as_torchserve_shows_them(
+    served: tuple[str, Appliance],
+) -> None:
+    base, appliance = served
+    url = f"http://127.0.0.1:{appliance.ports['metrics']}/metrics"
+
+    def value(text: str, prefix: str) -> float:
+        [line] = [line for line in text.splitlines() if line.startswith(prefix)]
+        return float(line.rsplit(" ", 1)[1])
+
+    before = requests.get(url, timeout=TIMEOUT).text
+    for _ in range(2):
+        answer = requests.post(f"{base}/predictions/metrics", data=b"1", timeout=TIMEOUT)
+        assert answer.status_code == 200
+    text = requests.get(url, timeout=TIMEOUT).text
+    host = f'Hostname="{socket.gethostname()}",}}'
+    model = 'ModelName="metrics",Level="Model",'
+    # Counters add up (the one made at load too), by the names and units the handler gave.
+    assert "# HELP HandleCallCount Torchserve prometheus counter metric with unit: Count" in text
+    calls = "HandleCallCount{" + model + host
+    assert value(text, calls) - (value(before, calls) if calls in before else 0) == 2
+    assert value(text, "InitializeCallCount{" + model + host) == 1
+    # The handler's own dimensions come first.
+    assert 'RowsSeen{Kind="rows",' + model + host in text
+    # Gauges hold the last value; TorchServe's default config's own units for its two.
+    assert "# TYPE BodySize gauge" in text
+    assert value(text, "BodySize{" + model + host) == 0.25
+    assert "# HELP PredictionTime Torchserve prometheus gauge metric with unit: ms" in text
+    assert value(text, "PredictionTime{" + model + host) > 0
+    assert value(text, "HandlerTime{" + model + host) == 1.5
+    # A histogram in the Java client's buckets: 50 lies above 10.
+    assert value(text, "SomePercent_bucket{" + model + host[:-2] + ',le="10.0",}') == 0
+    infinite = value(text, "SomePercent_bucket{" + model + host[:-2] + ',le="+Inf",}')
+    assert infinite == value(text, "SomePercent_count{" + model + host) >= 2
+    assert value(text, "SomePercent_sum{" + model + host) == 50 * infinite
 
 
 def test_hostile_requests_are_answered_and_the_appliance_keeps_serving(

@@ -34,6 +34,8 @@ IGNORED = {
     "enable_metrics_api",
     "metrics_mode",
     "metrics_config",
+    # Every metric a handler records is exported, as with it on.
+    "model_metrics_auto_detect",
     "metrics_format",
     "enable_envvars_config",
     "vmargs",

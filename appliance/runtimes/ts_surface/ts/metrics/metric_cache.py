@@ -3,8 +3,9 @@
 The methods are TorchServe's (add_metric, add_counter, add_time, add_size,
 add_percent, add_error, get_metric, add_metric_to_cache) with its default
 dimensions (ModelName, Level) and units. Each update is logged as the
-TorchServe worker logs it (``[METRICS]name.unit:value|#dims|#hostname:...``)
-and kept: :meth:`MetricsCache.values` lists the latest of each series.
+TorchServe worker logs it (``[METRICS]name.Unit:value|#dims|#type:KIND|#hostname:...``),
+kept, and exported on /metrics as TorchServe's prometheus mode shows it
+(appliance/runtimes/ts_model_metrics.py).
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import socket
 import time
 from typing import Any
 
+from appliance.runtimes.ts_model_metrics import Exported, unit_name
+
 from .dimension import Dimension
 from .metric_type_enum import MetricTypes
 
 logger = logging.getLogger("ts.metrics")
+# Every model's metrics in this process go to /metrics through one set of series.
+_exported = Exported()
 TIME_UNITS = ("ms", "s")
 SIZE_UNITS = ("MB", "kB", "GB", "B")
 
@@ -33,7 +38,7 @@ class CachingMetric:
         metric_type: MetricTypes = MetricTypes.COUNTER,
     ) -> None:
         self.metric_name = metric_name
-        self.unit = unit
+        self.unit = unit_name(unit)
         self.dimension_names = list(dimension_names or [])
         self.metric_type = metric_type
         self.series: dict[tuple[str, ...], float] = {}
@@ -53,17 +58,14 @@ class CachingMetric:
             self.series[values] = self.series.get(values, 0.0) + value
         else:
             self.series[values] = value
-        dims = ",".join(f"{n}:{v}" for n, v in zip(self.dimension_names, values, strict=True))
-        logger.info(
-            "[METRICS]%s.%s:%s|#%s|#hostname:%s,%d,%s",
-            self.metric_name,
-            self.unit,
-            value,
-            dims,
-            socket.gethostname(),
-            int(time.time()),
-            request_id,
+        pairs = list(zip(self.dimension_names, values, strict=True))
+        dims = ",".join(f"{n}:{v}" for n, v in pairs)
+        line = (
+            f"[METRICS]{self.metric_name}.{self.unit}:{value}|#{dims}|"
+            f"#type:{self.metric_type.name}|#hostname:{socket.gethostname()},{int(time.time())}"
         )
+        logger.info(f"{line},{request_id}" if request_id else line)
+        _exported.record(self.metric_name, self.metric_type.value, self.unit, pairs, value)
 
     def update(
         self, value: float, request_id: str = "", dimensions: list[Dimension] | None = None
