@@ -115,8 +115,8 @@ def _serve_repositories(flags: list[str]) -> int:
     try:
         if tables.pop(triton_flags.TOKEN_AUTH, None) is not None:
             # TorchServe's token authorization: its key file where it was started.
-            written = torchserve_keys.write(Path.cwd(), path.with_suffix(".tokens"))
-            tables["auth"] = {"tokens_file": str(written.tokens_file)}
+            written = torchserve_keys.write(Path.cwd())
+            tables["auth"] = {"tokens_file": str(written.key_file)}
             print(
                 f"appliance serve: token authorization on: keys in {written.key_file} "
                 "(--disable-token-auth turns it off)",

@@ -134,6 +134,7 @@ def torchserve(
     properties: Mapping[str, str] | None = None,
     *,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    token_auth: bool = False,
 ) -> Iterator[PeerServer]:
     """TorchServe on loopback serving ``models`` from ``model_store``; stopped by PID after.
 
@@ -189,7 +190,7 @@ def torchserve(
             str(bin_dir / "torchserve"),
             "--foreground",
             "--ncs",
-            "--disable-token-auth",
+            *([] if token_auth else ["--disable-token-auth"]),
             "--enable-model-api",
             f"--ts-config={config}",
             f"--model-store={model_store}",
@@ -207,7 +208,8 @@ def torchserve(
         ping = f"{urls['inference']}/ping"
 
         def listening() -> bool:
-            return requests.get(ping, timeout=2).status_code in (200, 500)
+            headers = _key(tmp, "inference")
+            return requests.get(ping, headers=headers, timeout=2).status_code in (200, 500)
 
         with started(label, argv, urls, listening, tmp, env) as server:
             try:
@@ -273,10 +275,11 @@ def _wait_ready(
             code = server.process.returncode
             raise PeerUnavailable(f"torchserve exited ({code}): {_tail(server)}")
         try:
-            ping = requests.get(f"{inference}/ping", timeout=5)
+            ping = requests.get(f"{inference}/ping", headers=_key(tmp, "inference"), timeout=5)
             waiting = f"ping {ping.status_code} {ping.text.strip()!r}"
             if ping.status_code == 200 and '"Healthy"' in ping.text:
-                pending = [n for n in names if not _has_ready_worker(management, n)]
+                headers = _key(tmp, "management")
+                pending = [n for n in names if not _has_ready_worker(management, n, headers)]
                 waiting = f"no READY worker for {pending}"
                 if not pending:
                     return
@@ -286,8 +289,19 @@ def _wait_ready(
     raise PeerUnavailable(f"torchserve not ready in {timeout_s:.0f} s ({waiting}): {_tail(server)}")
 
 
-def _has_ready_worker(management: str, name: str) -> bool:
-    answer = requests.get(f"{management}/models/{name}", timeout=5)
+def _key(tmp: Path, api: str) -> dict[str, str]:
+    """The header ``api`` ("inference", "management") wants where token authorization
+    is on (its key file, written into the directory TorchServe started in); none where
+    it is off."""
+    try:
+        key = json.loads((tmp / "key_file.json").read_text())[api]["key"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _has_ready_worker(management: str, name: str, headers: dict[str, str]) -> bool:
+    answer = requests.get(f"{management}/models/{name}", headers=headers, timeout=5)
     if answer.status_code != 200:
         return False
     return any(

@@ -3,7 +3,15 @@
 With ``[auth] tokens_file`` set, every request must present one of the
 file's tokens (one a line, see ``config.read_tokens``; the file may be
 readable by its owner only). The file is read again when it changes, so
-tokens rotate without a restart.
+tokens rotate without a restart: looked at every RECHECK_S, and at once
+before a token is refused (a key file, below, before every request).
+
+The file may be TorchServe's ``key_file.json`` (``appliance serve`` on a
+model store writes one; formats/torchserve/keys.py), whose keys each open
+one API until they expire: the inference key TorchServe's inference API and
+every other protocol's routes, the management key its management API (HTTP
+and gRPC), the API key its token API, ``/token?type=inference|management``,
+which this module answers itself, with a new key of that kind.
 
 - HTTP: ``Authorization: Bearer <token>``, or Basic auth with the token as
   the password (any user name), which stock clients that take only a URL
@@ -42,7 +50,8 @@ import falcon
 import grpc
 import orjson
 
-from appliance.config.settings import ApplianceConfig, read_tokens
+from appliance.config.settings import ApplianceConfig, Token, read_tokens
+from appliance.formats.torchserve import keys as torchserve_keys
 from appliance.frontends.observe import Context, Wrap, protocol_of_path, rebuild
 from appliance.protocols.grpc_server import Handler
 
@@ -62,6 +71,12 @@ OPEN_PATHS = frozenset(
 TORCHSERVE_REFUSAL = (
     "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
 )
+# TorchServe's refusal of a call to its token API.
+TOKEN_API_REFUSAL = TORCHSERVE_REFUSAL.replace("Authorization", "Authentication")
+# The APIs a scoped token opens (an unscoped one opens every one).
+INFERENCE, MANAGEMENT, TOKEN_API = "inference", "management", "token"
+TOKEN_PATH = "/token"
+TORCHSERVE_MANAGEMENT_SERVICE = "/org.pytorch.serve.grpc.management."
 OPEN_METHODS = frozenset(
     {
         "/grpc.health.v1.Health/Check",
@@ -88,19 +103,35 @@ class Tokens:
         self.path = path
         self._lock = threading.Lock()
         self._signature = self._stat()
-        self._digests = tuple(_digest(token) for token in read_tokens(path))
-        self._next_check = time.monotonic() + RECHECK_S
+        tokens = read_tokens(path)
+        self._accepted = _accepted(tokens)
+        # A key file's keys are renewed through the token API, and an old key is refused
+        # from then on: its file is looked at for each request (a stat), not each second.
+        self._recheck_s = 0.0 if any(token.scopes for token in tokens) else RECHECK_S
+        self._next_check = time.monotonic() + self._recheck_s
 
-    def accepts(self, token: str | bytes | None) -> bool:
-        """Whether ``token`` is one of the accepted tokens (constant time per token)."""
+    def accepts(self, token: str | bytes | None, scope: str = INFERENCE) -> bool:
+        """Whether ``token`` is accepted for ``scope`` (constant time per token): a
+        token the file changed to is accepted at once."""
         if token is None:
             return False
-        self._refresh()
         presented = _digest(token)
-        found = False
-        for digest in self._digests:
-            found |= hmac.compare_digest(presented, digest)
-        return found
+        self._refresh(False)
+        if self._opens(presented, scope):
+            return True
+        # Rotated a moment ago (a key renewed through another frontend)?
+        self._refresh(True)
+        return self._opens(presented, scope)
+
+    def _opens(self, presented: bytes, scope: str) -> bool:
+        opened = False
+        now = time.time()
+        for digest, scopes, expires in self._accepted:
+            same = hmac.compare_digest(presented, digest)
+            opened |= (
+                same and (scopes is None or scope in scopes) and (not expires or now < expires)
+            )
+        return opened
 
     def _stat(self) -> tuple[int, int, int]:
         try:
@@ -109,24 +140,28 @@ class Tokens:
             return (0, 0, 0)
         return (info.st_mtime_ns, info.st_size, info.st_ino)
 
-    def _refresh(self) -> None:
+    def _refresh(self, now_anyway: bool) -> None:
         now = time.monotonic()
-        if now < self._next_check:
+        if now < self._next_check and not now_anyway:
             return
         with self._lock:
-            if now < self._next_check:
+            if now < self._next_check and not now_anyway:
                 return
-            self._next_check = now + RECHECK_S
+            self._next_check = now + self._recheck_s
             signature = self._stat()
             if signature == self._signature:
                 return
             try:
-                digests = tuple(_digest(token) for token in read_tokens(self.path))
+                accepted = _accepted(read_tokens(self.path))
             except ValueError as ex:
                 log.warning("keeping the previous tokens: %s", ex)
                 return
-            self._signature, self._digests = signature, digests
-            log.info("read %d tokens from %s", len(digests), self.path)
+            self._signature, self._accepted = signature, accepted
+            log.info("read %d tokens from %s", len(accepted), self.path)
+
+
+def _accepted(tokens: list[Token]) -> tuple[tuple[bytes, frozenset[str] | None, float], ...]:
+    return tuple((_digest(token.value), token.scopes, token.expires) for token in tokens)
 
 
 def load(config: ApplianceConfig) -> Tokens | None:
@@ -167,10 +202,40 @@ class HttpAuth:
         if req.path in OPEN_PATHS:
             return
         token = http_token(req.get_header("Authorization"))
-        if self.tokens.accepts(token):
+        protocol = getattr(req.context, "protocol", None) or protocol_of_path(req.method, req.path)
+        if protocol == "torchserve" and req.path == TOKEN_PATH:
+            self._token_api(req, resp, token)
+            return
+        if self.tokens.accepts(token, _http_scope(protocol, req.path)):
             return
         why = "no token was sent" if token is None else "the token is not accepted"
         refuse_http(req, resp, f"unauthorized: {why}; send Authorization: Bearer <token>")
+
+    def _token_api(self, req: falcon.Request, resp: falcon.Response, token: str | None) -> None:
+        """TorchServe's token API: a new key of the kind asked for, with the API key."""
+        kind = req.get_param("type")
+        renewed = False
+        if kind in torchserve_keys.KINDS and self.tokens.accepts(token, TOKEN_API):
+            try:
+                torchserve_keys.renew(self.tokens.path, kind)
+                renewed = True
+            except (OSError, ValueError, KeyError) as ex:
+                log.warning("cannot renew the %s key in %s: %s", kind, self.tokens.path, ex)
+        if renewed:
+            log.info("a new %s key is in %s", kind, self.tokens.path)
+            resp.status = falcon.HTTP_200
+            resp.content_type = "application/json"
+            resp.data = b"\n"  # TorchServe's body: a line with nothing on it
+        else:
+            torchserve_refusal(resp, TOKEN_API_REFUSAL)
+        resp.complete = True
+
+
+def _http_scope(protocol: str, path: str) -> str:
+    """The API an HTTP request calls: TorchServe's management API, or any other."""
+    if protocol == "torchserve" and path.startswith("/models"):
+        return MANAGEMENT
+    return INFERENCE
 
 
 def refuse_http(req: falcon.Request, resp: falcon.Response, message: str) -> None:
@@ -193,15 +258,19 @@ def refuse_http(req: falcon.Request, resp: falcon.Response, message: str) -> Non
         resp.content_type = "application/json"
         resp.data = orjson.dumps({"error": {**error, "code": "invalid_api_key"}})
     elif protocol == "torchserve":
-        # TorchServe's refusal of a key, as its clients read it (a 400).
-        resp.status = falcon.HTTP_400
-        resp.content_type = "application/json"
-        body = {"code": 400, "type": "InvalidKeyException", "message": TORCHSERVE_REFUSAL}
-        resp.data = json.dumps(body, indent=2).encode() + b"\n"
+        torchserve_refusal(resp, TORCHSERVE_REFUSAL)
     else:
         resp.content_type = "text/plain; charset=utf-8"
         resp.data = message.encode()
     resp.complete = True
+
+
+def torchserve_refusal(resp: falcon.Response, message: str) -> None:
+    """TorchServe's refusal of a key, as its clients read it (a 400)."""
+    resp.status = falcon.HTTP_400
+    resp.content_type = "application/json"
+    body = {"code": 400, "type": "InvalidKeyException", "message": message}
+    resp.data = json.dumps(body, indent=2).encode() + b"\n"
 
 
 def http_middleware(config: ApplianceConfig) -> list[Any]:
@@ -231,31 +300,32 @@ def grpc_guard(tokens: Tokens) -> Wrap:
     def guard(handler: Handler, method: str) -> Handler:
         if method in OPEN_METHODS:
             return handler
-        return rebuild(handler, lambda behavior: _guarded(handler, behavior, tokens))
+        scope = MANAGEMENT if method.startswith(TORCHSERVE_MANAGEMENT_SERVICE) else INFERENCE
+        return rebuild(handler, lambda behavior: _guarded(handler, behavior, tokens, scope))
 
     return guard
 
 
-def _refusal(tokens: Tokens, context: Context) -> str | None:
+def _refusal(tokens: Tokens, context: Context, scope: str) -> str | None:
     """Why the call's metadata is refused, or None when its token is accepted."""
     token = grpc_token(context.invocation_metadata())
-    if tokens.accepts(token):
+    if tokens.accepts(token, scope):
         return None
     why = "no token was sent" if token is None else "the token is not accepted"
     return f"unauthorized: {why}; send metadata authorization: Bearer <token>"
 
 
-def _guarded(handler: Handler, behavior: Any, tokens: Tokens) -> Any:
-    """``behavior``, run only when the call's token is accepted."""
+def _guarded(handler: Handler, behavior: Any, tokens: Tokens, scope: str) -> Any:
+    """``behavior``, run only when the call's token is accepted for ``scope``."""
 
     async def guarded(request: Any, context: Context) -> Any:
-        refusal = _refusal(tokens, context)
+        refusal = _refusal(tokens, context, scope)
         if refusal is not None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal)
         return await behavior(request, context)
 
     async def guarded_stream(request: Any, context: Context) -> AsyncIterator[Any]:
-        refusal = _refusal(tokens, context)
+        refusal = _refusal(tokens, context, scope)
         if refusal is not None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal)
         async for item in behavior(request, context):

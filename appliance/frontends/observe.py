@@ -30,6 +30,7 @@ _PREFIXES = (
     ("/models", "torchserve"),
     ("/v1/models/", "torchserve"),
     ("/ping", "torchserve"),
+    ("/token", "torchserve"),
 )
 _SERVICES = (
     ("/inference.", "kserve"),

@@ -53,7 +53,8 @@ def test_paths_are_relative_to_the_config_file_and_survive_the_snapshot(tmp_path
         config.auth,
         config.mip.listeners,
     )
-    assert config_module.read_tokens(Path(config.auth.tokens_file)) == ["abc", "def"]
+    read = config_module.read_tokens(Path(config.auth.tokens_file))
+    assert [token.value for token in read] == ["abc", "def"]
 
 
 @pytest.mark.parametrize(

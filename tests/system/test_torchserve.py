@@ -12,6 +12,7 @@ comparison with TorchServe itself is tests/peers/test_torchserve_oracle.py.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from appliance._generated import (
     torchserve_management_pb2,
     torchserve_management_pb2_grpc,
 )
+from appliance.config import settings as config_module
 from tests.system.harness import Appliance, serving_repository
 from tests.system.model_store import serving_model_store
 from tests.torch_archives import write_script_mar
@@ -434,6 +436,46 @@ def test_token_authorization_is_on_unless_disabled_with_its_keys_in_key_file_jso
         manage = {"Authorization": f"Bearer {keys['management']['key']}"}
         api = f"http://127.0.0.1:{management}/models"
         assert requests.get(api, timeout=TIMEOUT).status_code == 400
+        assert requests.get(api, headers=manage, timeout=TIMEOUT).status_code == 200
+        # Each key opens its own API alone.
+        assert requests.get(api, headers=bearer, timeout=TIMEOUT).status_code == 400
+        wrong = requests.post(f"{base}/predictions/echo", data=b"x", headers=manage, timeout=30)
+        assert wrong.status_code == 400
+        # Both last an hour, as TorchServe's do.
+        for kind in ("inference", "management"):
+            expires = keys[kind]["expiration time"]
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z", expires)
+            left = config_module.expiration_epoch(expires) - time.time()
+            assert 3500 < left <= 3600
+        # The token API makes a new key with the API key; the old one is refused from then on.
+        token_api = f"http://127.0.0.1:{management}/token"
+        for who in (None, bearer, manage):
+            refused = requests.get(f"{token_api}?type=inference", headers=who, timeout=TIMEOUT)
+            assert (refused.status_code, refused.json()["message"]) == (
+                400,
+                "Token Authentication failed. Token either incorrect, expired, or not provided "
+                "correctly",
+            )
+        by_api = {"Authorization": f"Bearer {keys['API']['key']}"}
+        assert requests.get(token_api, headers=by_api, timeout=TIMEOUT).status_code == 400
+        renewed = requests.get(f"{token_api}?type=inference", headers=by_api, timeout=TIMEOUT)
+        assert (renewed.status_code, renewed.content) == (200, b"\n")
+        assert renewed.headers["content-type"] == "application/json"
+        after = json.loads(key_file.read_text())
+        assert after["inference"]["key"] != keys["inference"]["key"]
+        assert (after["management"], after["API"]) == (keys["management"], keys["API"])
+        assert key_file.stat().st_mode & 0o077 == 0
+        old = requests.post(f"{base}/predictions/echo", data=b"x", headers=bearer, timeout=30)
+        assert old.status_code == 400
+        new = {"Authorization": f"Bearer {after['inference']['key']}"}
+        answer = requests.post(f"{base}/predictions/echo", data=b"y", headers=new, timeout=30)
+        assert answer.content == b"y"
+        # POST as well; a management key renewed opens the management API at once.
+        renewed = requests.post(f"{token_api}?type=management", headers=by_api, timeout=30)
+        assert renewed.status_code == 200
+        manage = {
+            "Authorization": f"Bearer {json.loads(key_file.read_text())['management']['key']}"
+        }
         assert requests.get(api, headers=manage, timeout=TIMEOUT).status_code == 200
         # A health check needs no key.
         assert requests.get(f"{base}/ping", timeout=TIMEOUT).status_code == 200

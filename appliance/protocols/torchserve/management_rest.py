@@ -77,8 +77,9 @@ class SetDefault:
 
 
 def is_management(path: str) -> bool:
-    """A path of the management API (the one its port answers)."""
-    return path == "/models" or path.startswith("/models/")
+    """A path of the management API (the one its port answers), its token API's too
+    (answered by the auth layer, frontends/auth.py, where token authorization is on)."""
+    return path in ("/models", "/token") or path.startswith("/models/")
 
 
 def add_routes(app: App, client: ModelClient) -> None:
