@@ -107,7 +107,8 @@ class Tokens:
         self._accepted = _accepted(tokens)
         # A key file's keys are renewed through the token API, and an old key is refused
         # from then on: its file is looked at for each request (a stat), not each second.
-        self._recheck_s = 0.0 if any(token.scopes for token in tokens) else RECHECK_S
+        self.key_file = any(token.scopes for token in tokens)
+        self._recheck_s = 0.0 if self.key_file else RECHECK_S
         self._next_check = time.monotonic() + self._recheck_s
 
     def accepts(self, token: str | bytes | None, scope: str = INFERENCE) -> bool:
@@ -199,7 +200,8 @@ class HttpAuth:
         self.tokens = tokens
 
     async def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if req.path in OPEN_PATHS:
+        if req.path in OPEN_PATHS or (req.path == "/metrics" and self.tokens.key_file):
+            # TorchServe's metrics API takes no key.
             return
         token = http_token(req.get_header("Authorization"))
         protocol = getattr(req.context, "protocol", None) or protocol_of_path(req.method, req.path)

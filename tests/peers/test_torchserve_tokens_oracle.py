@@ -45,6 +45,8 @@ CALLS = [
     ("models, the old management key", "management", "GET", "/models", "old management"),
     ("models, the new management key", "management", "GET", "/models", "management"),
 ]
+# Answered alike in status alone (the bodies are each server's own metrics).
+OPEN = [("metrics, no key", "metrics", "GET", "/metrics", None)]
 
 
 # Where the appliance answers otherwise on purpose (docs/models/torchserve.md lists these).
@@ -100,6 +102,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
             urls = {
                 "inference": base.format(ours.ports["http"]),
                 "management": base.format(ours.ports["management"]),
+                "metrics": base.format(ours.ports["metrics"]),
             }
             yield {"torchserve": theirs, "appliance": Server(urls, workdir / "key_file.json")}
     finally:
@@ -116,6 +119,10 @@ def test_each_key_opens_what_torchserve_s_opens_and_the_token_api_renews_them(
             assert (ours[0], ours[2]) == (theirs[0], theirs[2]), what
             continue
         assert ours == theirs, what
+    for what, port, method, path, which in OPEN:
+        theirs = servers["torchserve"].call(port, method, path, which)
+        ours = servers["appliance"].call(port, method, path, which)
+        assert ours[0] == theirs[0] == 200, what
 
 
 def test_the_key_files_say_the_same(servers: dict[str, Server]) -> None:

@@ -477,8 +477,10 @@ def test_token_authorization_is_on_unless_disabled_with_its_keys_in_key_file_jso
             "Authorization": f"Bearer {json.loads(key_file.read_text())['management']['key']}"
         }
         assert requests.get(api, headers=manage, timeout=TIMEOUT).status_code == 200
-        # A health check needs no key.
+        # A health check needs no key, nor the metrics API (as TorchServe's).
         assert requests.get(f"{base}/ping", timeout=TIMEOUT).status_code == 200
+        metrics = f"http://127.0.0.1:{appliance.ports['metrics']}/metrics"
+        assert requests.get(metrics, timeout=TIMEOUT).status_code == 200
     assert not key_file.exists()
 
 
