@@ -71,8 +71,8 @@ test: $(STAMP) native
 	$(BIN)/pytest -q
 
 # The tests that put a minute or more of load on the appliance (a short soak, the
-# README fleet's roll-over, two hosts behind HAProxy), apart so that make test
-# stays under 15 minutes.
+# README fleet's roll-over, two hosts behind HAProxy, sixty frontend kills under
+# load), apart so that make test stays under 15 minutes.
 test-long: $(STAMP) native
 	$(BIN)/pytest -q -p no:cacheprovider -m long tests
 

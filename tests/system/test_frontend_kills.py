@@ -288,6 +288,8 @@ def served() -> Any:
         yield appliance
 
 
+# Close to a minute of load (sixty kills): in make test-long, so make test stays under 15 minutes.
+@pytest.mark.long
 def test_killing_frontends_resets_and_refuses_no_connection_and_fails_only_their_calls(
     served: Appliance,
 ) -> None:
