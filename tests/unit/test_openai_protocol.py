@@ -65,6 +65,7 @@ def test_a_chat_request_keeps_what_is_passed_on() -> None:
         ({"model": "m", "messages": USER, "max_tokens": 0}, "max_tokens"),
         ({"model": "m", "messages": USER, "max_tokens": 1.5}, "max_tokens"),
         ({"model": "m", "messages": USER, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"model": "m", "messages": USER, "stop": ["x" * 100_000]}, "stop"),
         ({"model": "m", "messages": USER, "stream_options": {}}, "stream_options"),
         ({"model": "m", "messages": USER, "logprobs": True}, "logprobs"),
         ({"model": "m", "messages": USER, "tools": [{"type": "function"}]}, "tools"),
@@ -215,6 +216,17 @@ def test_stop_sequences_cut_the_same_however_the_text_arrives(
     found = [text.find(stop) for stop in stops if stop in text]
     expected = (text[: min(found)], True) if found else (text, False)
     assert cut(stops, pieces) == expected
+
+
+def test_the_longest_stop_sequences_cost_the_scan_little_per_piece() -> None:
+    # Text that keeps matching every stop's beginning, a character a piece: each piece
+    # looks through the held tail once per stop, never position by position.
+    stops = ["a" * 255 + b for b in "bcde"]
+    scan = StopScan(stops)
+    out = "".join(scan.feed("a") for _ in range(20_000))
+    assert out == "a" * (20_000 - 255)
+    assert scan.feed("c") == ""
+    assert scan.stopped
 
 
 def test_a_chat_template_renders_as_transformers_renders_it(tmp_path: Path) -> None:

@@ -28,8 +28,6 @@ class StopScan:
 
     def __init__(self, stops: list[str]) -> None:
         self.stops = stops
-        # A piece's tail that could be the start of a stop sequence waits for the next.
-        self.keep = max((len(stop) for stop in stops), default=1) - 1
         self.held = ""
         self.stopped = False
 
@@ -69,11 +67,17 @@ class StopScan:
     def _pending(self, text: str, limit: int) -> int:
         """The first place before ``limit`` from which ``text`` could still become a
         stop sequence (its tail a stop's beginning); ``limit`` where there is none."""
-        for at in range(max(0, len(text) - self.keep), limit):
-            tail = text[at:]
-            if any(len(stop) > len(tail) and stop.startswith(tail) for stop in self.stops):
-                return at
-        return limit
+        earliest = limit
+        for stop in self.stops:
+            # The longest tail first: it starts earliest.
+            for size in range(min(len(stop) - 1, len(text)), 0, -1):
+                at = len(text) - size
+                if at >= earliest:
+                    break
+                if stop.startswith(text[at:]):
+                    earliest = at
+                    break
+        return earliest
 
 
 class Run:

@@ -63,6 +63,9 @@ _COMPLETION = _SAMPLING | {"prompt", "echo", "suffix", "best_of"}
 _EMBEDDING = frozenset({"model", "input", "encoding_format", "dimensions"})
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_STOP = 4
+# A stop sequence's most characters: the text that could still become one waits, and is
+# looked through at each piece of the text (protocols/openai/generate.py).
+MAX_STOP_CHARS = 256
 MAX_EMBEDDING_INPUTS = 2048
 
 
@@ -285,6 +288,11 @@ def _stop(value: Any) -> list[str]:
         raise invalid("stop must be a string or an array of non-empty strings", "stop")
     if len(stops) > MAX_STOP:
         raise invalid(f"stop: at most {MAX_STOP} sequences, got {len(stops)}", "stop")
+    longest = max((len(stop) for stop in stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise invalid(
+            f"stop: a sequence has at most {MAX_STOP_CHARS} characters, got {longest}", "stop"
+        )
     return list(stops)
 
 
