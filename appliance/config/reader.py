@@ -41,8 +41,8 @@ from appliance.config.settings import (
     ShmConfig,
     TlsConfig,
     TracesConfig,
-    read_tokens,
 )
+from appliance.config.tokens import read_tokens
 
 
 def load(path: Path | None = None) -> ApplianceConfig:

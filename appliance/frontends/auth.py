@@ -1,7 +1,7 @@
 """Bearer-token auth on every protocol: falcon middleware, a gRPC guard, MIP's rule.
 
 With ``[auth] tokens_file`` set, every request must present one of the
-file's tokens (one a line, see ``config.read_tokens``; the file may be
+file's tokens (one a line, see ``config/tokens.py``; the file may be
 readable by its owner only). The file is read again when it changes, so
 tokens rotate without a restart: looked at every RECHECK_S, and at once
 before a token is refused (a key file, below, before every request).
@@ -50,7 +50,8 @@ import falcon
 import grpc
 import orjson
 
-from appliance.config.settings import ApplianceConfig, Token, read_tokens
+from appliance.config.settings import ApplianceConfig
+from appliance.config.tokens import Token, read_tokens
 from appliance.formats.torchserve import keys as torchserve_keys
 from appliance.frontends.observe import Context, Wrap, protocol_of_path, rebuild
 from appliance.protocols.grpc_server import Handler

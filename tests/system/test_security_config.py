@@ -12,6 +12,7 @@ import pytest
 from appliance.config import settings as config_module
 from appliance.config.reader import from_dict, load
 from appliance.config.settings import ConfigError
+from appliance.config.tokens import read_tokens
 from appliance.frontends import auth
 from tests.system.harness import ROOT
 
@@ -53,7 +54,7 @@ def test_paths_are_relative_to_the_config_file_and_survive_the_snapshot(tmp_path
         config.auth,
         config.mip.listeners,
     )
-    read = config_module.read_tokens(Path(config.auth.tokens_file))
+    read = read_tokens(Path(config.auth.tokens_file))
     assert [token.value for token in read] == ["abc", "def"]
 
 

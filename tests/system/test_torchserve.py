@@ -32,7 +32,7 @@ from appliance._generated import (
     torchserve_management_pb2,
     torchserve_management_pb2_grpc,
 )
-from appliance.config import settings as config_module
+from appliance.config.tokens import expiration_epoch
 from tests.system.harness import Appliance, serving_repository
 from tests.system.model_store import serving_model_store
 from tests.torch_archives import write_script_mar
@@ -445,7 +445,7 @@ def test_token_authorization_is_on_unless_disabled_with_its_keys_in_key_file_jso
         for kind in ("inference", "management"):
             expires = keys[kind]["expiration time"]
             assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z", expires)
-            left = config_module.expiration_epoch(expires) - time.time()
+            left = expiration_epoch(expires) - time.time()
             assert 3500 < left <= 3600
         # The token API makes a new key with the API key; the old one is refused from then on.
         token_api = f"http://127.0.0.1:{management}/token"

@@ -12,7 +12,7 @@ another hour, and the old one is refused from then on.
 
 ``appliance serve`` on a model store does the same (:func:`write`): the file,
 readable by its owner alone, is the appliance's ``[auth] tokens_file`` (see
-``config.read_tokens``), which every frontend reads again when it changes,
+``config/tokens.py``), which every frontend reads again when it changes,
 and it is removed when the appliance stops. :func:`renew` is the token
 API's (frontends/auth.py).
 """
