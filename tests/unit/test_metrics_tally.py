@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from appliance.observability.metrics import Tally
+from appliance.observability.metrics import Observed, Tally
 
 # Binary fractions: sums in any order are exact, so expositions compare as text.
 BOUNDS = (0.125, 0.25, 0.5, 1.0, 2.0, 8.0)
@@ -26,7 +26,7 @@ def exposition(values: list[float], tallied: bool, flushes: int = 1) -> str:
         for value in values:
             child.observe(value)
         return _without_created(registry)
-    tally = Tally(child)
+    tally = Tally(Observed(child))
     step = max(1, len(values) // flushes)
     for start in range(0, len(values), step):
         for value in values[start : start + step]:
@@ -63,12 +63,12 @@ _MULTIPROCESS = """
 import sys
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
-from appliance.observability.metrics import Tally
+from appliance.observability.metrics import Observed, Tally
 
 values = [0.0, 0.125, 0.75, 3.0, 1e6, 0.25, 0.25]
 bounds = (0.125, 0.25, 0.5, 1.0, 2.0, 8.0)
 observed = Histogram("observed", "help", ["model"], buckets=bounds).labels("m")
-tally = Tally(Histogram("tallied", "help", ["model"], buckets=bounds).labels("m"))
+tally = Tally(Observed(Histogram("tallied", "help", ["model"], buckets=bounds).labels("m")))
 for value in values:
     observed.observe(value)
     tally.observe(value)
