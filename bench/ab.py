@@ -18,7 +18,9 @@ each kind's median over repeats. Usage::
 TOML, a bare word as a string), repeated for more; a side with none runs the
 defaults. ``--a-rev``/``--b-rev`` serve that side from the appliance package
 of a git revision (``git archive`` into a temporary directory, the side run
-from there), so two commits compare in one run::
+from there: pure Python), so two commits compare in one run; ``--a-dir``/
+``--b-dir`` from a checkout elsewhere (where ``make native`` compiled it, two
+compiled builds compare)::
 
     python bench/ab.py --name hop --a-rev e558e5b --triton \
         --systems kserve-rest-json,kserve-grpc --payloads 16B --clients 1,16 --repeats 4
@@ -368,6 +370,8 @@ def main() -> int:
     parser.add_argument("--b", action="append", default=[], help="B's section.key=value")
     parser.add_argument("--a-rev", help="serve A from the appliance package of this revision")
     parser.add_argument("--b-rev", help="serve B from the appliance package of this revision")
+    parser.add_argument("--a-dir", help="serve A from the appliance package under this directory")
+    parser.add_argument("--b-dir", help="serve B from the appliance package under this directory")
     parser.add_argument("--a-env", action="append", default=[], help="A's KEY=VALUE environment")
     parser.add_argument("--b-env", action="append", default=[], help="B's KEY=VALUE environment")
     parser.add_argument("--triton", action="store_true", help="measure real Triton beside")
@@ -392,14 +396,17 @@ def main() -> int:
     with contextlib.ExitStack() as exports:
         sides = tuple(
             Side(
-                " ".join([*([f"@{rev}"] if rev else []), *settings, *env]) or "defaults",
+                " ".join(
+                    [*([f"@{rev}"] if rev else []), *([where] if where else []), *settings, *env]
+                )
+                or "defaults",
                 with_settings(settings),
-                exported(rev, exports) if rev else ROOT,
+                Path(where).resolve() if where else exported(rev, exports) if rev else ROOT,
                 dict(item.split("=", 1) for item in env),
             )
-            for settings, rev, env in (
-                (args.a, args.a_rev, args.a_env),
-                (args.b, args.b_rev, args.b_env),
+            for settings, rev, where, env in (
+                (args.a, args.a_rev, args.a_dir, args.a_env),
+                (args.b, args.b_rev, args.b_dir, args.b_env),
             )
         )
         if sides[0].label == sides[1].label:
