@@ -283,14 +283,14 @@ class Written:
 
     PERF: a multiprocess value's ``inc`` checks the metric, takes a lock and
     asks the pid (to notice a fork), then writes through two calls: about 150
-    bytecodes, and a frontend made four a request (now a few a loop turn,
-    see _Turn), a model worker six each time it goes idle. Every child written here is made in the process that
-    writes it, after any fork (gunicorn's, the zygote's), and written only
-    here, under one lock; so the two doubles ``inc`` would write are written
-    at the place the value took in the file when it was made
-    (prometheus_client's MmapedDict layout: value, then timestamp 0). A file
-    that grows is mapped again, so its map is looked up on every write; the
-    places in it stay.
+    bytecodes, and a frontend made four a request (now a few a loop turn, see
+    _Turn), a model worker six each time it goes idle. Every child written
+    here is made in the process that writes it, after any fork (gunicorn's,
+    the zygote's), and written only here, under one lock; so the two doubles
+    ``inc`` would write are written at the place the value took in the file
+    when it was made (prometheus_client's MmapedDict layout: value, then
+    timestamp 0). A file that grows is mapped again, so its map is looked up
+    on every write; the places in it stay.
     """
 
     __slots__ = ("_file", "_position", "_value")
