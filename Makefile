@@ -13,9 +13,13 @@ GENERATED := appliance/_generated
 
 # install-systemd: a virtual environment of its own under PREFIX, the unit, and
 # an example config (never overwritten). DESTDIR stages it elsewhere.
+# NATIVE=0 leaves the model worker's request path as pure Python there; by
+# default it is compiled (appliance/native.py) where a C compiler is at hand.
 PREFIX ?= /opt/appliance
 SYSCONF ?= /etc/appliance
 UNITDIR ?= /etc/systemd/system
+NATIVE ?= 1
+# (The build runs with python -P: the installed package, not this tree's in the cwd.)
 
 help:
 	@echo "make run       serve the demo models (HTTP 8000, gRPC 8001, MIP 8002)"
@@ -183,7 +187,8 @@ wire-capture: $(STAMP)
 install-systemd:
 	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)
 	$(DESTDIR)$(PREFIX)/bin/pip install --quiet --upgrade pip
-	$(DESTDIR)$(PREFIX)/bin/pip install --quiet .
+	$(DESTDIR)$(PREFIX)/bin/pip install --quiet ".$(if $(filter 1,$(NATIVE)),[native])"
+	$(if $(filter 1,$(NATIVE)),$(DESTDIR)$(PREFIX)/bin/python -P -c "from appliance import native; raise SystemExit(native.build())")
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/README.md
 	install -d $(DESTDIR)$(SYSCONF) $(DESTDIR)$(UNITDIR)
 	test -e $(DESTDIR)$(SYSCONF)/config.toml || install -m 0644 systemd/config.toml $(DESTDIR)$(SYSCONF)/config.toml

@@ -26,6 +26,7 @@ import os
 import shutil
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -164,32 +165,64 @@ def build() -> int:
     if shutil.which(os.environ.get("CC", "cc")) is None:
         print("appliance.native: no C compiler; the request path runs as pure Python")
         return 0
-    try:
-        from mypyc.build import mypycify
-        from setuptools import setup  # type: ignore[import-untyped]
-    except ImportError as ex:
-        print(f"appliance.native: {ex}; the request path runs as pure Python")
+    missing = [name for name in ("mypyc", "setuptools") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"appliance.native: no {' or '.join(missing)}; the request path runs as pure Python")
         return 0
     remove()
-    sources = [str(source_of(m).relative_to(ROOT)) for m in MODULES]
-    previous = Path.cwd()
-    os.chdir(ROOT)
     try:
-        extensions = mypycify(sources, group_name=GROUP, target_dir="build/native")
-        setup(
-            name="appliance-native",
-            ext_modules=extensions,
-            script_args=["--quiet", "build_ext", "--inplace", "--build-temp", "build/native"],
-        )
+        if (ROOT / "pyproject.toml").exists():
+            # The source tree: the C sources and objects stay in build/ for the next build.
+            _compile(ROOT, "build/native", [])
+        else:
+            _compile_installed()
     except (Exception, SystemExit) as ex:  # a failed compile leaves the pure path
         remove()
         print(f"appliance.native: compiling failed ({ex}); the request path runs as pure Python")
         return 0
-    finally:
-        os.chdir(previous)
     _write_manifest(digests)
     print(f"appliance.native: compiled {len(MODULES)} modules")
     return 0
+
+
+def _compile(root: Path, work: str, options: list[str]) -> None:
+    """Compile :data:`MODULES` of the package under ``root`` beside their sources
+    (``work``: where the C sources and objects go)."""
+    from mypyc.build import mypycify
+    from setuptools import setup  # type: ignore[import-untyped]
+
+    sources = [str(Path(*m.split(".")).with_suffix(".py")) for m in MODULES]
+    previous = Path.cwd()
+    os.chdir(root)
+    try:
+        extensions = mypycify([*options, *sources], group_name=GROUP, target_dir=work)
+        setup(
+            name="appliance-native",
+            ext_modules=extensions,
+            script_args=["--quiet", "build_ext", "--inplace", "--build-temp", work],
+        )
+    finally:
+        os.chdir(previous)
+
+
+def _compile_installed() -> None:
+    """Compile an installed package (make install-systemd): in a copy of it in a
+    temporary directory, the extensions then copied beside the sources.
+
+    mypy run in site-packages would take every module there for the caller's
+    own (and refuse the top-level ones its bundled stubs cover); the tree's mypy
+    settings are not there either: the compiled modules' types are checked by
+    ``make lint``, so here what they import is followed silently and untyped
+    imports are Any.
+    """
+    with tempfile.TemporaryDirectory(prefix="appliance-native-") as work:
+        copy = Path(work) / "src"
+        ignore = shutil.ignore_patterns("__pycache__", f"*{_suffix()}", MANIFEST.name)
+        shutil.copytree(PACKAGE, copy / PACKAGE.name, ignore=ignore)
+        options = ["--cache-dir", f"{work}/mypy", "--ignore-missing-imports"]
+        _compile(copy, f"{work}/build", [*options, "--follow-imports", "silent"])
+        for built in (copy / PACKAGE.name).rglob(f"*{_suffix()}"):
+            shutil.copy2(built, PACKAGE / built.relative_to(copy / PACKAGE.name))
 
 
 def _write_manifest(digests: dict[str, str]) -> None:

@@ -89,8 +89,8 @@ def test_the_unit_verifies_and_outlasts_the_drain() -> None:
     assert server["run_dir"] == "/run/appliance"
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
-def test_make_install_systemd_installs_a_unit_that_verifies(tmp_path: Path) -> None:
+def install_systemd(tmp_path: Path, native: bool) -> tuple[Path, Path, Path]:
+    """``make install-systemd`` into ``tmp_path``: its prefix, config and unit directories."""
     prefix, sysconf, units = tmp_path / "opt", tmp_path / "etc", tmp_path / "units"
     subprocess.run(
         [
@@ -100,12 +100,20 @@ def test_make_install_systemd_installs_a_unit_that_verifies(tmp_path: Path) -> N
             f"PREFIX={prefix}",
             f"SYSCONF={sysconf}",
             f"UNITDIR={units}",
+            f"NATIVE={int(native)}",
         ],
         cwd=ROOT,
         check=True,
         capture_output=True,
-        timeout=600,
+        timeout=900,
     )
+    return prefix, sysconf, units
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_make_install_systemd_installs_a_unit_that_verifies(tmp_path: Path) -> None:
+    # The compile (a minute or two) is test_install_systemd_compiles_the_request_path's.
+    prefix, sysconf, units = install_systemd(tmp_path, native=False)
     unit = (units / "appliance.service").read_text()
     assert f"ExecStart={prefix}/bin/appliance serve --config {sysconf}/config.toml" in unit
     assert "@" not in unit.replace("$MAINPID", "")
@@ -118,3 +126,28 @@ def test_make_install_systemd_installs_a_unit_that_verifies(tmp_path: Path) -> N
         [str(prefix / "bin" / "appliance"), "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "serve" in help_text
+
+
+@pytest.mark.long
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_install_systemd_compiles_the_request_path(tmp_path: Path) -> None:
+    prefix, _sysconf, _units = install_systemd(tmp_path, native=True)
+    shown = subprocess.run(
+        [
+            str(prefix / "bin" / "python"),
+            "-c",
+            "from appliance import native; from appliance.worker import server; "
+            "print(native.state()); print(server.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout.splitlines()
+    assert shown[0] == "compiled (mypyc)"
+    assert shown[1].startswith(str(prefix))
+    assert shown[1].endswith(".so")
+    # Nothing of the build is left in the installed package.
+    site = Path(shown[1]).parents[2]
+    assert not (site / "build").exists()
+    assert not (site / ".mypy_cache").exists()
