@@ -150,6 +150,24 @@ def test_large_unsigned_integers_stay_exact() -> None:
     assert tensor.array().tolist() == [0, 2**64 - 1]
 
 
+@pytest.mark.parametrize("size", [2, 100])  # either side of the codec's small-tensor path
+@pytest.mark.parametrize("dtype", [DType.FP16, DType.FP32])
+def test_a_nan_does_not_hide_a_value_too_large(dtype: DType, size: int) -> None:
+    data = [float("nan")] * (size - 1) + [1e300]
+    with pytest.raises(DecodeError) as caught:
+        codec.tensor_from_json("x", dtype, (size,), data)
+    assert "too large" in caught.value.message
+    tensor = codec.tensor_from_json("x", dtype, (size,), [float("nan")] * size)
+    assert np.isnan(tensor.array()).all()
+
+
+@pytest.mark.parametrize("size", [3, 100])
+def test_integers_out_of_range_are_refused_whatever_the_size(size: int) -> None:
+    with pytest.raises(DecodeError) as caught:
+        codec.tensor_from_json("x", DType.INT8, (size,), [0] * (size - 1) + [200])
+    assert "values from 0 to 200 do not fit INT8" in caught.value.message
+
+
 @pytest.mark.parametrize("dtype", [DType.UINT64, DType.INT64, DType.UINT8])
 @pytest.mark.parametrize("data", [False, [True, False]])
 def test_booleans_as_integer_data_decode(dtype: DType, data: Any) -> None:

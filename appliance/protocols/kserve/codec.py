@@ -48,6 +48,9 @@ _JSON_KINDS = {"b": "b", "i": "biu", "u": "biu", "f": "biuf"}
 # The float dtypes a JSON number (a float64 or an int64) can overflow, and their largest values.
 _FLOAT_MAX = {np.dtype(t): float(np.finfo(t).max) for t in (np.float16, np.float32)}
 _INT64_MAX = float(np.iinfo(np.int64).max)
+# PERF: up to this many elements, a range check goes over a list of Python numbers:
+# numpy's min() and max() cost 2-5 µs each in call overhead alone, for a tensor of 4.
+_SMALL = 64
 
 
 # -- requests ----------------------------------------------------------------
@@ -206,7 +209,10 @@ def _may_overflow(target: np.dtype[Any], array: np.ndarray[Any, Any]) -> bool:
         return False
     kind = array.dtype.kind
     if kind == "f" or (kind in "iu" and largest < _INT64_MAX):
-        return bool(array.max() > largest or array.min() < -largest)
+        if array.size <= _SMALL:
+            return any(abs(value) > largest for value in array.ravel().tolist())
+        # Not max() and min(): a NaN anywhere makes those NaN, hiding a value out of range.
+        return bool(np.any(np.abs(array) > largest))
     return False
 
 
@@ -260,7 +266,11 @@ def _check_range(what: str, dtype: DType, array: np.ndarray[Any, Any]) -> None:
     info = np.iinfo(cast(Any, target))
     # As Python numbers: numpy compares a bool or int64 scalar with UINT64's
     # maximum by converting that to a C long, which overflows.
-    low, high = array.min().item(), array.max().item()
+    if array.size <= _SMALL:
+        values = array.ravel().tolist()
+        low, high = min(values), max(values)
+    else:
+        low, high = array.min().item(), array.max().item()
     if low < info.min or high > info.max:
         raise DecodeError(
             f"{what}: values from {low} to {high} do not fit {dtype.value} "
