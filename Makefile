@@ -13,8 +13,9 @@ GENERATED := appliance/_generated
 
 # install-systemd: a virtual environment of its own under PREFIX, the unit, and
 # an example config (never overwritten). DESTDIR stages it elsewhere.
-# NATIVE=0 leaves the model worker's request path as pure Python there; by
-# default it is compiled (appliance/native.py) where a C compiler is at hand.
+# NATIVE=0 leaves the model worker's request path as pure Python there (and in
+# the image); by default it is compiled (appliance/native.py) where a C
+# compiler is at hand.
 PREFIX ?= /opt/appliance
 SYSCONF ?= /etc/appliance
 UNITDIR ?= /etc/systemd/system
@@ -86,15 +87,16 @@ test-unit: $(STAMP)
 # The container image, built by buildah without a daemon (--isolation chroot
 # runs where podman cannot make cgroups). IMAGE_BASE: python:3.12-slim from a
 # registry, or $(LOCAL_BASE) from `make image-base`. IMAGE_EXTRAS: the model
-# runtimes ("" for the Python demos and models alone). Behind a TLS-inspecting
-# proxy, PIP_CERT (the CA bundle pip trusts here) is lent to the build.
+# runtimes ("" for the Python demos and models alone). NATIVE: as for
+# install-systemd. Behind a TLS-inspecting proxy, PIP_CERT (the CA bundle pip
+# trusts here) is lent to the build.
 IMAGE ?= localhost/appliance:latest
 IMAGE_BASE ?= docker.io/library/python:3.12-slim
 IMAGE_EXTRAS ?= onnx,torch,openai,llm
 LOCAL_BASE := localhost/appliance-base:bookworm
 image:
 	buildah bud --isolation chroot --layers --build-arg BASE=$(IMAGE_BASE) \
-		--build-arg EXTRAS=$(IMAGE_EXTRAS) \
+		--build-arg EXTRAS=$(IMAGE_EXTRAS) --build-arg NATIVE=$(NATIVE) \
 		$(if $(PIP_CERT),--volume $(PIP_CERT):/etc/build-ca.crt:ro --build-arg PIP_CERT=/etc/build-ca.crt) \
 		-f deploy/container/Containerfile -t $(IMAGE) .
 
