@@ -7,7 +7,9 @@ gRPC, 16 B, 1 and 8 clients): A is the appliance package at a base revision
 (``--base``; by default the newest tag reachable from HEAD, or ``HEAD~20``
 where there is none), B the working tree, the order alternating between
 rounds, with the hop's floor (bench/bench_hop_floor.py, ZeroMQ alone) in the
-same rounds to tell the code's creep from the machine's drift. It prints, per
+same rounds to tell the code's creep from the machine's drift. Where the
+tree's request path runs compiled (appliance/native.py), the base's is
+compiled too before the run, so both sides run the same way. It prints, per
 cell, each thread kind's and each process's CPU per request on both sides
 and B/A (bench/threads.py), and writes bench/results/creep.json and
 creep.md. ``--record`` appends B's REST JSON figures as a dated row to the
@@ -64,11 +66,14 @@ def main() -> int:
     base = args.base or default_base()
     cells = grid_of(FULL_SWEEP, set(THREAD_SYSTEMS), {"16B"}, set(THREAD_CLIENTS))
     with contextlib.ExitStack() as exports:
+        base_dir = exported(base, exports)
+        mode = built_alike(base, base_dir)
+        tree_env = {} if mode == "compiled" else {"APPLIANCE_PURE": "1"}
         sides = (
-            Side(f"@{base}", with_settings([]), exported(base, exports)),
-            Side("working tree", with_settings([]), ROOT),
+            Side(f"@{base}", with_settings([]), base_dir),
+            Side("working tree", with_settings([]), ROOT, tree_env),
         )
-        extra = {"base": base, "revision": revision(), "args": vars(args)}
+        extra = {"base": base, "revision": revision(), "mode": mode, "args": vars(args)}
         grid = Grid(cells, args.seconds, args.rounds)
         print(compare(sides, grid, RESULTS.stem, extra, floors=not args.no_floors))
     if args.record:
@@ -76,6 +81,32 @@ def main() -> int:
         if record(PAGE, row):
             print(f"added a row to the {TAG} table in {PAGE.relative_to(ROOT)}")
     return 0
+
+
+def built_alike(base: str, base_dir: Path) -> str:
+    """Return "compiled" where the tree's request path runs compiled and the base's
+    (exported: pure Python) compiled too, else "pure": the tree then runs pure as
+    well, so both sides run the same way."""
+    if state_of(ROOT) != "compiled (mypyc)" or not (base_dir / "appliance/native.py").exists():
+        print("both sides run pure Python (the tree's request path or the base's is not compiled)")
+        return "pure"
+    # Built as in a checkout of the base (its mypy settings), in the export, whose
+    # package is the one imported there.
+    (base_dir / "pyproject.toml").write_text(git("show", f"{base}:pyproject.toml") + "\n")
+    build = "from appliance import native; raise SystemExit(native.build())"
+    subprocess.run([sys.executable, "-c", build], cwd=base_dir, check=True)
+    return "compiled" if state_of(base_dir) == "compiled (mypyc)" else "pure"
+
+
+def state_of(where: Path) -> str:
+    """How the request path of the appliance package under ``where`` runs (native.state)."""
+    return subprocess.run(
+        [sys.executable, "-c", "from appliance import native; print(native.state())"],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def git(*argv: str) -> str:
@@ -132,7 +163,7 @@ def page_row(record: dict[str, Any]) -> str:
         f"{row['server_cpu_us']:,.0f}" if row else "n/a" for row in by_clients.values()
     )
     rounds = int(record["args"]["rounds"])
-    counted = f"{rounds} round{'s' * (rounds != 1)}"
+    counted = f"{rounds} round{'s' * (rounds != 1)}, {record.get('mode', 'pure')}"
     when = datetime.date.today().isoformat()
     return f"| {when} | {record['revision']} ({counted}) | " + " | ".join([*cells, whole]) + " |"
 
