@@ -26,6 +26,8 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import psutil
+
 from bench.servers import (
     DIGITS_WEIGHTS,
     PEER_CODE,
@@ -101,17 +103,39 @@ def tritonserver(repository: Path, options: Sequence[str] = ()) -> Iterator[Peer
     urls = {kind: f"127.0.0.1:{port}" for kind, port in ports.items()}
     live = http_ok(f"http://{urls['http']}/v2/health/live")
     before = set(os.listdir(SHM))
+    pid = 0
     try:
         with started("triton", argv, urls, live, repository, env) as server:
+            pid = server.process.pid
             server.details = {"version": VERSION, "options": list(options)}
             yield server
     finally:
+        if pid:
+            _stop_stubs_of(pid)
         # A stub killed before it cleaned up leaves its region behind; one that
         # a process still maps (another tritonserver's, made meanwhile) stays.
         left = {n for n in set(os.listdir(SHM)) - before if n.startswith(SHM_PREFIX)}
         for name in left - _mapped(left):
             with contextlib.suppress(FileNotFoundError):
                 (SHM / name).unlink()
+
+
+def _stop_stubs_of(pid: int) -> None:
+    """Kill, by PID, the Python stubs tritonserver ``pid`` started that are still there.
+
+    Its stop kills its process tree; a server that died first has left its stubs
+    orphaned, outside any tree, each mapping its region. A stub names its server's
+    PID on its command line (its sixth argument).
+    """
+    stubs = []
+    for process in psutil.process_iter(["cmdline"]):
+        argv = process.info["cmdline"] or []
+        if len(argv) > 5 and argv[0].endswith(STUB) and argv[5] == str(pid):
+            stubs.append(process)
+    for stub in stubs:
+        with contextlib.suppress(psutil.Error):
+            stub.kill()
+    psutil.wait_procs(stubs, timeout=5)
 
 
 def _mapped(names: set[str]) -> set[str]:

@@ -14,6 +14,7 @@ same (docs/models/python-backend.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import shutil
@@ -318,13 +319,46 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+class Peer:
+    """The module's tritonserver, started again for the next test where it died in one.
+
+    Real Triton is the oracle here, not the subject: once (a CI run, 2026-11-29) its
+    BLS call hung and the server went, and every later test of the module failed on a
+    refused connection. Started again, only the test it died in fails.
+    """
+
+    def __init__(self, repository: Path) -> None:
+        self.repository = repository
+        self._stack = contextlib.ExitStack()
+        self._server: PeerServer | None = None
+
+    def live(self) -> PeerServer:
+        if self._server is None or self._server.process.poll() is not None:
+            self.close()
+            # Explicit control (as the appliance is always) with every model loaded at
+            # the start; a model that fails to load leaves the server up.
+            options = ["--model-control-mode=explicit", "--load-model=*", "--exit-on-error=false"]
+            self._server = self._stack.enter_context(triton_serving(self.repository, options))
+        return self._server
+
+    def close(self) -> None:
+        self._stack.close()
+        self._stack = contextlib.ExitStack()
+        self._server = None
+
+
 @pytest.fixture(scope="module")
-def triton(repository: Path) -> Iterator[PeerServer]:
-    # Explicit control (as the appliance is always) with every model loaded at
-    # the start; a model that fails to load leaves the server up.
-    options = ["--model-control-mode=explicit", "--load-model=*", "--exit-on-error=false"]
-    with triton_serving(repository, options) as server:
-        yield server
+def triton_peer(repository: Path) -> Iterator[Peer]:
+    peer = Peer(repository)
+    try:
+        yield peer
+    finally:
+        peer.close()
+
+
+@pytest.fixture
+def triton(triton_peer: Peer) -> PeerServer:
+    return triton_peer.live()
 
 
 @pytest.fixture(scope="module")
