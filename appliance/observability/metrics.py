@@ -146,14 +146,9 @@ def record_call(model: str, code: ErrorCode, started: float) -> None:
             Observed(LATENCY.labels(protocol, label)),
         )
         _CALLS[key] = children
-    seconds = time.perf_counter() - started
-    turn = _this_turn()
-    if turn is None:
-        children[0].add(1.0)
-        children[1].observe(seconds)
-    else:
-        turn.add(children[0])
-        turn.observe(children[1], seconds)
+    writes = _writes()
+    writes.add(children[0])
+    writes.observe(children[1], time.perf_counter() - started)
 
 
 _STREAMS: dict[tuple[str, str], tuple[Written, Observed]] = {}
@@ -168,11 +163,7 @@ def record_stream_response(model: str, started: float | None) -> None:
         value = STREAM_RESPONSES.labels(*key)._value
         children = (Written(value), Observed(STREAM_FIRST.labels(*key)))
         _STREAMS[key] = children
-    turn = _this_turn()
-    if turn is None:
-        children[0].add(1.0)
-    else:
-        turn.add(children[0])
+    _writes().add(children[0])
     if started is not None:
         children[1].observe(time.perf_counter() - started)
 
@@ -302,9 +293,6 @@ class Written:
         self._position = -1 if self._file is None else self._file._positions[value._key]
 
     def add(self, amount: float) -> None:
-        if self._file is None:
-            self._value.inc(amount)
-            return
         with _WRITES:
             self.add_held(amount)
 
@@ -363,15 +351,27 @@ class _Turn:
                 tally.flush_held()
 
 
+class _AtOnce:
+    """A :class:`_Turn`'s counts written at once: outside an event loop (a thread's call)."""
+
+    def add(self, value: Written) -> None:
+        value.add(1.0)
+
+    def observe(self, observed: Observed, seconds: float) -> None:
+        observed.observe(seconds)
+
+
+_AT_ONCE = _AtOnce()
 # This thread's turn (the event loop running in it), its attribute "turn".
 _LOCAL = threading.local()
 
 
-def _this_turn() -> _Turn | None:
-    """The running event loop's turn, its flush scheduled; None outside an event loop."""
+def _writes() -> _Turn | _AtOnce:
+    """Where this thread's counts go: the running event loop's turn, its flush
+    scheduled, or straight to the files outside an event loop."""
     loop = asyncio._get_running_loop()
     if loop is None:
-        return None
+        return _AT_ONCE
     turn: _Turn | None = getattr(_LOCAL, "turn", None)
     if turn is None or turn.loop is not loop:
         if turn is not None and turn.due:
@@ -419,10 +419,6 @@ def log_access(protocol: str, status: str, started: float, detail: str = "") -> 
     value = _FRONTEND.get(key)
     if value is None:
         value = _FRONTEND[key] = Written(FRONTEND.labels(protocol, status)._value)
-    turn = _this_turn()
-    if turn is None:
-        value.add(1.0)
-    else:
-        turn.add(value)
+    _writes().add(value)
     latency_ms = (time.perf_counter() - started) * 1000
     logs.access(protocol, MODEL.get(), status, latency_ms, detail)
