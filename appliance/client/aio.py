@@ -42,6 +42,7 @@ import zmq
 from appliance.client.channel import ReplySockets, Wiring, worker_lost
 from appliance.client.routing import Target
 from appliance.core.descriptor import Message, join_frames, to_frame
+from appliance.core.zmq_send import send_frame
 from appliance.errors import ApplianceError, DeadlineExceeded, WorkerLost
 
 SLICE_S = 0.05
@@ -108,7 +109,7 @@ class AsyncChannel(ReplySockets[_Box]):
         outgoing, self._outgoing = self._outgoing, {}
         for target, frames, request_ids in outgoing.values():
             try:
-                self._pushes.get(target).send(join_frames(frames), 0, copy=True)
+                send_frame(self._pushes.get(target), join_frames(frames), 0)
             except zmq.ZMQError as ex:
                 # The callers have returned: their requests fail through their boxes.
                 for request_id in request_ids:

@@ -39,6 +39,7 @@ import zmq
 
 from appliance.client.routing import Router, Target, lost_sequence
 from appliance.core.descriptor import DescriptorError, Kind, Message, from_frames, to_frame
+from appliance.core.zmq_send import NOBLOCK, send_frame
 from appliance.errors import DeadlineExceeded, WorkerLost
 
 SLICE_MS = 50
@@ -158,7 +159,7 @@ class ReplySockets(Generic[BoxT]):
 
     def send(self, target: Target, message: Message, flags: int = 0) -> None:
         message.channel = self.number
-        self._pushes.get(target).send(to_frame(message), flags, copy=True)
+        send_frame(self._pushes.get(target), to_frame(message), flags)
 
     def watch(self, request_id: int, target: Target) -> None:
         """Keep the untaken parts of the stream ``request_id`` (sent to ``target``)
@@ -205,7 +206,7 @@ class ReplySockets(Generic[BoxT]):
         message.channel = self.number
         # A worker that went away ends the stream by other ways (WorkerLost).
         with contextlib.suppress(zmq.ZMQError):
-            self._pushes.get(flow.target).send(to_frame(message), zmq.NOBLOCK, copy=True)
+            send_frame(self._pushes.get(flow.target), to_frame(message), NOBLOCK)
 
     def close(self) -> None:
         """Tell every worker this channel used to forget it, then close."""

@@ -50,6 +50,7 @@ from appliance.core.segment import Segment
 from appliance.core.status import StatusTable
 from appliance.core.tensor import Tensor
 from appliance.core.tree import owner_pid
+from appliance.core.zmq_send import NOBLOCK
 from appliance.errors import ShmExhausted, error_from_code
 from appliance.processes.lifetime import pid_alive
 
@@ -239,7 +240,7 @@ class InFlight:
             return
         message = Message(Kind.RELEASE, 0, self._pid, {"blocks": block_list(blocks)})
         with contextlib.suppress(zmq.ZMQError):
-            self._outbox().send(target, message, zmq.NOBLOCK)
+            self._outbox().send(target, message, NOBLOCK)
 
     def stray(self, message: Message) -> None:
         """Take back what a reply nobody waits for still holds."""

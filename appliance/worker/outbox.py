@@ -23,6 +23,7 @@ import zmq
 
 from appliance.core.descriptor import Message, join_frames, to_frame
 from appliance.core.ring import Block, Ring
+from appliance.core.zmq_send import NOBLOCK, send_frame
 
 CLOSE_LINGER_MS = 2000
 
@@ -76,7 +77,7 @@ class Outbox:
         self.holding_since = 0.0
         for to, (frames, blocks) in queued.items():
             try:
-                self._push_to(to).send(join_frames(frames), zmq.NOBLOCK)
+                send_frame(self._push_to(to), join_frames(frames), NOBLOCK)
             except zmq.ZMQError:
                 # The client's channel has stopped reading (its queue is full):
                 # nobody will release these blocks, so take them back now.

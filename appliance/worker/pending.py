@@ -24,38 +24,84 @@ from appliance.core.tensor import Tensor
 Array = npt.NDArray[Any]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Pending:
-    """One request waiting in (or running on) a model worker."""
+    """One request waiting in (or running on) a model worker.
+
+    PERF: its ``__init__`` is written out, not generated (see Message): one
+    is made for every request.
+    """
 
     message: Message
     arrays: dict[str, Array]
     method: str
     parameters: dict[str, Any]
     outputs: list[str] | None
-    rows: int = 0
-    key: Hashable | None = None
-    arrived: float = field(default_factory=time.monotonic)
+    rows: int
+    key: Hashable | None
+    arrived: float
     # Where the inputs lie in shared memory (see passthrough.py).
-    spans: list[tuple[int, int, str, int]] = field(default_factory=list)
+    spans: list[tuple[int, int, str, int]]
     # Set on a piece of a request over max_batch_size (see pieces.py).
-    whole: Whole | None = None
-    index: int = 0
+    whole: Whole | None
+    index: int
     # Set on a step of a stateful sequence (see sequences.py).
-    step: Step | None = None
+    step: Step | None
     # The request's sequence parameters, kept apart from the model's.
-    sequence: dict[str, Any] | None = None
+    sequence: dict[str, Any] | None
     # Outputs to write into a client's GPU memory, and those already written
     # there (see cuda_regions.py).
-    targets: dict[str, CudaPlace] | None = None
-    written: set[str] | None = None
+    targets: dict[str, CudaPlace] | None
+    written: set[str] | None
     # A traced request's parent span and times (see traces.py).
-    trace: Any = None
+    trace: Any
     # Its place in a queue with priorities (twice its level, one more once its
     # wait passed a "delay" timeout), and when its wait runs out (0: never).
-    rank: int = 0
-    expires: float = 0.0
-    delay: bool = False
+    rank: int
+    expires: float
+    delay: bool
+
+    def __init__(
+        self,
+        message: Message,
+        arrays: dict[str, Array],
+        method: str,
+        parameters: dict[str, Any],
+        outputs: list[str] | None,
+        rows: int = 0,
+        key: Hashable | None = None,
+        arrived: float | None = None,
+        spans: list[tuple[int, int, str, int]] | None = None,
+        whole: Whole | None = None,
+        index: int = 0,
+        step: Step | None = None,
+        sequence: dict[str, Any] | None = None,
+        targets: dict[str, CudaPlace] | None = None,
+        written: set[str] | None = None,
+        trace: Any = None,
+        rank: int = 0,
+        expires: float = 0.0,
+        delay: bool = False,
+    ) -> None:
+        self.message = message
+        self.arrays = arrays
+        self.method = method
+        self.parameters = parameters
+        self.outputs = outputs
+        self.rows = rows
+        self.key = key
+        self.arrived = time.monotonic() if arrived is None else arrived
+        self.spans = [] if spans is None else spans
+        self.whole = whole
+        self.index = index
+        self.step = step
+        self.sequence = sequence
+        self.targets = targets
+        self.written = written
+        self.trace = trace
+        self.rank = rank
+        self.expires = expires
+        self.delay = delay
 
     @property
     def request_id(self) -> int:
