@@ -1,11 +1,13 @@
-"""The model worker's request path, compiled where a C compiler is at hand.
+"""The request path, compiled where a C compiler is at hand.
 
 A profile of the model worker under load (docs/performance.md, issue 55) put
 two thirds of its CPU in the Python interpreter, spread thin over the
-modules below. ``make install`` compiles them with mypyc (from the same
-sources: no second implementation) into C extensions beside them, in one
-group library, ``appliance/_native__mypyc*.so``. Where that cannot be done
-(no compiler, no mypy), nothing is built and the same modules run as Python.
+modules below; a frontend's own modules ran some 4,000 bytecodes a KServe
+REST request beside uvicorn's and falcon's 2,000. ``make install`` compiles
+them with mypyc (from the same sources: no second implementation) into C
+extensions beside them, in one group library, ``appliance/_native__mypyc*.so``.
+Where that cannot be done (no compiler, no mypy), nothing is built and the
+same modules run as Python.
 
 Compiled modules call one another directly in C, so they only run together:
 when any of their sources changed after the build (an edit, a checkout), or
@@ -37,14 +39,24 @@ GROUP = "appliance._native"
 MANIFEST = PACKAGE / "_native.json"
 PURE_ENV = "APPLIANCE_PURE"
 
-# The request path of a model worker: what it runs for every request, from
-# the descriptor's arrival to the reply's send, and the counting. Not the core
-# modules the frontends share (status table, ring, tensors): compiled, they
-# made no difference to the worker and their callers in the frontends run
-# interpreted (bench/results/ab-native.md).
+# The request path: a model worker's, from the descriptor's arrival to the
+# reply's send, and the counting; and a frontend's own part of it, the
+# client API's request table and routing with the KServe codecs (REST JSON
+# and protobuf), the status table and tensors they use. What stays Python:
+# the async faces (grpc.aio and falcon look for coroutine functions), the
+# web and RPC libraries' subclasses, and the classes a model or a user
+# extends.
 MODULES = (
+    "appliance.client.call",
+    "appliance.client.inflight",
+    "appliance.client.routing",
     "appliance.core.descriptor",
+    "appliance.core.status",
+    "appliance.core.tensor",
     "appliance.observability.metrics",
+    "appliance.protocols.kserve.codec",
+    "appliance.protocols.kserve.inference",
+    "appliance.protocols.kserve.pbcodec",
     "appliance.worker.batch_runner",
     "appliance.worker.batcher",
     "appliance.worker.execute",

@@ -30,9 +30,13 @@ class Outbox(Protocol):
     def watch(self, request_id: int, target: Target) -> None: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Call:
-    """A request in flight: where it went, what it holds, and (a stream) how far it got."""
+    """A request in flight: where it went, what it holds, and (a stream) how far it got.
+
+    PERF: its ``__init__`` is written out, not generated: compiled
+    (appliance/native.py), the dataclass one would still run as Python.
+    """
 
     channel: Outbox
     target: Target
@@ -40,14 +44,28 @@ class Call:
     blocks: list[Block]
     deadline: float
     # What the last wait brought (see drive.py): a reply, or the wait's error.
-    reply: Message | None = None
-    error: BaseException | None = None
-    previous: InferResult | None = None
-    finished: bool = False
+    reply: Message | None
+    error: BaseException | None
+    previous: InferResult | None
+    finished: bool
     # Run once the worker is done with the inputs of a call given up on (a
     # deadline, a failed wait): at once if it died, else when its late reply
     # comes. An ensemble keeps the blocks it sent by reference alive until then.
-    after: Callable[[], None] | None = None
+    after: Callable[[], None] | None
+
+    def __init__(
+        self, channel: Outbox, target: Target, id: int, blocks: list[Block], deadline: float
+    ) -> None:
+        self.channel = channel
+        self.target = target
+        self.id = id
+        self.blocks = blocks
+        self.deadline = deadline
+        self.reply = None
+        self.error = None
+        self.previous = None
+        self.finished = False
+        self.after = None
 
     def take(self) -> Message:
         """The reply the last wait brought, or raise the wait's error."""

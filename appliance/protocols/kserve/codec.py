@@ -37,11 +37,11 @@ from appliance.protocols.kserve.inference import (
     check_unique,
     parse_dtype,
     parse_shape,
-    response_parameters,
     shm_ref,
     tensor_from_buffer,
     with_input_parameters,
 )
+from appliance.protocols.kserve.response_outputs import response_parameters
 
 # Numpy kinds JSON values may arrive as, for each kind of target dtype.
 _JSON_KINDS = {"b": "b", "i": "biu", "u": "biu", "f": "biuf"}

@@ -28,10 +28,10 @@ from appliance.protocols.kserve.inference import (
     InferRequest,
     OutputData,
     RequestedOutput,
-    ResponseOutputs,
     check_byte_size,
     tensor_from_buffer,
 )
+from appliance.protocols.kserve.response_outputs import ResponseOutputs
 from appliance.protocols.kserve.service import resolve
 from appliance.protocols.kserve.shm import RegionTable
 from appliance.protocols.kserve.shm_places import Target

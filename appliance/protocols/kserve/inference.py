@@ -9,7 +9,7 @@ RPC library.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,9 +85,13 @@ class RequestedOutput:
     shm: ShmRef | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class InferRequest:
-    """A decoded inference request."""
+    """A decoded inference request.
+
+    PERF: its ``__init__`` is written out, not generated: compiled
+    (appliance/native.py), the dataclass one would still run as Python.
+    """
 
     model: str
     version: str
@@ -95,7 +99,25 @@ class InferRequest:
     parameters: dict[str, Any]
     inputs: list[InputTensor]
     outputs: list[RequestedOutput] | None
-    binary_output: bool = False
+    binary_output: bool
+
+    def __init__(
+        self,
+        model: str,
+        version: str,
+        id: str,
+        parameters: dict[str, Any],
+        inputs: list[InputTensor],
+        outputs: list[RequestedOutput] | None,
+        binary_output: bool = False,
+    ) -> None:
+        self.model = model
+        self.version = version
+        self.id = id
+        self.parameters = parameters
+        self.inputs = inputs
+        self.outputs = outputs
+        self.binary_output = binary_output
 
     def model_parameters(self) -> dict[str, Any]:
         """Return the parameters the model sees (transport ones removed)."""
@@ -127,22 +149,6 @@ class OutputData:
     # What the model said of this output (core/output_parameters.py): the
     # response's "parameters" of it, beside the protocol's own.
     parameters: Mapping[str, Any] | None = None
-
-
-class ResponseOutputs(list[OutputData]):
-    """A response's outputs to encode, with what the model said of the response
-    itself (its ``parameters``: MLServer's ``content_type`` of a whole response)."""
-
-    __slots__ = ("parameters",)
-
-    def __init__(self, outputs: list[OutputData], parameters: Mapping[str, Any]) -> None:
-        super().__init__(outputs)
-        self.parameters = parameters
-
-
-def response_parameters(outputs: Sequence[OutputData]) -> Mapping[str, Any]:
-    """The response's own parameters (none for a plain list of outputs)."""
-    return outputs.parameters if isinstance(outputs, ResponseOutputs) else {}
 
 
 def parse_dtype(name: object, what: str) -> DType:

@@ -32,11 +32,11 @@ from appliance.protocols.kserve.inference import (
     check_unique,
     parse_dtype,
     parse_shape,
-    response_parameters,
     shm_ref,
     tensor_from_buffer,
     with_input_parameters,
 )
+from appliance.protocols.kserve.response_outputs import response_parameters
 
 # The generated messages (typed Any: mypy skips generated code).
 pb: Any = kserve_pb2
