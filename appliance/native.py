@@ -49,8 +49,10 @@ PURE_ENV = "APPLIANCE_PURE"
 MODULES = (
     "appliance.client.call",
     "appliance.client.inflight",
+    "appliance.client.result",
     "appliance.client.routing",
     "appliance.core.descriptor",
+    "appliance.core.dtypes",
     "appliance.core.status",
     "appliance.core.tensor",
     "appliance.observability.metrics",
