@@ -129,6 +129,8 @@ def test_make_install_systemd_installs_a_unit_that_verifies(tmp_path: Path) -> N
 
 
 @pytest.mark.long
+# The install compiles 30 modules: minutes on 2 vCPUs, past the suite's default timeout.
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_install_systemd_compiles_the_request_path(tmp_path: Path) -> None:
     prefix, _sysconf, _units = install_systemd(tmp_path, native=True)
