@@ -203,6 +203,10 @@ def started(
     """
     log = PEERS_DIR / f"{name}.server.log"
     PEERS_DIR.mkdir(parents=True, exist_ok=True)
+    if log.exists():
+        # The last start's console is kept once: where a peer died in a test and
+        # is started again for the next, what it said before dying is there.
+        log.replace(log.with_name(f"{name}.server.previous.log"))
     with log.open("wb") as out:
         process = subprocess.Popen(
             argv,
