@@ -204,7 +204,7 @@ class Supervisor:
             ", ".join(f"{port} -> {model}" for port, model in held.mip_listeners),
             "online" if self.status.online else "offline",
         )
-        log.info("model workers' request path: %s", native.state())
+        log.info("request path (model workers and frontends): %s", native.state())
         # Frontends import while the zygote does; model workers wait for it.
         for child in sorted(self.children, key=lambda c: c.spec.is_model):
             if child.spec.is_model:

@@ -207,4 +207,4 @@ def test_the_image_serves_the_pod_config_as_its_user_and_drains_on_sigterm(image
     assert code == 0, log
     assert segments_of(IMAGE_USER) - before == set(), log
     # make image compiles the request path (a compiler from the base's apt sources).
-    assert "model workers' request path: compiled (mypyc)" in log, log
+    assert "request path (model workers and frontends): compiled (mypyc)" in log, log

@@ -29,4 +29,5 @@ def test_pure_python_request_path_serves() -> None:
         summed = client.infer("simple", inputs).as_numpy("OUTPUT0")
         np.testing.assert_array_equal(summed, 2 * np.arange(16, dtype=np.int32).reshape(1, 16))
         client.close()
-        assert "request path: pure Python (APPLIANCE_PURE is set)" in appliance.log()
+        said = "request path (model workers and frontends): pure Python (APPLIANCE_PURE is set)"
+        assert said in appliance.log()
