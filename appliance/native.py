@@ -41,11 +41,11 @@ PURE_ENV = "APPLIANCE_PURE"
 
 # The request path: a model worker's, from the descriptor's arrival to the
 # reply's send, and the counting; and a frontend's own part of it, the
-# client API's request table and routing with the KServe codecs (REST JSON
-# and protobuf), the status table and tensors they use. What stays Python:
-# the async faces (grpc.aio and falcon look for coroutine functions), the
-# web and RPC libraries' subclasses, and the classes a model or a user
-# extends.
+# client API's request table, calls, results and routing with the KServe
+# codecs (REST JSON and protobuf), the status table, tensors and dtypes they
+# use. What stays Python: the async faces (grpc.aio and falcon look for
+# coroutine functions), the web and RPC libraries' subclasses, and the
+# classes a model or a user extends.
 MODULES = (
     "appliance.client.call",
     "appliance.client.inflight",

@@ -42,11 +42,10 @@ import zmq
 from appliance.client.channel import ReplySockets, Wiring, worker_lost
 from appliance.client.routing import Target
 from appliance.core.descriptor import Message, join_frames, to_frame
-from appliance.core.zmq_send import send_frame
+from appliance.core.zmq_send import NOBLOCK, send_frame
 from appliance.errors import ApplianceError, DeadlineExceeded, WorkerLost
 
 SLICE_S = 0.05
-_NOBLOCK = int(zmq.NOBLOCK)
 _FD = int(zmq.FD)
 
 Item = Message | ApplianceError
@@ -124,7 +123,7 @@ class AsyncChannel(ReplySockets[_Box]):
         # PERF: a zero-timeout poll answers what EVENTS does (and spends the
         # edge alike) for two thirds of pyzmq's getsockopt.
         while waiting(0):
-            self._route(replies.recv(_NOBLOCK))
+            self._route(replies.recv(NOBLOCK))
 
     def expect(self, request_id: int) -> None:
         self._inbox[request_id] = _Box()

@@ -5,8 +5,8 @@ handles the routing ids and groups of draft socket types (which the
 appliance's PUSH sockets never have), then calls the compiled send through
 ``super()`` with keywords. Called straight, the compiled send costs a third
 (0.55 µs against 1.6 here), and a frontend and a model worker each make one
-or more a request. The flags are plain ints: pyzmq's flag enums cost
-microseconds per operation.
+or more a request. The flags are plain ints (NOBLOCK here, for sends and
+receives alike): pyzmq's flag enums cost microseconds per operation.
 """
 
 from __future__ import annotations

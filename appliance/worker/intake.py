@@ -19,6 +19,7 @@ import zmq
 from appliance.core.descriptor import Kind, Message, blocks_from, from_frames, read_tensors
 from appliance.core.device_tensors import OPEN_REGION
 from appliance.core.metadata import ModelMetadata
+from appliance.core.zmq_send import NOBLOCK
 from appliance.errors import ApplianceError, BadRequest
 from appliance.model import Model
 from appliance.worker import refusals, traces
@@ -40,7 +41,6 @@ log = logging.getLogger("appliance.worker")
 MAX_RECEIVE_PER_TURN = 512
 # PERF: plain ints; pyzmq's flag enums cost microseconds per operation.
 _RCVTIMEO = int(zmq.RCVTIMEO)
-_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class Intake:
@@ -127,7 +127,7 @@ class Intake:
             except zmq.Again:
                 return
         elif self._poller.poll(0):
-            frame = socket.recv(_NOBLOCK)
+            frame = socket.recv(NOBLOCK)
         else:
             return
         self.last_message = time.monotonic()
@@ -141,7 +141,7 @@ class Intake:
                 self._take(message)
             if not self._poller.poll(0):
                 return
-            frame = socket.recv(_NOBLOCK)
+            frame = socket.recv(NOBLOCK)
 
     def _take(self, message: Message) -> None:
         if message.kind is Kind.INFER:
