@@ -53,6 +53,7 @@ MODULES = (
     "appliance.client.routing",
     "appliance.core.descriptor",
     "appliance.core.dtypes",
+    "appliance.core.message_tensors",
     "appliance.core.status",
     "appliance.core.tensor",
     "appliance.observability.metrics",

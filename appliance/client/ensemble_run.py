@@ -45,7 +45,7 @@ from appliance.client.inflight import InFlight
 from appliance.client.request import TensorLike, TensorOf, request_body, tensor_of
 from appliance.client.result import InferResult
 from appliance.core.client_memory import ClientTensor
-from appliance.core.descriptor import Placed
+from appliance.core.message_tensors import Placed
 from appliance.core.ring import Block
 from appliance.core.tensor import Tensor, TensorSpec
 from appliance.errors import (

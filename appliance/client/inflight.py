@@ -34,9 +34,8 @@ from appliance.client.result import InferResult
 from appliance.client.routing import Router, Target
 from appliance.config.settings import ShmConfig
 from appliance.core.client_memory import ClientTensor
-from appliance.core.descriptor import (
-    Kind,
-    Message,
+from appliance.core.descriptor import Kind, Message
+from appliance.core.message_tensors import (
     Placed,
     SegmentReader,
     block_list,

@@ -17,8 +17,8 @@ import numpy.typing as npt
 import orjson
 
 from appliance.core.client_memory import ClientTensor
-from appliance.core.descriptor import Placed
 from appliance.core.device_tensors import CudaPlace, DeviceTensor
+from appliance.core.message_tensors import Placed
 from appliance.core.tensor import Tensor
 from appliance.errors import BadRequest
 

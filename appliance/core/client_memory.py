@@ -8,7 +8,7 @@ check of the size beforehand closes that window. So client bytes are never
 mapped here: they are copied with ``preadv``/``pwritev`` on a descriptor
 opened for that one copy, where the kernel reports a file that shrank as a
 short count. The destination of a read is where the bytes are going anyway
-(a block of the request ring, see :func:`appliance.core.descriptor.place_tensors`),
+(a block of the request ring, see :func:`appliance.core.message_tensors.place_tensors`),
 so this costs no copy more than a mapping did.
 
 What a client may do to its file mid-request, and what it gets:

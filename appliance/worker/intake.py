@@ -16,8 +16,9 @@ import time
 
 import zmq
 
-from appliance.core.descriptor import Kind, Message, blocks_from, from_frames, read_tensors
+from appliance.core.descriptor import Kind, Message, from_frames
 from appliance.core.device_tensors import OPEN_REGION
+from appliance.core.message_tensors import blocks_from, read_tensors
 from appliance.core.metadata import ModelMetadata
 from appliance.core.zmq_send import NOBLOCK
 from appliance.errors import ApplianceError, BadRequest

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from appliance.core.descriptor import SegmentReader
+from appliance.core.message_tensors import SegmentReader
 from appliance.core.segment import Segment
 from appliance.core.tree import owner_pid
 

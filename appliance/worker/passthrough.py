@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from appliance.core.descriptor import SegmentReader
 from appliance.core.dtypes import DType
+from appliance.core.message_tensors import SegmentReader
 from appliance.core.tensor import Array, Tensor
 
 # (first address, end address, segment, offset in segment) of one input.

@@ -9,7 +9,7 @@ straight into arrays, with what the model's declarations allow worked out
 once at load.
 
 Anything else, and any request that fails a check here, is declined (None):
-the general path (descriptor.read_tensors, then batcher.check_request) takes
+the general path (message_tensors.read_tensors, then batcher.check_request) takes
 it from the start, so what is accepted and every error a client sees are the
 general path's. This path only never builds what the general one would throw
 away.
@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from appliance.core.descriptor import Message, SegmentReader
+from appliance.core.descriptor import Message
 from appliance.core.dtypes import DType, to_numpy
+from appliance.core.message_tensors import SegmentReader
 from appliance.core.metadata import ModelMetadata
 from appliance.core.sequences import SEQUENCE_PARAMETERS
 from appliance.worker.batcher import ANY_REQUEST, PREDICT, batch_key

@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from appliance.core.descriptor import Kind, Message, error_message, place_tensors, ring_blocks
+from appliance.core.descriptor import Kind, Message, error_message
+from appliance.core.message_tensors import place_tensors, ring_blocks
 from appliance.core.output_parameters import response_parameters_of
 from appliance.core.ring import Block, Ring, is_spill
 from appliance.core.status import Counter

@@ -16,15 +16,13 @@ from appliance.core.descriptor import (
     DescriptorError,
     Kind,
     Message,
-    SegmentReader,
     from_frame,
     from_frames,
     join_frames,
-    place_tensors,
-    read_tensors,
     to_frame,
 )
 from appliance.core.dtypes import DType, to_numpy
+from appliance.core.message_tensors import SegmentReader, place_tensors, read_tensors
 from appliance.core.output_parameters import OutputsWithParameters, from_body
 from appliance.core.ring import Ring
 from appliance.core.segment import Segment

@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from appliance.core.descriptor import SegmentReader, place_tensors, read_tensors, ring_blocks
 from appliance.core.device_tensors import (
     CudaPlace,
     DeviceArray,
@@ -18,6 +17,7 @@ from appliance.core.device_tensors import (
     on_device,
 )
 from appliance.core.dtypes import DType
+from appliance.core.message_tensors import SegmentReader, place_tensors, read_tensors, ring_blocks
 from appliance.core.ring import Block
 from appliance.core.tensor import Tensor
 from appliance.errors import BadRequest

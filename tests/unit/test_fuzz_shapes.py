@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.core import descriptor
+from appliance.core import descriptor, message_tensors
 from appliance.core.dtypes import DType
 from appliance.core.tensor import Tensor
 from appliance.errors import BadRequest
@@ -200,7 +200,7 @@ def test_descriptors_refuse_negative_sizes_places_and_dims() -> None:
         descriptor.from_frame(frame)
     for entry in (["x", "FP32", [-1], 0], ["x", "FP32", [1], -1], ["x", "FP32", [2**62, 0], 0]):
         with pytest.raises(BadRequest, match="is invalid"):
-            descriptor.read_tensors([entry], [memoryview(b"")], NoSegments())
+            message_tensors.read_tensors([entry], [memoryview(b"")], NoSegments())
 
 
 def test_mip_refuses_millions_of_items_from_the_header() -> None:

@@ -251,6 +251,7 @@ def umbridge(data: bytes) -> None:
 
 def descriptor(data: bytes) -> None:
     from appliance.core import descriptor as d
+    from appliance.core.message_tensors import read_tensors
     from appliance.errors import BadRequest
 
     try:
@@ -261,7 +262,7 @@ def descriptor(data: bytes) -> None:
     if not isinstance(entries, list):
         return
     try:
-        tensors = d.read_tensors(entries, message.payloads, seeds.NoSegments())
+        tensors = read_tensors(entries, message.payloads, seeds.NoSegments())
     except BadRequest:
         return
     _materialize(tensors.values())
