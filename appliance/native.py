@@ -40,14 +40,20 @@ MANIFEST = PACKAGE / "_native.json"
 PURE_ENV = "APPLIANCE_PURE"
 
 # The request path: a model worker's, from the descriptor's arrival to the
-# reply's send, and the counting; and a frontend's own part of it, the
-# client API's request table, calls, results and routing with the KServe
-# codecs (REST JSON and protobuf), the status table, tensors and dtypes they
-# use. What stays Python: the async faces (grpc.aio and falcon look for
-# coroutine functions), the web and RPC libraries' subclasses, and the
-# classes a model or a user extends.
+# reply's send, and the counting; and a frontend's own part of it: the HTTP
+# app's observer and body reader, the KServe REST
+# resources and request runner, the client API's call cores, drivers,
+# channels, request table, calls, results and routing, the KServe codecs
+# (REST JSON and protobuf), the status table, tensors and dtypes. What stays
+# Python: the faces made by decorators (a compiled function kept on a class
+# does not bind), async generators, subclasses of builtins and of the web
+# and RPC libraries' classes, and the classes a model or a user extends.
 MODULES = (
+    "appliance.client.aio",
     "appliance.client.call",
+    "appliance.client.call_cores",
+    "appliance.client.channel",
+    "appliance.client.drive",
     "appliance.client.inflight",
     "appliance.client.result",
     "appliance.client.routing",
@@ -56,10 +62,17 @@ MODULES = (
     "appliance.core.message_tensors",
     "appliance.core.status",
     "appliance.core.tensor",
+    "appliance.frontends.observe_http",
     "appliance.observability.metrics",
+    "appliance.protocols.bodies",
+    "appliance.protocols.jsonbody",
     "appliance.protocols.kserve.codec",
+    "appliance.protocols.kserve.encoding",
+    "appliance.protocols.kserve.infer",
     "appliance.protocols.kserve.inference",
     "appliance.protocols.kserve.pbcodec",
+    "appliance.protocols.kserve.rest",
+    "appliance.protocols.kserve.service",
     "appliance.worker.batch_runner",
     "appliance.worker.batcher",
     "appliance.worker.execute",

@@ -34,42 +34,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from typing import cast
 
 import zmq
 
 from appliance.client.channel import ReplySockets, Wiring, worker_lost
+from appliance.client.reply_box import ReplyBox
 from appliance.client.routing import Target
 from appliance.core.descriptor import Message, join_frames, to_frame
-from appliance.core.zmq_send import NOBLOCK, send_frame
+from appliance.core.zmq_send import NOBLOCK, poll, send_frame
 from appliance.errors import ApplianceError, DeadlineExceeded, WorkerLost
 
 SLICE_S = 0.05
 _FD = int(zmq.FD)
 
-Item = Message | ApplianceError
 
-
-class _Box(deque[Item]):
-    """The messages of one request not yet taken, and the future its waiter awaits."""
-
-    __slots__ = ("waiter",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waiter: asyncio.Future[Item] | None = None
-
-    def append(self, item: Item) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            self.waiter = None
-            waiter.set_result(item)
-        else:
-            super().append(item)
-
-
-class AsyncChannel(ReplySockets[_Box]):
+class AsyncChannel(ReplySockets[ReplyBox]):
     """The sockets of one event loop (arguments: those of :class:`ReplySockets`)."""
 
     def __init__(self, wiring: Wiring, number: int) -> None:
@@ -78,8 +58,7 @@ class AsyncChannel(ReplySockets[_Box]):
         self._waiting: dict[int, tuple[Target, float]] = {}
         self._watchdog: asyncio.Task[None] | None = None
         self._fd = cast(int, self._replies.getsockopt(_FD))
-        self._poller = zmq.Poller()
-        self._poller.register(self._replies, zmq.POLLIN)
+        self._polled = [(self._replies, int(zmq.POLLIN))]
         self._loop.add_reader(self._fd, self._drain)
         # Frames to send at the turn's end, by instance, with their request ids.
         self._outgoing: dict[tuple[int, int], tuple[Target, list[bytes], list[int]]] = {}
@@ -119,14 +98,14 @@ class AsyncChannel(ReplySockets[_Box]):
                         )
 
     def _drain(self) -> None:
-        replies, waiting = self._replies, self._poller.poll
+        replies, polled = self._replies, self._polled
         # PERF: a zero-timeout poll answers what EVENTS does (and spends the
         # edge alike) for two thirds of pyzmq's getsockopt.
-        while waiting(0):
+        while poll(polled, 0):
             self._route(replies.recv(NOBLOCK))
 
     def expect(self, request_id: int) -> None:
-        self._inbox[request_id] = _Box()
+        self._inbox[request_id] = ReplyBox()
 
     def forget(self, request_id: int) -> None:
         self._waiting.pop(request_id, None)

@@ -41,12 +41,13 @@ from appliance.client import call_cores, control
 from appliance.client.aio import AsyncChannel
 from appliance.client.cache import ResponseCache
 from appliance.client.channel import Channel, Wiring
-from appliance.client.drive import in_loop, in_thread, stream_in_loop, stream_in_thread
+from appliance.client.drive import Steps
 from appliance.client.ensemble import Ensembles
+from appliance.client.faces import in_loop, in_thread, stream_in_loop, stream_in_thread
 from appliance.client.inflight import InFlight
 from appliance.client.restarts import RestartWaits
 from appliance.client.result import InferResult
-from appliance.client.routing import Router
+from appliance.client.routing import Router, Target
 from appliance.config.reader import read_snapshot
 from appliance.config.settings import ApplianceConfig, ConfigError, EnsembleConfig, ModelConfig
 from appliance.core.metadata import ModelMetadata
@@ -178,18 +179,31 @@ class ModelClient:
         self.router.follow()
         return self._served_ensembles
 
-    # -- the calls: one core each (call_cores.py), sync and async faces (drive.py)
+    # -- the calls: one core each (call_cores.py), sync and async faces (faces.py)
 
     infer = in_thread(call_cores.infer)
     infer_async = in_loop(call_cores.infer)
-    caches = call_cores.caches
+
+    def caches(self, model: str) -> bool:
+        """Whether ``model``'s answers are kept in the response cache (cache.py)."""
+        return call_cores.caches(self, model)
+
     stream = stream_in_thread(call_cores.stream)
     stream_async = stream_in_loop(call_cores.stream)
     derivative = in_thread(call_cores.derivative)
     derivative_async = in_loop(call_cores.derivative)
     open_region = in_thread(call_cores.open_region)
-    # The one place that picks an instance, as streams and ensembles take it.
-    _pick = call_cores.pick
+
+    def _pick(
+        self, model: str, timeout_s: float | None, parameters: Mapping[str, Any] | None
+    ) -> Steps[tuple[Target, float]]:
+        """The one place that picks an instance, as streams and ensembles take it.
+
+        A method that calls the core (call_cores.pick) rather than the core
+        itself: compiled (appliance/native.py), a function kept on a class
+        does not bind.
+        """
+        return call_cores.pick(self, model, timeout_s, parameters)
 
     # -- what is served --------------------------------------------------------
 

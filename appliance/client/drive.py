@@ -8,9 +8,10 @@ and last its result. :func:`run` blocks on a thread's :class:`Channel`;
 or the wait's error, is put on the Call, so the call gives back what it
 holds and counts the error as if it had waited itself.
 
-The decorators below make a method's sync and async faces from one core
-that takes the channel after ``self``, so a call's signature and logic are
-written once.
+faces.py makes a method's sync and async faces from one core that takes
+the channel after ``self``, so a call's signature and logic are written
+once. The drivers are compiled with the request path (appliance/native.py);
+the faces are not: a compiled function kept on a class does not bind.
 
 PERF: the drivers iterate (``for``) rather than ``send``: a generator that
 ends inside a for loop costs no StopIteration, which costs more than the
@@ -22,18 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator, Mapping
-from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from collections.abc import Generator, Mapping
+from typing import Any, Protocol, TypeVar
 
 from appliance.client.aio import AsyncChannel
-from appliance.client.call import Call, Outbox
+from appliance.client.call import Call
 from appliance.client.channel import Channel
-from appliance.client.result import InferResult
 from appliance.client.routing import Target
 
 T = TypeVar("T")
-P = ParamSpec("P")
 Step = float | Call
 # Part of a call: its pauses and waits, then (returned) its value.
 Steps = Generator[Step, None, T]
@@ -55,30 +53,6 @@ class Client(Protocol):
     def _channel(self) -> Channel: ...
 
     def _async_channel(self) -> AsyncChannel: ...
-
-
-C = TypeVar("C", bound=Client)
-
-
-class Stream(Protocol):
-    """A stream's core: open it, take each part (None at its end), then leave it.
-
-    Leaving (``__exit__``) ends the stream, cancelling it in the worker when
-    the consumer stopped early.
-    """
-
-    def open(self) -> Run[None]: ...
-
-    def next(self) -> Run[InferResult | None]: ...
-
-    def __enter__(self) -> Stream: ...
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
 
 
 def run(channel: Channel, steps: Run[T]) -> T:
@@ -117,66 +91,3 @@ async def run_async(channel: AsyncChannel, steps: Run[T]) -> T:
         steps.close()
         raise
     return result
-
-
-def in_thread(
-    core: Callable[Concatenate[C, Outbox, P], Run[T]],
-) -> Callable[Concatenate[C, P], T]:
-    """The sync face of a unary call's core."""
-
-    def face(self: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        channel = self._channel()
-        return run(channel, core(self, channel, *args, **kwargs))
-
-    face.__doc__ = core.__doc__
-    return face
-
-
-def in_loop(
-    core: Callable[Concatenate[C, Outbox, P], Run[T]],
-) -> Callable[Concatenate[C, P], Coroutine[Any, Any, T]]:
-    """The async face of a unary call's core (no thread hop)."""
-
-    async def face(self: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        channel = self._async_channel()
-        return await run_async(channel, core(self, channel, *args, **kwargs))
-
-    face.__doc__ = core.__doc__
-    return face
-
-
-def stream_in_thread(
-    core: Callable[Concatenate[C, Outbox, P], Stream],
-) -> Callable[Concatenate[C, P], Iterator[InferResult]]:
-    """The sync face of a stream's core: a generator of its parts.
-
-    Each part is released when the next one is requested; closing the
-    generator early cancels the stream in the worker.
-    """
-
-    def face(self: C, /, *args: P.args, **kwargs: P.kwargs) -> Iterator[InferResult]:
-        # Here, not at the call: the thread that iterates owns the channel.
-        channel = self._channel()
-        with core(self, channel, *args, **kwargs) as stream:
-            run(channel, stream.open())
-            while (part := run(channel, stream.next())) is not None:
-                yield part
-
-    face.__doc__ = core.__doc__
-    return face
-
-
-def stream_in_loop(
-    core: Callable[Concatenate[C, Outbox, P], Stream],
-) -> Callable[Concatenate[C, P], AsyncGenerator[InferResult, None]]:
-    """The async face of a stream's core; ``aclose`` cancels the stream."""
-
-    async def face(self: C, /, *args: P.args, **kwargs: P.kwargs) -> AsyncGenerator[InferResult]:
-        channel = self._async_channel()
-        with core(self, channel, *args, **kwargs) as stream:
-            await run_async(channel, stream.open())
-            while (part := await run_async(channel, stream.next())) is not None:
-                yield part
-
-    face.__doc__ = core.__doc__
-    return face

@@ -53,7 +53,8 @@ import orjson
 from appliance.config.settings import ApplianceConfig
 from appliance.config.tokens import Token, read_tokens
 from appliance.formats.torchserve import keys as torchserve_keys
-from appliance.frontends.observe import Context, Wrap, protocol_of_path, rebuild
+from appliance.frontends.observe import Context, Wrap, rebuild
+from appliance.frontends.observe_http import protocol_of_path
 from appliance.protocols.grpc_server import Handler
 
 log = logging.getLogger("appliance.auth")

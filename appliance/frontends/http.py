@@ -27,10 +27,11 @@ from appliance.core.status import Role, SlotState
 from appliance.frontends import auth
 from appliance.frontends.context import FrontendContext
 from appliance.frontends.metrics import MetricsResource
-from appliance.frontends.observe import HttpObserver
+from appliance.frontends.observe_http import HttpObserver
 from appliance.frontends.slots import claim_slot
 from appliance.observability import logs
 from appliance.processes.lifetime import become_child
+from appliance.protocols.bodies import ReadAhead
 from appliance.protocols.dashboard import rest as dashboard_rest
 from appliance.protocols.graphpipe import rest as graphpipe_rest
 from appliance.protocols.grps import rest as grps_rest
@@ -40,7 +41,7 @@ from appliance.protocols.threads import Threads
 from appliance.protocols.torchserve import management_rest as torchserve_management
 from appliance.protocols.torchserve import rest as torchserve_rest
 from appliance.protocols.umbridge import rest as umbridge_rest
-from appliance.protocols.web import App, ReadAhead
+from appliance.protocols.web import App
 
 # Every protocol's REST routes, mounted into one app; each renders its own errors.
 # GET / serves GraphPipe's default model, and the dashboard to a browser.

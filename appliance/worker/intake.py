@@ -20,7 +20,7 @@ from appliance.core.descriptor import Kind, Message, from_frames
 from appliance.core.device_tensors import OPEN_REGION
 from appliance.core.message_tensors import blocks_from, read_tensors
 from appliance.core.metadata import ModelMetadata
-from appliance.core.zmq_send import NOBLOCK
+from appliance.core.zmq_send import NOBLOCK, poll
 from appliance.errors import ApplianceError, BadRequest
 from appliance.model import Model
 from appliance.worker import refusals, traces
@@ -100,8 +100,7 @@ class Intake:
         self.pid = pid
         # When the last message arrived: a stopping worker lingers after it.
         self.last_message = 0.0
-        self._poller = zmq.Poller()
-        self._poller.register(socket, zmq.POLLIN)
+        self._polled = [(socket, int(zmq.POLLIN))]
         self._timeout_ms = -1  # the socket's RCVTIMEO: blocks for ever
 
     def receive(self, timeout_ms: int) -> None:
@@ -127,7 +126,7 @@ class Intake:
                 frame = socket.recv()
             except zmq.Again:
                 return
-        elif self._poller.poll(0):
+        elif poll(self._polled, 0):
             frame = socket.recv(NOBLOCK)
         else:
             return
@@ -140,7 +139,7 @@ class Intake:
                 messages = []
             for message in messages:
                 self._take(message)
-            if not self._poller.poll(0):
+            if not poll(self._polled, 0):
                 return
             frame = socket.recv(NOBLOCK)
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from appliance.errors import ModelNotFound
+from appliance.protocols.bodies import ReadAhead
 from appliance.protocols.graphpipe import rest
 from appliance.protocols.graphpipe.errors import GraphPipeCode
 from appliance.protocols.threads import Threads
-from appliance.protocols.web import ReadAhead
 from tests.unit.test_graphpipe_encoder import decode_infer_response, encode_infer_request
 
 

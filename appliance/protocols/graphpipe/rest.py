@@ -19,6 +19,7 @@ from flatbuffers.builder import BuilderSizeError
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, ModelNotFound
+from appliance.protocols.bodies import read_body
 from appliance.protocols.graphpipe.bind import bind, select_outputs
 from appliance.protocols.graphpipe.codec import (
     decode_request,
@@ -36,7 +37,7 @@ from appliance.protocols.graphpipe.errors import (
 from appliance.protocols.graphpipe.request import InferRequest, MetadataRequest
 from appliance.protocols.graphpipe.wire import MetadataInfo, describe, metadata_json
 from appliance.protocols.page import wants_html
-from appliance.protocols.web import App, guarded, read_body
+from appliance.protocols.web import App, guarded
 
 # Renders the page a browser gets at GET / (the frontend hands in the dashboard).
 HomePage = Callable[[ModelClient], str]

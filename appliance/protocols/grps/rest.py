@@ -26,6 +26,7 @@ import orjson
 
 from appliance.client.api import ModelClient
 from appliance.protocols import page
+from appliance.protocols.bodies import read_body
 from appliance.protocols.grps import service
 from appliance.protocols.grps.codec import (
     BINARY_TYPE,
@@ -39,7 +40,7 @@ from appliance.protocols.grps.codec import (
 from appliance.protocols.grps.errors import OK, GrpsError, bad_request
 from appliance.protocols.grps.payload import Kind, Payload
 from appliance.protocols.jsonbody import load_object
-from appliance.protocols.web import App, guarded, read_body
+from appliance.protocols.web import App, guarded
 
 ROOT = "/grps/v1"
 # Query parameters GRPS itself reads; the others reach the model as parameters.

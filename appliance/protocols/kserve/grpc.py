@@ -30,6 +30,7 @@ from appliance.errors import ApplianceError, DeadlineExceeded
 from appliance.protocols.grpc_server import GrpcServer
 from appliance.protocols.kserve import (
     infer,
+    infer_stream,
     model_configuration,
     pbcodec,
     repository,
@@ -179,7 +180,7 @@ class InferenceServicer:
         decoded = pbcodec.decode_infer_request(request)
         limit = timeout_s(context, decoded)
         wants_final = decoded.parameters.get(WANTS_FINAL) is True
-        if not infer.decoupled(self.client, decoded.model):
+        if not infer_stream.decoupled(self.client, decoded.model):
             flag = {FINAL_FLAG: True} if wants_final else None
             with await infer.infer_async(self.client, self.regions, decoded, limit) as outputs:
                 response = self._response(decoded, outputs, flag)
@@ -201,7 +202,7 @@ class InferenceServicer:
         whether or not it asked.
         """
         flag = {FINAL_FLAG: False}
-        stream = infer.stream_async(self.client, self.regions, decoded, limit)
+        stream = infer_stream.stream_async(self.client, self.regions, decoded, limit)
         try:
             async with contextlib.aclosing(stream) as parts:
                 async for outputs in parts:

@@ -5,14 +5,16 @@
 the request or from registered shared-memory regions (shm.py), the model
 client called, and its outputs written into regions or handed back for the
 transport to encode. Apart from ``service``, which answers about the server
-and its models, because this is the per-request path.
+and its models, because this is the per-request path; a streaming
+(decoupled) model's parts are in ``infer_stream``.
+
+Compiled with the request path (appliance/native.py): ``infer_stream``
+holds the async generator, which mypyc does not compile.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from appliance.client.api import ModelClient
@@ -50,7 +52,7 @@ async def infer_async(
     to read and write (their places travel in the descriptor). The call
     waits in the event loop, without a thread.
     """
-    call = _prepare(client, regions, request)
+    call = prepare(client, regions, request)
     result = await client.infer_async(
         call.model,
         call.inputs,
@@ -80,7 +82,7 @@ class Answer:
     def __enter__(self) -> list[OutputData]:
         result = self._result
         try:
-            return _outputs(self._request, result.outputs, self._targets, result.body)
+            return outputs_of(self._request, result.outputs, self._targets, result.body)
         except BaseException:
             result.release()
             raise
@@ -89,15 +91,24 @@ class Answer:
         self._result.release()
 
 
-@dataclass(slots=True)
-class _Call:
+class Call:
     """A request made ready for the model client."""
 
-    model: str
-    inputs: dict[str, Tensor | DeviceTensor | ClientTensor]
-    targets: dict[str, Target | CudaPlace]
-    names: list[str] | None
-    parameters: dict[str, Any]
+    __slots__ = ("inputs", "model", "names", "parameters", "targets")
+
+    def __init__(
+        self,
+        model: str,
+        inputs: dict[str, Tensor | DeviceTensor | ClientTensor],
+        targets: dict[str, Target | CudaPlace],
+        names: list[str] | None,
+        parameters: dict[str, Any],
+    ) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.targets = targets
+        self.names = names
+        self.parameters = parameters
 
     @property
     def on_device(self) -> dict[str, CudaPlace] | None:
@@ -106,41 +117,18 @@ class _Call:
         return places or None
 
 
-def _prepare(client: ModelClient, regions: RegionTable, request: InferRequest) -> _Call:
+def prepare(client: ModelClient, regions: RegionTable, request: InferRequest) -> Call:
+    """The request's model, inputs, output places, wanted outputs and parameters."""
     model = request.model
     if request.version:
         model, _ = resolve(client, model, request.version)
-    return _Call(
+    return Call(
         model,
         _inputs(regions, request),
         _output_targets(regions, request),
         None if request.outputs is None else [o.name for o in request.outputs],
         request.model_parameters(),
     )
-
-
-async def stream_async(
-    client: ModelClient, regions: RegionTable, request: InferRequest, timeout_s: float | None
-) -> AsyncGenerator[list[OutputData], None]:
-    """Yield the outputs of each part a streaming (decoupled) model sends.
-
-    The parts are awaited in the event loop. Closing the generator early
-    (``aclose``) cancels the stream in the worker.
-    """
-    if any(output.shm for output in request.outputs or ()):
-        raise BadRequest("outputs of a streamed (decoupled) model cannot go to shared memory")
-    call = _prepare(client, regions, request)
-    stream = client.stream_async(
-        call.model, call.inputs, call.names, call.parameters, timeout_s, request.id
-    )
-    async with contextlib.aclosing(stream) as parts:
-        async for part in parts:
-            yield _outputs(request, part.outputs, {}, part.body)
-
-
-def decoupled(client: ModelClient, model: str) -> bool:
-    """Return True when the model streams its answers (Triton's "decoupled")."""
-    return bool(client.metadata(model).supports.get("predict_stream"))
 
 
 def _inputs(
@@ -213,7 +201,7 @@ def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, Ta
     }
 
 
-def _outputs(
+def outputs_of(
     request: InferRequest,
     produced: dict[str, Tensor],
     targets: dict[str, Target | CudaPlace],

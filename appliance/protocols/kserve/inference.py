@@ -43,24 +43,49 @@ MAX_RANK = 64
 MAX_ELEMENTS = 1 << 59
 
 
-@dataclass(frozen=True, slots=True)
+# PERF: the request shapes below write their ``__init__`` out, as InferRequest
+# does: compiled (appliance/native.py), a generated one still runs as Python,
+# and these are made on every request. Not frozen, for that; nothing changes
+# them after they are made.
+
+
+@dataclass(slots=True, init=False)
 class ShmRef:
     """Where a tensor lies in a registered system shared-memory region."""
 
     region: str
     byte_size: int
-    offset: int = 0
+    offset: int
+
+    def __init__(self, region: str, byte_size: int, offset: int = 0) -> None:
+        self.region = region
+        self.byte_size = byte_size
+        self.offset = offset
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class InputTensor:
     """One decoded input: its data, or where it lies in shared memory."""
 
     name: str
     dtype: DType
     shape: tuple[int, ...]
-    data: Tensor | None = None
-    shm: ShmRef | None = None
+    data: Tensor | None
+    shm: ShmRef | None
+
+    def __init__(
+        self,
+        name: str,
+        dtype: DType,
+        shape: tuple[int, ...],
+        data: Tensor | None = None,
+        shm: ShmRef | None = None,
+    ) -> None:
+        self.name = name
+        self.dtype = dtype
+        self.shape = shape
+        self.data = data
+        self.shm = shm
 
 
 def with_input_parameters(
@@ -76,22 +101,23 @@ def with_input_parameters(
     return {**parameters, INPUT_PARAMETERS: kept} if kept else parameters
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class RequestedOutput:
     """One requested output; ``binary`` None means the request's default."""
 
     name: str
-    binary: bool | None = None
-    shm: ShmRef | None = None
+    binary: bool | None
+    shm: ShmRef | None
+
+    def __init__(self, name: str, binary: bool | None = None, shm: ShmRef | None = None) -> None:
+        self.name = name
+        self.binary = binary
+        self.shm = shm
 
 
 @dataclass(slots=True, init=False)
 class InferRequest:
-    """A decoded inference request.
-
-    PERF: its ``__init__`` is written out, not generated: compiled
-    (appliance/native.py), the dataclass one would still run as Python.
-    """
+    """A decoded inference request."""
 
     model: str
     version: str
@@ -133,7 +159,7 @@ class InferRequest:
         return value / 1e6 if value else None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class OutputData:
     """One output of a finished inference, ready to encode.
 
@@ -145,10 +171,24 @@ class OutputData:
     name: str
     tensor: Tensor
     binary: bool
-    shm: ShmRef | None = None
+    shm: ShmRef | None
     # What the model said of this output (core/output_parameters.py): the
     # response's "parameters" of it, beside the protocol's own.
-    parameters: Mapping[str, Any] | None = None
+    parameters: Mapping[str, Any] | None
+
+    def __init__(
+        self,
+        name: str,
+        tensor: Tensor,
+        binary: bool,
+        shm: ShmRef | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.tensor = tensor
+        self.binary = binary
+        self.shm = shm
+        self.parameters = parameters
 
 
 def parse_dtype(name: object, what: str) -> DType:

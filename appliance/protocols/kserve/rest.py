@@ -31,7 +31,7 @@ import binascii
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import falcon
@@ -40,12 +40,14 @@ import orjson
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError, BadRequest, InternalError, Unsupported
+from appliance.protocols.bodies import read_body
 from appliance.protocols.jsonbody import load_object
 from appliance.protocols.kserve import (
     codec,
     encoding,
     generate,
     infer,
+    infer_stream,
     model_configuration,
     repository,
     service,
@@ -54,7 +56,7 @@ from appliance.protocols.kserve import (
 from appliance.protocols.kserve.errors import DecodeError, http_body, http_status
 from appliance.protocols.kserve.inference import InferRequest, OutputData
 from appliance.protocols.kserve.shm import RegionTable
-from appliance.protocols.web import App, guarded, read_body, send_events
+from appliance.protocols.web import App, guarded, send_events
 
 log = logging.getLogger("appliance.kserve")
 JSON = "application/json"
@@ -229,12 +231,12 @@ class ModelResource(Resource):
             await self._stream(resp, request, encode)
             return
         timeout_s = request.timeout_s()
-        if not infer.decoupled(self.client, request.model):
+        if not infer_stream.decoupled(self.client, request.model):
             with await infer.infer_async(self.client, self.regions, request, timeout_s) as outputs:
                 resp.data = encode(request.id, outputs)
             resp.content_type = JSON
             return
-        parts = infer.stream_async(self.client, self.regions, request, timeout_s)
+        parts = infer_stream.stream_async(self.client, self.regions, request, timeout_s)
         answers = [encode(request.id, outputs) async for outputs in parts]
         if len(answers) != 1:
             raise BadRequest(
@@ -252,12 +254,12 @@ class ModelResource(Resource):
         ``infer``; one after it ends the stream with an event ``{"error": ...}``.
         """
         timeout_s = request.timeout_s()
-        if not infer.decoupled(self.client, request.model):
+        if not infer_stream.decoupled(self.client, request.model):
             with await infer.infer_async(self.client, self.regions, request, timeout_s) as outputs:
                 body = encode(request.id, outputs)
-            send_events(resp, _events(body, None))
+            send_events(resp, infer_stream.events(body, None))
             return
-        parts = infer.stream_async(self.client, self.regions, request, timeout_s)
+        parts = infer_stream.stream_async(self.client, self.regions, request, timeout_s)
         try:
             # The first part before the status: a request the model refuses is an error reply.
             first = await anext(parts, None)
@@ -267,7 +269,7 @@ class ModelResource(Resource):
         except BaseException:
             await parts.aclose()
             raise
-        send_events(resp, _events(answer, parts, functools.partial(encode, request.id)))
+        send_events(resp, infer_stream.events(answer, parts, functools.partial(encode, request.id)))
 
 
 # Encodes a response's outputs, given the request's id.
@@ -277,27 +279,6 @@ Encode = Callable[[str, list[OutputData]], bytes]
 def _encoded(model: str, served: str, request_id: str, outputs: list[OutputData]) -> bytes:
     """A KServe response's JSON (no binary outputs)."""
     return codec.encode_infer_response(model, served, request_id, outputs)[0]
-
-
-async def _events(
-    first: bytes | None,
-    rest: AsyncGenerator[list[OutputData], None] | None,
-    encode: Callable[[list[OutputData]], bytes] | None = None,
-) -> AsyncIterator[falcon.asgi.SSEvent]:
-    """The events of a stream: the first answer, then each further part's (SSE)."""
-    try:
-        if first is not None:
-            yield falcon.asgi.SSEvent(data=first)
-        if rest is None or encode is None:
-            return
-        try:
-            async for outputs in rest:
-                yield falcon.asgi.SSEvent(data=encode(outputs))
-        except ApplianceError as ex:
-            yield falcon.asgi.SSEvent(data=orjson.dumps({"error": ex.message}))
-    finally:
-        if rest is not None:
-            await rest.aclose()
 
 
 def _header_length(req: falcon.Request) -> int | None:

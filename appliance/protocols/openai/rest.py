@@ -29,6 +29,7 @@ import orjson
 from appliance.client.api import ModelClient
 from appliance.core.metadata import ModelMetadata
 from appliance.errors import ModelNotFound
+from appliance.protocols.bodies import read_body
 from appliance.protocols.jsonbody import load_object
 from appliance.protocols.openai import answers, convention
 from appliance.protocols.openai.answers import Completion
@@ -47,7 +48,7 @@ from appliance.protocols.openai.requests import (
     embedding_request,
 )
 from appliance.protocols.openai.texts import Texts, tokenizer_dir
-from appliance.protocols.web import App, guarded, read_body, send_events
+from appliance.protocols.web import App, guarded, send_events
 
 responder = guarded(render)
 DONE = falcon.asgi.SSEvent(data=b"[DONE]")

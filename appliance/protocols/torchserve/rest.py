@@ -26,11 +26,12 @@ import falcon
 
 from appliance.client.api import ModelClient
 from appliance.core.http_body import CONTENT_TYPE, HEADERS, REASON, STATUS
+from appliance.protocols.bodies import read_body
 from appliance.protocols.torchserve.answers import common_headers, guarded_json, json_answer
 from appliance.protocols.torchserve.errors import TorchServeError, pretty
 from appliance.protocols.torchserve.predict import answers, model_metadata
 from appliance.protocols.torchserve.request import read_call
-from appliance.protocols.web import App, read_body
+from appliance.protocols.web import App
 
 log = logging.getLogger("appliance.torchserve")
 

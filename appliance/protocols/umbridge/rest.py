@@ -27,6 +27,7 @@ import falcon
 
 from appliance.client.api import ModelClient
 from appliance.errors import ApplianceError
+from appliance.protocols.bodies import read_body
 from appliance.protocols.umbridge.bridge import Bridge
 from appliance.protocols.umbridge.codec import Feature, decode_body
 from appliance.protocols.umbridge.errors import (
@@ -34,7 +35,7 @@ from appliance.protocols.umbridge.errors import (
     encode_error,
     from_appliance,
 )
-from appliance.protocols.web import App, guarded, read_body
+from appliance.protocols.web import App, guarded
 
 # SAFETY: a JSON float64 takes up to ~25 bytes, so http.max_body_bytes
 # (64 MiB by default) admits vectors of about 2.5 million numbers; larger ones
