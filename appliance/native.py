@@ -41,7 +41,7 @@ PURE_ENV = "APPLIANCE_PURE"
 
 # The request path: a model worker's, from the descriptor's arrival to the
 # reply's send, and the counting; and a frontend's own part of it: the HTTP
-# app's observer and body reader, the KServe REST
+# worker's connection, its observer and body reader, the KServe REST
 # resources and request runner, the client API's call cores, drivers,
 # channels, request table, calls, results and routing, the KServe codecs
 # (REST JSON and protobuf), the status table, tensors and dtypes. What stays
@@ -62,6 +62,8 @@ MODULES = (
     "appliance.core.message_tensors",
     "appliance.core.status",
     "appliance.core.tensor",
+    "appliance.frontends.http11",
+    "appliance.frontends.http_exchange",
     "appliance.frontends.observe_http",
     "appliance.observability.metrics",
     "appliance.protocols.bodies",

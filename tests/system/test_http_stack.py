@@ -1,4 +1,4 @@
-"""The HTTP worker's own limits (frontends/httpworker.py), beyond test_limits.py's.
+"""The HTTP worker's own limits (frontends/http11.py), beyond test_limits.py's.
 
 - A request head (request line and headers) still unfinished after
   ``HEAD_LIMIT_BYTES`` is answered 431 and its connection closed; one under
@@ -6,6 +6,8 @@
 - A body over ``BODY_DEADLINE_BYTES`` may take longer than
   ``http.read_timeout_s`` while its bytes keep coming, and is dropped once
   they stop for ``http.io_timeout_s``.
+- A keep-alive connection left idle is closed after ``http.keepalive_s``,
+  shorter than ``http.read_timeout_s`` here, and served while used.
 """
 
 from __future__ import annotations
@@ -18,18 +20,24 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from appliance.frontends.httpworker import BODY_DEADLINE_BYTES, HEAD_LIMIT_BYTES
+from appliance.frontends.http11 import BODY_DEADLINE_BYTES, HEAD_LIMIT_BYTES
 from tests.system.harness import Appliance, demo_models, running
 from tests.system.test_limits import http_ready, read_responses
 
 READ_TIMEOUT_S = 2.0
 IO_TIMEOUT_S = 2.0
+KEEPALIVE_S = 1
 TIMEOUT_S = 10.0
 
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Appliance]:
-    http = {"workers": 1, "read_timeout_s": READ_TIMEOUT_S, "io_timeout_s": IO_TIMEOUT_S}
+    http = {
+        "workers": 1,
+        "read_timeout_s": READ_TIMEOUT_S,
+        "io_timeout_s": IO_TIMEOUT_S,
+        "keepalive_s": KEEPALIVE_S,
+    }
     with running(demo_models("echo"), http=http) as appliance:
         yield appliance
 
@@ -110,3 +118,19 @@ def test_a_large_body_that_stops_arriving_is_dropped_after_io_timeout(served: Ap
         waited = time.monotonic() - started
     assert IO_TIMEOUT_S - 0.5 < waited < IO_TIMEOUT_S + 3.0, waited
     http_ready(served)
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_keepalive_s(served: Appliance) -> None:
+    with connect(served) as sock:
+        for _ in range(2):  # used again within keepalive_s: still open
+            sock.sendall(ready_with_header(0))
+            assert [status for status, _ in read_responses(sock, 1)] == [200]
+            time.sleep(KEEPALIVE_S / 2)
+    with connect(served) as sock:
+        sock.sendall(ready_with_header(0))
+        assert [status for status, _ in read_responses(sock, 1)] == [200]
+        answered = time.monotonic()
+        assert sock.recv(1024) == b""
+        waited = time.monotonic() - answered
+    # Its own limit, not the read deadline its opening set (READ_TIMEOUT_S).
+    assert KEEPALIVE_S - 0.3 < waited < KEEPALIVE_S + 0.7, waited
