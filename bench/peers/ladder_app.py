@@ -47,11 +47,11 @@ from appliance.config.settings import ApplianceConfig
 from appliance.core.tensor import Tensor
 from appliance.core.tree import Tree
 from appliance.frontends import auth, http
-from appliance.frontends.observe import HttpObserver
+from appliance.frontends.observe_http import HttpObserver
 from appliance.observability import logs
+from appliance.protocols.bodies import ReadAhead
 from appliance.protocols.graphpipe import codec as graphpipe_codec
 from appliance.protocols.threads import Threads
-from appliance.protocols.web import ReadAhead
 
 RUNGS = ("floor", "middleware", "codec")
 GRPS_OK = {"code": 200, "msg": "OK", "status": "SUCCESS"}
