@@ -329,11 +329,12 @@ class Connection:
         self.arriving = False
         self.completed = self.head_open = True
         self.head_bytes = 0
-        if self.read_why != _IDLE:
-            self.read_why = _NOTHING
+        self.read_why = _NOTHING
         exchange = self.reading
         self.reading = None
         if exchange is None or exchange.response_complete:
+            # The rest of a body its request's answer did not wait for.
+            self._wait_if_idle()
             return
         exchange.more_body = False
         exchange.wake()
@@ -359,12 +360,14 @@ class Connection:
             self._start(self.pipeline.popleft())
         if self.arriving:
             self._wait_for(_HEAD, self.limits.read_timeout_s)
-        elif self.reading is None and not self.pipeline and self._idle():
-            self._wait_for(_IDLE, self.limits.keepalive_s)
+        else:
+            self._wait_if_idle()
 
-    def _idle(self) -> bool:
+    def _wait_if_idle(self) -> None:
+        """Nothing arriving and the last request answered: wait keepalive_s for the next."""
         current = self.current
-        return current is not None and current.response_complete
+        if self.reading is None and current is not None and current.response_complete:
+            self._wait_for(_IDLE, self.limits.keepalive_s)
 
     def _small_body(self) -> bool:
         for name, value in self.headers:

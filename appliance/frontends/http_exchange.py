@@ -112,7 +112,7 @@ class Exchange:
             log.error("the HTTP app failed on a request", exc_info=ex)
             if not self.response_started:
                 await self._answer_500()
-            elif connection.transport is not None:
+            else:
                 connection.transport.close()
         else:
             if not self.response_started and not self.disconnected:

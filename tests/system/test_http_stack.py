@@ -8,6 +8,10 @@
   they stop for ``http.io_timeout_s``.
 - A keep-alive connection left idle is closed after ``http.keepalive_s``,
   shorter than ``http.read_timeout_s`` here, and served while used.
+- What HTTP cannot parse (a byte outside ASCII in the path, a request line
+  that is no HTTP, a Content-Length that is no count or said twice, a header
+  name with a space) is answered 400 and its connection closed; the worker
+  serves on. ``Expect: 100-continue`` is answered before the body is sent.
 """
 
 from __future__ import annotations
@@ -134,3 +138,45 @@ def test_an_idle_keep_alive_connection_is_closed_after_keepalive_s(served: Appli
         waited = time.monotonic() - answered
     # Its own limit, not the read deadline its opening set (READ_TIMEOUT_S).
     assert KEEPALIVE_S - 0.3 < waited < KEEPALIVE_S + 0.7, waited
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /v2/health/\xff HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n",
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+    ],
+    ids=["non-ascii-path", "no-http", "bad-length", "two-lengths", "space-in-name"],
+)
+def test_what_http_cannot_parse_is_answered_400_and_closed(
+    served: Appliance, request_bytes: bytes
+) -> None:
+    with connect(served) as sock:
+        sock.sendall(request_bytes)
+        [(status, _)] = read_responses(sock, 1)
+        assert status == 400
+        assert sock.recv(1024) == b""
+    http_ready(served)
+
+
+def test_expect_100_continue_is_answered_before_the_body(served: Appliance) -> None:
+    body = json.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}
+    ).encode()
+    head = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+    with connect(served) as sock:
+        sock.sendall(head)
+        reader = sock.makefile("rb")
+        assert reader.readline().split()[1] == b"100"
+        assert reader.readline() == b"\r\n"
+        sock.sendall(body)
+        [(status, reply)] = read_responses(sock, 1)
+    assert status == 200, reply
+    assert json.loads(reply)["outputs"][0]["data"] == [1.0, 2.0]
