@@ -73,9 +73,25 @@ def serve_sync(address: str, threads: int) -> None:
     server.wait_for_termination()
 
 
+class GenericOnly:
+    """An aio server as add_*Servicer_to_server sees it, serving every method through
+    the generic handler alone, as the appliance's gRPC frontend does
+    (appliance/frontends/grpc_registry.py): grpc.aio's serving loop waits on one
+    pending call per *registered* method, walking them all for each call."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
+        """The generic handler added just before holds the same methods."""
+
+
 async def serve_aio(address: str) -> None:
     server = grpc.aio.server(options=OPTIONS)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(AioFloor(), server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(AioFloor(), GenericOnly(server))
     server.add_insecure_port(address)
     await server.start()
     stop = asyncio.Event()

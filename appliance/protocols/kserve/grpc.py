@@ -335,7 +335,4 @@ def add_to_server(server: GrpcServer, client: ModelClient, threads: Threads) -> 
         RegionTable(client.tree.dir, client.config.shm.cuda_copies, client.open_region),
         threads,
     )
-    handler = grpc.method_handlers_generic_handler(
-        f"inference.{SERVICE_NAME}", method_handlers(servicer)
-    )
-    server.add_generic_rpc_handlers((handler,))
+    server.add_registered_method_handlers(f"inference.{SERVICE_NAME}", method_handlers(servicer))
