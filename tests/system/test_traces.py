@@ -107,10 +107,25 @@ class Receiver:
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
+def otlp_receiver() -> Iterator[Receiver]:
     made = Receiver()
     yield made
     made.close()
+
+
+@pytest.fixture(scope="module")
+def receiver(appliance: Appliance, otlp_receiver: Receiver) -> Receiver:
+    """The receiver, with tracing on in the appliance (as the first test turns it on):
+    each test that reads spans passes alone too."""
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
+    try:
+        before = rest.get_trace_settings()
+        rest.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    finally:
+        rest.close()
+    if before["trace_level"] != ["TIMESTAMPS"] or before["trace_rate"] != "1":
+        time.sleep(1.2)  # every process reads the settings again within a second
+    return otlp_receiver
 
 
 # Two steps: simple's two outputs, sum and difference, are the second's two inputs.
@@ -135,10 +150,10 @@ TWICE = {
 
 
 @pytest.fixture(scope="module")
-def appliance(receiver: Receiver) -> Iterator[Appliance]:
+def appliance(otlp_receiver: Receiver) -> Iterator[Appliance]:
     models = [*demo_models("simple", "repeat_int32"), scaled(2.0, delay_s=0.0), TWICE]
     config = make_config(new_run_dir(), models, **SECTIONS)
-    config["traces"] = {"url": receiver.url, "export_ms": 100}
+    config["traces"] = {"url": otlp_receiver.url, "export_ms": 100}
     with serving(config) as started:
         yield started
 
