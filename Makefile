@@ -125,6 +125,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check appliance tests bench tools deploy
 	$(BIN)/ruff check appliance tests bench tools deploy
 	$(BIN)/mypy appliance tools/config_reference.py tools/model_config_coverage.py
+	# The bench apps that run in the appliance's environment, on its modules
+	# (those run in a peer's own environment cannot be checked here).
+	$(BIN)/mypy $(addprefix bench/peers/,floor_app.py floor_asgi_app.py floor_grpc_app.py ladder_app.py appliance_models.py)
 	$(BIN)/lint-imports --no-cache
 	$(PY) tools/import_cycles.py
 	$(MAKE) --no-print-directory generate-check

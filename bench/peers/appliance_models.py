@@ -18,6 +18,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy.typing as npt
+
 from appliance.demos.digits import Digits
 from appliance.model import Arrays, Model, Outputs, spec
 
@@ -37,6 +39,8 @@ class FixedIdentity(Model):
 class CallCostDigits(Digits):
     """``digits`` that also waits ``call_ms`` per call, whatever the batch size."""
 
-    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+    def predict(
+        self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]
+    ) -> Outputs:
         time.sleep(float(self.options["call_ms"]) / 1000.0)
         return super().predict(inputs, parameters)

@@ -48,7 +48,7 @@ def answer(request: Any) -> Any:
     return reply
 
 
-class SyncFloor(pb_grpc.GRPCInferenceServiceServicer):
+class SyncFloor(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def ServerReady(self, request: Any, context: Any) -> Any:
         return pb.ServerReadyResponse(ready=True)
 
@@ -56,7 +56,7 @@ class SyncFloor(pb_grpc.GRPCInferenceServiceServicer):
         return answer(request)
 
 
-class AioFloor(pb_grpc.GRPCInferenceServiceServicer):
+class AioFloor(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     async def ServerReady(self, request: Any, context: Any) -> Any:
         return pb.ServerReadyResponse(ready=True)
 

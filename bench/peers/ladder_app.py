@@ -51,6 +51,7 @@ from appliance.frontends.observe_http import HttpObserver
 from appliance.observability import logs
 from appliance.protocols.bodies import ReadAhead
 from appliance.protocols.graphpipe import codec as graphpipe_codec
+from appliance.protocols.graphpipe.request import InferRequest as GraphPipeInferRequest
 from appliance.protocols.threads import Threads
 
 RUNGS = ("floor", "middleware", "codec")
@@ -92,7 +93,7 @@ class GraphPipeInfer:
             # graphpipe 1.0.4's own encoder fails on today's flatbuffers:
             # the appliance's codec builds it, once.
             request = graphpipe_codec.decode_request(body)
-            assert isinstance(request, graphpipe_codec.InferRequest)
+            assert isinstance(request, GraphPipeInferRequest)
             tensors = [graphpipe_codec.to_tensor(t, "input") for t in request.inputs]
             reply = self.replies[body] = graphpipe_codec.encode_infer_response(tensors)
         resp.content_type = "application/octet-stream"
@@ -141,7 +142,7 @@ class InPlaceClient(ModelClient):
         meta = self.metadata(body["model"])
         outputs = {
             out.name: _as_tensor(inputs[given.name])
-            for given, out in zip(meta.inputs, meta.outputs, strict=True)
+            for given, out in zip(meta.inputs or (), meta.outputs or (), strict=True)
         }
         yield InferResult(outputs, None)
 
