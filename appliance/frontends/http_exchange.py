@@ -110,7 +110,7 @@ class Exchange:
                 raise
         except BaseException as ex:
             log.error("the HTTP app failed on a request", exc_info=ex)
-            if not self.response_started:
+            if self._nothing_sent():
                 await self._answer_500()
             else:
                 connection.transport.close()
@@ -120,9 +120,20 @@ class Exchange:
                 await self._answer_500()
             elif not self.response_complete and not self.disconnected:
                 log.error("the HTTP app returned without finishing its answer")
-                connection.transport.close()
+                if self._nothing_sent():
+                    await self._answer_500()
+                else:
+                    connection.transport.close()
         finally:
             self.finished = True
+
+    def _nothing_sent(self) -> bool:
+        """Whether the client has had no byte of the reply: then a 500 can still
+        take its place. A head held for its body (see _start_response) is dropped."""
+        if self.held:
+            self.held = b""
+            self.response_started = False
+        return not self.response_started
 
     async def _answer_500(self) -> None:
         await self.send({"type": "http.response.start", "status": 500, "headers": _SERVER_ERROR})
@@ -214,8 +225,11 @@ class Exchange:
         self.connection.transport.write(held)
 
     def _start_response(self, status: int, headers: Any) -> None:
-        self.response_started = True
         self.waiting_for_continue = False
+        # Framing from these headers alone: a start refused below (a bad
+        # header) is followed by the 500's.
+        self.chunked = -1
+        self.length_left = 0
         connection = self.connection
         lines = [STATUS_LINES[status]]
         closing = False
@@ -242,6 +256,7 @@ class Exchange:
             self.chunked = 1
             lines.append(b"transfer-encoding: chunked\r\n")
         lines.append(b"\r\n")
+        self.response_started = True
         if self.chunked == 0 and self.length_left:
             # Its body follows at once (falcon sends it next): they go together.
             self.held = b"".join(lines)
