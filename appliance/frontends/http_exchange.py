@@ -102,7 +102,6 @@ class Exchange:
 
     async def run(self, app: App) -> None:
         """Run the app on this request, and make sure the client gets an answer."""
-        connection = self.connection
         try:
             await app(self.scope, self.receive, self.send)
         except asyncio.CancelledError as ex:
@@ -110,30 +109,28 @@ class Exchange:
                 raise
         except BaseException as ex:
             log.error("the HTTP app failed on a request", exc_info=ex)
-            if self._nothing_sent():
-                await self._answer_500()
-            else:
-                connection.transport.close()
+            await self._end_unanswered()
         else:
-            if not self.response_started and not self.disconnected:
-                log.error("the HTTP app returned without answering a request")
-                await self._answer_500()
-            elif not self.response_complete and not self.disconnected:
-                log.error("the HTTP app returned without finishing its answer")
-                if self._nothing_sent():
-                    await self._answer_500()
+            if not self.response_complete and not self.disconnected:
+                if self.response_started:
+                    log.error("the HTTP app returned without finishing its answer")
                 else:
-                    connection.transport.close()
+                    log.error("the HTTP app returned without answering a request")
+                await self._end_unanswered()
         finally:
             self.finished = True
 
-    def _nothing_sent(self) -> bool:
-        """Whether the client has had no byte of the reply: then a 500 can still
-        take its place. A head held for its body (see _start_response) is dropped."""
+    async def _end_unanswered(self) -> None:
+        """End a request the app did not answer in full: with a 500 while the client
+        has had no byte of the reply (a head held for its body is dropped), else by
+        closing the connection."""
         if self.held:
             self.held = b""
             self.response_started = False
-        return not self.response_started
+        if self.response_started:
+            self.connection.transport.close()
+        else:
+            await self._answer_500()
 
     async def _answer_500(self) -> None:
         await self.send({"type": "http.response.start", "status": 500, "headers": _SERVER_ERROR})
