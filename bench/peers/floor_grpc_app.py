@@ -2,7 +2,8 @@
 
 The gRPC twin of floor_asgi_app.py. It runs in the appliance's own
 environment (the same grpcio and protobuf, and the appliance's generated
-KServe stubs): each input comes back as an output, named as the request
+KServe stubs, its methods served through the appliance's gRPC registry with no
+layers): each input comes back as an output, named as the request
 asks, raw contents as sent. No model, no process hop: what is left is what
 any grpcio frontend pays per call. ``aio`` is the appliance's stack
 (grpc.aio, calls wait in an event loop); ``sync`` is grpcio's thread pool.
@@ -25,6 +26,7 @@ import grpc
 
 from appliance._generated import kserve_pb2 as pb
 from appliance._generated import kserve_pb2_grpc as pb_grpc
+from appliance.frontends.grpc_registry import Registry
 
 OPTIONS = [
     ("grpc.so_reuseport", 1),
@@ -73,25 +75,16 @@ def serve_sync(address: str, threads: int) -> None:
     server.wait_for_termination()
 
 
-class GenericOnly:
-    """An aio server as add_*Servicer_to_server sees it, serving every method through
-    the generic handler alone, as the appliance's gRPC frontend does
-    (appliance/frontends/grpc_registry.py): grpc.aio's serving loop waits on one
-    pending call per *registered* method, walking them all for each call."""
-
-    def __init__(self, server: grpc.aio.Server) -> None:
-        self._server = server
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
-
-    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
-        """The generic handler added just before holds the same methods."""
+def _as_is(handler: Any, method: str) -> Any:
+    return handler
 
 
 async def serve_aio(address: str) -> None:
     server = grpc.aio.server(options=OPTIONS)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(AioFloor(), GenericOnly(server))
+    # The appliance's registry with no layers: every method served through one
+    # generic handler, as its gRPC frontend serves them (grpc.aio's loop waits on a
+    # pending call per *registered* method, walking them all for each call).
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(AioFloor(), Registry(server, _as_is))
     server.add_insecure_port(address)
     await server.start()
     stop = asyncio.Event()
