@@ -567,3 +567,23 @@ def test_readiness_follows_the_master(
         appliance.ctl("online")
     assert eventually(client.is_server_ready, 5.0)
     assert client.is_model_ready("simple")
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "/inference.GRPCInferenceService/NoSuchMethod",
+        "/inference.GRPCInferenceService/modelinfer",  # names are case-sensitive
+        "/no.such.Service/ModelInfer",
+        "/inference.GRPCInferenceService/ModelInfer/extra",
+        "/" + "x" * 4000,
+    ],
+)
+def test_an_unknown_method_is_unimplemented_and_the_server_serves_on(
+    appliance: Appliance, client: grpcclient.InferenceServerClient, method: str
+) -> None:
+    address = f"127.0.0.1:{appliance.ports['grpc']}"
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as caught:
+        channel.unary_unary(method)(b"\x00garbage", timeout=10)
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert_serving(client)
