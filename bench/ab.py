@@ -332,7 +332,7 @@ def by_thread(
     out = [
         "CPU µs per request by thread kind and by process (bench/threads.py), each line's "
         "median over repeats; the model worker's process line has Triton's Python stub "
-        "beside it.",
+        "beside it. Then the times each ran per request: its wake-ups.",
     ]
     for (system, payload, clients), by_side in cells.items():
         if not set(labels) <= set(by_side):
@@ -343,7 +343,7 @@ def by_thread(
         ]
         hop = [h for h in hops if h["concurrency"] == clients]
         out += ["", f"{system}, {payload}, {clients} client(s):", ""]
-        out += thread_tables.cell_table(
+        out += thread_tables.cell_tables(
             ours,
             thread_tables.medians(by_side.get(TRITON, [])),
             hop=thread_tables.medians(hop),

@@ -254,6 +254,8 @@ def measure(transport: str, inflight: int, seconds: float) -> dict[str, Any]:
     row["server_cpu_us"] = row["total_us"]
     row["threads_us"] = kinds
     row["processes_us"] = threads.per_request(before, after, count, threads.by_role)
+    row["threads_runs"] = threads.runs_per_request(before, after, count)
+    row["processes_runs"] = threads.runs_per_request(before, after, count, threads.by_role)
     return row
 
 

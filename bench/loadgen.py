@@ -344,6 +344,10 @@ class ClientPool:
             row["processes_us"] = thread_cpu.per_request(
                 threads_before, threads_after, done, thread_cpu.by_role
             )
+            row["threads_runs"] = thread_cpu.runs_per_request(threads_before, threads_after, done)
+            row["processes_runs"] = thread_cpu.runs_per_request(
+                threads_before, threads_after, done, thread_cpu.by_role
+            )
         return row
 
     def release(self) -> None:

@@ -3,7 +3,9 @@
 Each column is one server's (median) row with ``threads_us``,
 ``processes_us`` and ``server_cpu_us`` (bench/loadgen.py's measure, or the
 hop floor's row, bench/bench_hop_floor.py); each table row is a thread kind,
-then a process role, then the whole server. ab.py, bench_creep.py and
+then a process role, then the whole server. The same tables of
+``threads_runs`` and ``processes_runs`` (``field="runs"``) say how many times
+each ran per request: its wake-ups (bench/threads.py). ab.py, bench_creep.py and
 bench_peers.py's tables (bench/doc_tables.py) are all drawn here, so the
 three read the same way.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from bench import threads
@@ -32,14 +35,33 @@ RATIO_FLOOR_US = 2.0
 TRITON_ALIAS = {"model worker (process)": "python stub (process)"}
 
 
-def lines_of(row: Mapping[str, Any] | None) -> dict[str, float]:
-    """A row's figures by table line: its kinds, its processes, the whole tree."""
+@dataclass(frozen=True)
+class Measure:
+    """What a table shows: a row's fields, its heading, and how finely."""
+
+    field: str
+    heading: str
+    digits: int
+    shown: float  # below this in every column a line is left out
+    ratio_floor: float  # below this a ratio's denominator is noise
+
+
+CPU = Measure("us", "CPU µs per request", 0, SHOWN_US, RATIO_FLOOR_US)
+RUNS = Measure("runs", "Runs (wake-ups) per request", 2, 0.05, 0.1)
+
+
+def lines_of(row: Mapping[str, Any] | None, field: str = "us") -> dict[str, float]:
+    """A row's figures by table line: its kinds, its processes, the whole tree
+    (``field``: "us" for CPU, "runs" for the times the threads ran)."""
     if row is None:
         return {}
-    out = {kind: float(v) for kind, v in (row.get("threads_us") or {}).items()}
-    out |= {f"{role} (process)": float(v) for role, v in (row.get("processes_us") or {}).items()}
-    whole = row.get("server_cpu_us")
-    if isinstance(whole, int | float) and not math.isnan(whole):
+    out = {kind: float(v) for kind, v in (row.get(f"threads_{field}") or {}).items()}
+    processes = row.get(f"processes_{field}") or {}
+    out |= {f"{role} (process)": float(v) for role, v in processes.items()}
+    # The whole tree's runs are its processes' (none where the row counted none).
+    whole = row.get("server_cpu_us") if field == "us" else sum(processes.values(), 0.0)
+    counted = processes or field == "us"
+    if counted and isinstance(whole, int | float) and not math.isnan(whole):
         out[WHOLE] = float(whole)
     return out
 
@@ -48,6 +70,7 @@ def table(
     columns: Sequence[Column],
     ratios: Sequence[Ratio] = (),
     aliases: Mapping[int, Mapping[str, str]] | None = None,
+    measure: Measure = CPU,
 ) -> list[str]:
     """One markdown table: a line per thread kind, per process role, and the whole server.
 
@@ -56,7 +79,7 @@ def table(
     column compares the two.
     """
     aliases = aliases or {}
-    figures = [lines_of(row) for _header, row in columns]
+    figures = [lines_of(row, measure.field) for _header, row in columns]
     kinds = threads.ordered({k for f in figures for k in f if not k.endswith(")")})
     # A role whose threads are all of one kind of its name (Triton's, the master) has
     # its line among the kinds already.
@@ -76,23 +99,23 @@ def table(
 
     heads = [header for header, _row in columns] + [header for header, _a, _b in ratios]
     out = [
-        "| CPU µs per request | " + " | ".join(heads) + " |",
+        f"| {measure.heading} | " + " | ".join(heads) + " |",
         "|---" * (len(heads) + 1) + "|",
     ]
     for line in order:
         values = [value(i, line) for i in range(len(columns))]
-        if line != WHOLE and all(v is None or v < SHOWN_US for v in values):
+        if line != WHOLE and all(v is None or v < measure.shown for v in values):
             continue
         cells = []
         for index, v in enumerate(values):
-            text = "" if v is None else f"{v:,.0f}"
+            text = "" if v is None else f"{v:,.{measure.digits}f}"
             shown = aliases.get(index, {}).get(line)
             if v is not None and shown:
                 text += f" ({shown.removesuffix(' (process)')})"
             cells.append(text)
         for _header, top, bottom in ratios:
             a, b = values[top], values[bottom]
-            if a is None or b is None or b < RATIO_FLOOR_US:
+            if a is None or b is None or b < measure.ratio_floor:
                 cells.append("")
             else:
                 cells.append(f"{a / b:.2f}")
@@ -117,10 +140,13 @@ def as_frontend(row: Mapping[str, Any] | None, role: str) -> dict[str, Any] | No
     stands where that frontend stands in the appliance."""
     if row is None:
         return None
-    spent = dict(row.get("processes_us") or {})
-    if "hop client" in spent:
-        spent[role] = spent.pop("hop client")
-    return {**row, "processes_us": spent}
+    out = dict(row)
+    for field in ("processes_us", "processes_runs"):
+        spent = dict(row.get(field) or {})
+        if "hop client" in spent:
+            spent[role] = spent.pop("hop client")
+        out[field] = spent
+    return out
 
 
 def cell_table(
@@ -129,6 +155,7 @@ def cell_table(
     floors: Sequence[Column] = (),
     hop: Mapping[str, Any] | None = None,
     hop_header: str = "hop floor",
+    measure: Measure = CPU,
 ) -> list[str]:
     """One cell's table: the appliance's columns (two: with their ratio), Triton's (with
     each of ours over it), the floors', and the hop floor's (its client on the line of
@@ -145,7 +172,22 @@ def cell_table(
     columns += [(header, row) for header, row in floors if row is not None]
     if hop is not None:
         columns.append((hop_header, as_frontend(hop, busiest_frontend(ours[0][1]))))
-    return table(columns, ratios, aliases)
+    return table(columns, ratios, aliases, measure)
+
+
+def cell_tables(
+    ours: Sequence[Column],
+    triton: Mapping[str, Any] | None = None,
+    floors: Sequence[Column] = (),
+    hop: Mapping[str, Any] | None = None,
+    hop_header: str = "hop floor",
+) -> list[str]:
+    """:func:`cell_table` of CPU, then of runs where the rows counted them."""
+    out = cell_table(ours, triton, floors, hop, hop_header)
+    rows = [row for _header, row in (*ours, *floors)] + [triton, hop]
+    if any(row is not None and row.get("threads_runs") for row in rows):
+        out += ["", *cell_table(ours, triton, floors, hop, hop_header, RUNS)]
+    return out
 
 
 # bench_peers' per-thread cells: the appliance system, Triton's, and the floors beside
@@ -176,7 +218,7 @@ def peers_tables(summary: Summary, hops: Sequence[Mapping[str, Any]]) -> list[st
             hop = next((h for h in hops if h.get("inflight") == clients), None)
             beside = [(header, cell(summary, name, "16B", clients)) for header, name in floors]
             out += ["", f"{system}, 16 B, {clients} client(s):", ""]
-            out += cell_table(
+            out += cell_tables(
                 [("appliance", ours)],
                 cell(summary, triton, "16B", clients),
                 beside,

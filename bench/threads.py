@@ -6,7 +6,13 @@ around a measurement, diffed by :func:`per_request`, say what each thread
 spent per request. The time is /proc/PID/task/TID/schedstat's run time, in
 nanoseconds: /proc's stat has the same time in clock ticks (10 ms), which
 over a cell of a few thousand requests is a step of several µs per request
-in each thread. Each thread is classified twice:
+in each thread. Its third field, the times the thread was put on a CPU,
+says how often it ran: a thread that sleeps for each message and is woken
+for the next runs once per wake-up, so runs per request count the wake-ups a
+request costs each kind of thread (:func:`runs_per_request`), the cost that
+CPU time alone hides on a host where waking a thread, or the idle CPU it
+runs on, costs more than the work it is woken for. Each thread is classified
+twice:
 
 - its process's *role* (:func:`process_role`, from the process title that
   setproctitle gives the appliance's children, or the command line): the
@@ -129,6 +135,8 @@ class ThreadTime:
     role: str
     kind: str
     seconds: float
+    # Times it was put on a CPU (schedstat's third field); 0 where unknown.
+    runs: int = 0
 
 
 Snapshot = dict[tuple[int, int], ThreadTime]
@@ -162,23 +170,25 @@ def snapshot(
             task = f"/proc/{process.pid}/task/{tid}"
             try:
                 name = Path(f"{task}/comm").read_text().strip()
-                seconds = _cpu_seconds(task)
+                seconds, runs = _cpu_seconds_and_runs(task)
             except (OSError, ValueError, IndexError):
                 continue  # it ended between the listing and the reads
             kind = thread_kind(its_role, name, tid == process.pid)
             out[(process.pid, tid)] = ThreadTime(
-                process.pid, tid, title, name, its_role, kind, seconds
+                process.pid, tid, title, name, its_role, kind, seconds, runs
             )
     return out
 
 
-def _cpu_seconds(task: str) -> float:
-    """A thread's CPU seconds: schedstat's run time (ns), else stat's utime + stime (ticks)."""
+def _cpu_seconds_and_runs(task: str) -> tuple[float, int]:
+    """A thread's CPU seconds and the times it ran: schedstat's run time (ns) and
+    count, else stat's utime + stime (ticks) and no count."""
     with contextlib.suppress(OSError):
-        return int(Path(f"{task}/schedstat").read_text().split()[0]) / 1e9
+        fields = Path(f"{task}/schedstat").read_text().split()
+        return int(fields[0]) / 1e9, int(fields[2])
     # The fields after the name, which may hold spaces: utime and stime are 14th and 15th.
     fields = Path(f"{task}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, 0
 
 
 def by_kind(thread: ThreadTime) -> str:
@@ -208,6 +218,24 @@ def per_request(
         earlier = before.get(pair)
         used = thread.seconds - (earlier.seconds if earlier is not None else 0.0)
         out[key(thread)] += max(0.0, used) / max(1, requests) * 1e6
+    return dict(out)
+
+
+def runs_per_request(
+    before: Snapshot,
+    after: Snapshot,
+    requests: int,
+    key: Callable[[ThreadTime], str] = by_kind,
+) -> dict[str, float]:
+    """Times each ``key``'s threads ran (were put on a CPU) per request between two
+    snapshots: the wake-ups a request costs them (see the module's docstring)."""
+    out: dict[str, float] = defaultdict(float)
+    for thread in before.values():
+        out[key(thread)] += 0.0
+    for pair, thread in after.items():
+        earlier = before.get(pair)
+        runs = thread.runs - (earlier.runs if earlier is not None else 0)
+        out[key(thread)] += max(0, runs) / max(1, requests)
     return dict(out)
 
 
