@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import zmq
 
 from appliance.client import call_cores, control
 from appliance.client.aio import AsyncChannel
@@ -53,6 +52,7 @@ from appliance.config.settings import ApplianceConfig, ConfigError, EnsembleConf
 from appliance.core.metadata import ModelMetadata
 from appliance.core.status import Counter, StatusTable
 from appliance.core.tree import Tree
+from appliance.core.zmq_context import new_context
 from appliance.errors import ApplianceError, ModelNotFound, ModelNotReady, Unsupported
 from appliance.formats import repository
 from appliance.formats.repository_layout import (
@@ -97,7 +97,7 @@ class ModelClient:
         self.status = status
         self.router = Router(status, self._read_layout)
         self._restarts = RestartWaits(self.router, self._restart_limits)
-        self._context: zmq.Context[Any] = zmq.Context()
+        self._context = new_context(config.server.zmq_io_batch)
         self._local = threading.local()
         self._channels: list[Channel] = []
         self._async_channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncChannel] = (

@@ -55,6 +55,7 @@ class ServerConfig:
     # Directories model workers add to sys.path before importing a model's class.
     python_path: tuple[str, ...] = ()
     spin_wait_us: int = 200
+    zmq_io_batch: bool = True
     # True (or "text"): one text line per request; "json": JSON lines; False: none.
     access_log: bool | str = True
     # The CPUs "auto" sizes for (appliance/config/sizing.py); 0 reads them from the

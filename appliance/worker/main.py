@@ -27,6 +27,7 @@ from appliance.core.metadata import ModelMetadata
 from appliance.core.ring import ALIGN, Ring, ring_segment
 from appliance.core.status import SlotState, StatusTable
 from appliance.core.tree import Tree
+from appliance.core.zmq_context import new_context
 from appliance.errors import ModelFailed, ShmExhausted
 from appliance.observability import logs, tracing
 from appliance.processes.exitcodes import ExitCode
@@ -121,7 +122,7 @@ def run(
         config.shm.spill_limit_bytes,
         limit_hint=f"models[{model}].response_ring_bytes",
     )
-    context = zmq.Context()
+    context = new_context(config.server.zmq_io_batch)
     socket = context.socket(zmq.PULL)
     socket.setsockopt(zmq.LINGER, 0)
     server = WorkerServer(
