@@ -7,7 +7,8 @@ alone, with nothing else in either process, driven as the appliance drives
 it, on two transports:
 
 - ``zmq``: PUSH -> PULL there and PUSH -> PULL back over ipc, one context
-  (one I/O thread) per process; the client watches its socket's FD in the
+  (one I/O thread, under SCHED_BATCH as the appliance's: see
+  appliance/processes/helper_threads.py) per process; the client watches its socket's FD in the
   loop and reads while ZMQ_EVENTS says POLLIN; the worker polls, then reads
   what is waiting. What the appliance does (client/aio.py, worker/server.py).
 - ``unix``: one AF_UNIX SOCK_SEQPACKET pair, each message one datagram; the
@@ -55,6 +56,7 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from appliance.processes.helper_threads import zmq_context  # noqa: E402
 from bench import threads  # noqa: E402
 from bench.loadgen import median_row, round_arguments, write_results  # noqa: E402
 
@@ -70,7 +72,7 @@ WARMUP_S = 0.3
 
 
 def _zmq_worker(where: str, ready: Any) -> None:
-    context = zmq.Context()
+    context = zmq_context(True)
     inbox = context.socket(zmq.PULL)
     inbox.bind(f"ipc://{where}/in")
     outbox = context.socket(zmq.PUSH)
@@ -133,7 +135,7 @@ class _Client:
 
 
 def _zmq_client(client: _Client, where: str) -> Callable[[], None]:
-    context = zmq.Context()
+    context = zmq_context(True)
     outbox = context.socket(zmq.PUSH)
     outbox.connect(f"ipc://{where}/in")
     inbox = context.socket(zmq.PULL)

@@ -52,7 +52,6 @@ from appliance.config.settings import ApplianceConfig, ConfigError, EnsembleConf
 from appliance.core.metadata import ModelMetadata
 from appliance.core.status import Counter, StatusTable
 from appliance.core.tree import Tree
-from appliance.core.zmq_context import new_context
 from appliance.errors import ApplianceError, ModelNotFound, ModelNotReady, Unsupported
 from appliance.formats import repository
 from appliance.formats.repository_layout import (
@@ -62,6 +61,7 @@ from appliance.formats.repository_layout import (
     RepositoryError,
 )
 from appliance.observability import tracing
+from appliance.processes.helper_threads import zmq_context
 from appliance.processes.lifetime import pid_alive
 
 _DEFAULT_MODEL_CONFIG = ModelConfig("", "")
@@ -97,7 +97,7 @@ class ModelClient:
         self.status = status
         self.router = Router(status, self._read_layout)
         self._restarts = RestartWaits(self.router, self._restart_limits)
-        self._context = new_context(config.server.zmq_io_batch)
+        self._context = zmq_context(config.server.helper_threads_batch)
         self._local = threading.local()
         self._channels: list[Channel] = []
         self._async_channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncChannel] = (

@@ -55,7 +55,9 @@ class ServerConfig:
     # Directories model workers add to sys.path before importing a model's class.
     python_path: tuple[str, ...] = ()
     spin_wait_us: int = 200
-    zmq_io_batch: bool = True
+    # The threads that only carry requests (ZeroMQ's I/O threads, grpcio's) under
+    # SCHED_BATCH: appliance/processes/helper_threads.py.
+    helper_threads_batch: bool = True
     # True (or "text"): one text line per request; "json": JSON lines; False: none.
     access_log: bool | str = True
     # The CPUs "auto" sizes for (appliance/config/sizing.py); 0 reads them from the

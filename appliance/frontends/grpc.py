@@ -36,6 +36,7 @@ from appliance.frontends.grpc_registry import Registry, chain
 from appliance.frontends.observe import observe_grpc
 from appliance.observability import logs
 from appliance.processes.exitcodes import ExitCode
+from appliance.processes.helper_threads import started_batch
 from appliance.processes.lifetime import become_child
 from appliance.protocols import health_grpc
 from appliance.protocols.grps import grpc as grps_grpc
@@ -84,17 +85,20 @@ async def _serve(context: FrontendContext, slot: int, listen_fds: list[int]) -> 
     client = context.client(publish_slot=slot)
     threads = Threads(config.grpc.threads, "grpc")
     limit = config.grpc.max_message_bytes
-    server = grpc.aio.server(
-        options=[
-            # Its own placeholder port is private to this process.
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-            # grpcio closes connections beyond it at once (uncounted), where at
-            # the descriptor limit they would wait in the queue (descriptors.py).
-            ("grpc.max_allowed_incoming_connections", _connection_cap(config)),
-        ],
-    )
+    # grpcio starts its threads (event engine, poller) with its first server:
+    # helpers, under SCHED_BATCH (processes/helper_threads.py).
+    with started_batch(config.server.helper_threads_batch):
+        server = grpc.aio.server(
+            options=[
+                # Its own placeholder port is private to this process.
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                # grpcio closes connections beyond it at once (uncounted), where at
+                # the descriptor limit they would wait in the queue (descriptors.py).
+                ("grpc.max_allowed_incoming_connections", _connection_cap(config)),
+            ],
+        )
     try:
         # The observer outermost: it counts and logs the calls auth refuses too.
         registry = Registry(server, chain(*auth.grpc_wraps(config), observe_grpc))

@@ -27,10 +27,10 @@ from appliance.core.metadata import ModelMetadata
 from appliance.core.ring import ALIGN, Ring, ring_segment
 from appliance.core.status import SlotState, StatusTable
 from appliance.core.tree import Tree
-from appliance.core.zmq_context import new_context
 from appliance.errors import ModelFailed, ShmExhausted
 from appliance.observability import logs, tracing
 from appliance.processes.exitcodes import ExitCode
+from appliance.processes.helper_threads import zmq_context
 from appliance.processes.lifetime import become_child
 from appliance.worker import warmup
 from appliance.worker.batcher import DERIVATIVES
@@ -122,7 +122,7 @@ def run(
         config.shm.spill_limit_bytes,
         limit_hint=f"models[{model}].response_ring_bytes",
     )
-    context = new_context(config.server.zmq_io_batch)
+    context = zmq_context(config.server.helper_threads_batch)
     socket = context.socket(zmq.PULL)
     socket.setsockopt(zmq.LINGER, 0)
     server = WorkerServer(

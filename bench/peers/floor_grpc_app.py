@@ -27,6 +27,7 @@ import grpc
 from appliance._generated import kserve_pb2 as pb
 from appliance._generated import kserve_pb2_grpc as pb_grpc
 from appliance.frontends.grpc_registry import Registry
+from appliance.processes.helper_threads import started_batch
 
 OPTIONS = [
     ("grpc.so_reuseport", 1),
@@ -80,7 +81,9 @@ def _as_is(handler: Any, method: str) -> Any:
 
 
 async def serve_aio(address: str) -> None:
-    server = grpc.aio.server(options=OPTIONS)
+    # grpcio's threads under SCHED_BATCH, as the appliance's gRPC frontend starts them.
+    with started_batch(True):
+        server = grpc.aio.server(options=OPTIONS)
     # The appliance's registry with no layers: every method served through one
     # generic handler, as its gRPC frontend serves them (grpc.aio's loop waits on a
     # pending call per *registered* method, walking them all for each call).
