@@ -211,14 +211,7 @@ def per_request(
     CPU with it (psutil cannot read a thread that is gone). Every key seen in
     either snapshot is in the result, 0.0 where nothing ran.
     """
-    out: dict[str, float] = defaultdict(float)
-    for thread in before.values():
-        out[key(thread)] += 0.0
-    for pair, thread in after.items():
-        earlier = before.get(pair)
-        used = thread.seconds - (earlier.seconds if earlier is not None else 0.0)
-        out[key(thread)] += max(0.0, used) / max(1, requests) * 1e6
-    return dict(out)
+    return _grown_per_request(before, after, requests, key, lambda t: t.seconds * 1e6)
 
 
 def runs_per_request(
@@ -228,14 +221,26 @@ def runs_per_request(
     key: Callable[[ThreadTime], str] = by_kind,
 ) -> dict[str, float]:
     """Times each ``key``'s threads ran (were put on a CPU) per request between two
-    snapshots: the wake-ups a request costs them (see the module's docstring)."""
+    snapshots: the wake-ups a request costs them (see the module's docstring); counted
+    as :func:`per_request` counts CPU."""
+    return _grown_per_request(before, after, requests, key, lambda t: float(t.runs))
+
+
+def _grown_per_request(
+    before: Snapshot,
+    after: Snapshot,
+    requests: int,
+    key: Callable[[ThreadTime], str],
+    amount: Callable[[ThreadTime], float],
+) -> dict[str, float]:
+    """How much ``amount`` of each ``key``'s threads grew between two snapshots, per request."""
     out: dict[str, float] = defaultdict(float)
     for thread in before.values():
         out[key(thread)] += 0.0
     for pair, thread in after.items():
         earlier = before.get(pair)
-        runs = thread.runs - (earlier.runs if earlier is not None else 0)
-        out[key(thread)] += max(0, runs) / max(1, requests)
+        grown = amount(thread) - (amount(earlier) if earlier is not None else 0.0)
+        out[key(thread)] += max(0.0, grown) / max(1, requests)
     return dict(out)
 
 
