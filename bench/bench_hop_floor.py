@@ -7,9 +7,10 @@ alone, with nothing else in either process, driven as the appliance drives
 it, on two transports:
 
 - ``zmq``: PUSH -> PULL there and PUSH -> PULL back over ipc, one context
-  (one I/O thread, under SCHED_BATCH as the appliance's: see
-  appliance/processes/helper_threads.py) per process; the client watches its socket's FD in the
-  loop and reads while ZMQ_EVENTS says POLLIN; the worker polls, then reads
+  (one I/O thread, under the appliance's default scheduling policy:
+  ``HELPERS_BATCH``, see appliance/processes/helper_threads.py) per process;
+  the client watches its socket's FD in the loop and reads while ZMQ_EVENTS
+  says POLLIN; the worker polls, then reads
   what is waiting. What the appliance does (client/aio.py, worker/server.py).
 - ``unix``: one AF_UNIX SOCK_SEQPACKET pair, each message one datagram; the
   client's loop watches the FD and reads until EAGAIN; the worker blocks in
@@ -56,6 +57,7 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from appliance.config.settings import ServerConfig  # noqa: E402
 from appliance.processes.helper_threads import zmq_context  # noqa: E402
 from bench import threads  # noqa: E402
 from bench.loadgen import median_row, round_arguments, write_results  # noqa: E402
@@ -66,13 +68,15 @@ INFLIGHT = (1, 16)
 MESSAGE = 96  # bytes: about what one request's descriptor takes
 _ID = struct.Struct("<Q")
 WARMUP_S = 0.3
+# The floor starts its helper threads as the appliance does by default.
+HELPERS_BATCH = ServerConfig().helper_threads_batch
 
 
 # -- the worker's side: a blocking loop answering each message --------------------
 
 
 def _zmq_worker(where: str, ready: Any) -> None:
-    context = zmq_context(True)
+    context = zmq_context(HELPERS_BATCH)
     inbox = context.socket(zmq.PULL)
     inbox.bind(f"ipc://{where}/in")
     outbox = context.socket(zmq.PUSH)
@@ -135,7 +139,7 @@ class _Client:
 
 
 def _zmq_client(client: _Client, where: str) -> Callable[[], None]:
-    context = zmq_context(True)
+    context = zmq_context(HELPERS_BATCH)
     outbox = context.socket(zmq.PUSH)
     outbox.connect(f"ipc://{where}/in")
     inbox = context.socket(zmq.PULL)

@@ -56,8 +56,9 @@ class ServerConfig:
     python_path: tuple[str, ...] = ()
     spin_wait_us: int = 200
     # The threads that only carry requests (ZeroMQ's I/O threads, grpcio's) under
-    # SCHED_BATCH: appliance/processes/helper_threads.py.
-    helper_threads_batch: bool = True
+    # SCHED_BATCH: appliance/processes/helper_threads.py. Off by default: on a host
+    # whose CPUs other work keeps busy, the helpers wait for them.
+    helper_threads_batch: bool = False
     # True (or "text"): one text line per request; "json": JSON lines; False: none.
     access_log: bool | str = True
     # The CPUs "auto" sizes for (appliance/config/sizing.py); 0 reads them from the

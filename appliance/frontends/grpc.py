@@ -86,7 +86,7 @@ async def _serve(context: FrontendContext, slot: int, listen_fds: list[int]) -> 
     threads = Threads(config.grpc.threads, "grpc")
     limit = config.grpc.max_message_bytes
     # grpcio starts its threads (event engine, poller) with its first server:
-    # helpers, under SCHED_BATCH (processes/helper_threads.py).
+    # helpers, under SCHED_BATCH where asked (processes/helper_threads.py).
     with started_batch(config.server.helper_threads_batch):
         server = grpc.aio.server(
             options=[

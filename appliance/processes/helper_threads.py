@@ -12,9 +12,14 @@ up its slice), so with the helpers under SCHED_BATCH the thread doing the
 work finishes its turn first: a frontend hands over more requests at once,
 its worker takes more per wake-up, and the turn is not cut in two. The
 threads doing the work (event loops, model workers) keep the default
-policy. docs/performance.md, "Helper threads under SCHED_BATCH", has the
-measurements. ``server.helper_threads_batch = false`` keeps the default
-policy everywhere.
+policy.
+
+The price: a woken SCHED_BATCH thread waits while other threads keep every
+CPU busy (it preempts nobody), so on a host whose CPUs other work saturates,
+each of a request's hand-offs waits for a slice to end and latency rises
+several-fold. Hence ``server.helper_threads_batch`` is off by default, for
+hosts kept for the appliance. docs/performance.md, "Helper threads under
+SCHED_BATCH", has both measurements.
 """
 
 from __future__ import annotations

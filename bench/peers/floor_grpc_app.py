@@ -26,6 +26,7 @@ import grpc
 
 from appliance._generated import kserve_pb2 as pb
 from appliance._generated import kserve_pb2_grpc as pb_grpc
+from appliance.config.settings import ServerConfig
 from appliance.frontends.grpc_registry import Registry
 from appliance.processes.helper_threads import started_batch
 
@@ -81,8 +82,8 @@ def _as_is(handler: Any, method: str) -> Any:
 
 
 async def serve_aio(address: str) -> None:
-    # grpcio's threads under SCHED_BATCH, as the appliance's gRPC frontend starts them.
-    with started_batch(True):
+    # grpcio's threads under the policy the appliance's gRPC frontend starts them with.
+    with started_batch(ServerConfig().helper_threads_batch):
         server = grpc.aio.server(options=OPTIONS)
     # The appliance's registry with no layers: every method served through one
     # generic handler, as its gRPC frontend serves them (grpc.aio's loop waits on a

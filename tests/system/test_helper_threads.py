@@ -1,5 +1,6 @@
-"""The threads that only carry requests run under SCHED_BATCH, unless
-server.helper_threads_batch says not; the threads doing the work keep the default.
+"""With server.helper_threads_batch, the threads that only carry requests run under
+SCHED_BATCH, and the threads doing the work keep the default; without it (the
+default) every thread keeps the default.
 
 A woken SCHED_BATCH thread never preempts the running one, so the event loop
 or model worker that wakes a helper finishes its turn first
@@ -57,8 +58,8 @@ def policies(appliance: Appliance) -> dict[str, set[int]]:
     return seen
 
 
-def test_zmq_and_grpc_threads_run_sched_batch_and_the_main_threads_do_not() -> None:
-    with running(demo_models("echo")) as appliance:
+def test_helper_threads_batch_puts_zmq_and_grpc_threads_not_main_ones_under_batch() -> None:
+    with running(demo_models("echo"), server={"helper_threads_batch": True}) as appliance:
         seen = policies(appliance)
     assert seen == {
         "main": {os.SCHED_OTHER},
@@ -67,7 +68,7 @@ def test_zmq_and_grpc_threads_run_sched_batch_and_the_main_threads_do_not() -> N
     }
 
 
-def test_helper_threads_batch_false_keeps_the_default_policy() -> None:
-    with running(demo_models("echo"), server={"helper_threads_batch": False}) as appliance:
+def test_by_default_every_thread_keeps_the_default_policy() -> None:
+    with running(demo_models("echo")) as appliance:
         seen = policies(appliance)
     assert seen == {"main": {os.SCHED_OTHER}, "zmq io": {os.SCHED_OTHER}, "grpc": {os.SCHED_OTHER}}
