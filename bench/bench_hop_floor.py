@@ -10,8 +10,8 @@ it, on two transports:
   (one I/O thread, under the appliance's default scheduling policy:
   ``HELPERS_BATCH``, see appliance/processes/helper_threads.py) per process;
   the client watches its socket's FD in the loop and reads while ZMQ_EVENTS
-  says POLLIN; the worker polls, then reads
-  what is waiting. What the appliance does (client/aio.py, worker/server.py).
+  says POLLIN; the worker polls, then reads what is waiting. What the
+  appliance does (client/aio.py, worker/server.py).
 - ``unix``: one AF_UNIX SOCK_SEQPACKET pair, each message one datagram; the
   client's loop watches the FD and reads until EAGAIN; the worker blocks in
   poll() and reads until EAGAIN. No I/O threads: the kernel's socket is the

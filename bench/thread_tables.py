@@ -58,10 +58,12 @@ def lines_of(row: Mapping[str, Any] | None, field: str = "us") -> dict[str, floa
     out = {kind: float(v) for kind, v in (row.get(f"threads_{field}") or {}).items()}
     processes = row.get(f"processes_{field}") or {}
     out |= {f"{role} (process)": float(v) for role, v in processes.items()}
-    # The whole tree's runs are its processes' (none where the row counted none).
-    whole = row.get("server_cpu_us") if field == "us" else sum(processes.values(), 0.0)
-    counted = processes or field == "us"
-    if counted and isinstance(whole, int | float) and not math.isnan(whole):
+    if field == "us":
+        whole = row.get("server_cpu_us")
+    else:
+        # The whole tree's runs are its processes' (none where the row counted none).
+        whole = sum(processes.values(), 0.0) if processes else None
+    if isinstance(whole, int | float) and not math.isnan(whole):
         out[WHOLE] = float(whole)
     return out
 
