@@ -43,6 +43,7 @@ LABELS = {
     "floor-gthread": "falcon+gunicorn floor, gthread",
     "floor-sync": "falcon+gunicorn floor, sync",
     "floor-grpc-aio": "grpcio floor, aio",
+    "floor-grpc-aio-hop": "grpcio floor, aio, with a ZeroMQ hop",
     "floor-grpc-sync": "grpcio floor, sync thread pool",
 }
 LABELS |= {

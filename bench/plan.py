@@ -123,6 +123,7 @@ APPLIANCE = (
     ),
 )
 FLOOR_CAPS = {"digits": 0}
+HOP_FLOOR_CAPS = {"16B": 1, "16KiB": 0, "1MiB": 0, "16MiB": 0, "digits": 0}
 # The falcon floor under every HTTP stack of bench/servers.py FLOOR_KINDS.
 FLOORS = ("floor-uvicorn", "floor-asgi", "floor-asgi-uvloop", "floor-gthread", "floor-sync")
 PEERS = (
@@ -215,6 +216,16 @@ PEERS = (
         "kserve-grpc",
         "grpc",
         caps=FLOOR_CAPS,
+        versus="kserve-grpc",
+        more=EIGHT,
+    ),
+    # The identity cells of issue 55 only: 16 B at 1 and 8 clients.
+    System(
+        "floor-grpc-aio-hop",
+        "floor-grpc-aio-hop",
+        "kserve-grpc",
+        "grpc",
+        caps=HOP_FLOOR_CAPS,
         versus="kserve-grpc",
         more=EIGHT,
     ),

@@ -398,7 +398,8 @@ def ladder(rung: str, run_dir: str, workers: int) -> Iterator[PeerServer]:
 
 @contextlib.contextmanager
 def grpc_floor(kind: str, workers: int, threads: int) -> Iterator[PeerServer]:
-    """grpcio answering ModelInfer in place (peers/floor_grpc_app.py): ``kind`` is aio or sync.
+    """grpcio answering ModelInfer (peers/floor_grpc_app.py): ``kind`` is aio or sync (in
+    place), or aio-hop (after a ZeroMQ round trip to an echoing process).
 
     It runs in the appliance's own environment: its grpcio, protobuf and stubs.
     """
@@ -416,7 +417,11 @@ def grpc_floor(kind: str, workers: int, threads: int) -> Iterator[PeerServer]:
     ) as server:
         server.details = {
             "grpcio": importlib.metadata.version("grpcio"),
-            "server": "grpc.aio" if kind == "aio" else "grpc.server with a thread pool",
+            "server": {
+                "aio": "grpc.aio",
+                "aio-hop": "grpc.aio, each call's input to hop_echo.py and back over ZeroMQ",
+                "sync": "grpc.server with a thread pool",
+            }[kind],
             "workers": workers,
             "threads": threads if kind == "sync" else 1,
         }

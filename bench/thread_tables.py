@@ -204,7 +204,14 @@ PEER_CELLS = (
             ("ladder: codec rung", "ladder-codec kserve-rest-json"),
         ),
     ),
-    ("kserve-grpc", "triton grpc", (("grpc.aio floor", "floor-grpc-aio"),)),
+    (
+        "kserve-grpc",
+        "triton grpc",
+        (
+            ("grpc.aio floor", "floor-grpc-aio"),
+            ("grpc.aio + ZeroMQ hop floor", "floor-grpc-aio-hop"),
+        ),
+    ),
 )
 
 

@@ -87,7 +87,7 @@ def process_role(title: str, root: bool = False) -> str:
         return "python stub"
     if title.split(" ", 1)[0].endswith("tritonserver"):
         return "tritonserver"
-    if "appliance: model[" in title:
+    if "appliance: model[" in title or "hop_echo.py" in title:
         return "model worker"
     if "gunicorn: master" in title:
         return "other"

@@ -6,27 +6,39 @@ KServe stubs, its methods served through the appliance's gRPC registry with no
 layers): each input comes back as an output, named as the request
 asks, raw contents as sent. No model, no process hop: what is left is what
 any grpcio frontend pays per call. ``aio`` is the appliance's stack
-(grpc.aio, calls wait in an event loop); ``sync`` is grpcio's thread pool.
-Several workers share the port with SO_REUSEPORT (the appliance's accept from
-one socket that its master holds instead; only connecting differs, not a call)::
+(grpc.aio, calls wait in an event loop, of the kind the appliance's
+``server.event_loop`` names); ``sync`` is grpcio's thread pool.
+``aio-hop`` is ``aio`` with the hop to a model worker: each call's input goes
+to another process (hop_echo.py, which sends it straight back) over ZeroMQ,
+and the call is answered when it returns, so what the appliance's gRPC
+frontend spends above it is its own path (decoding, the ring, the
+descriptor, encoding), not grpc.aio's nor the hop's. Several workers share
+the port with SO_REUSEPORT (the appliance's accept from one socket that its
+master holds instead; only connecting differs, not a call)::
 
-    python floor_grpc_app.py PORT aio|sync WORKERS THREADS
+    python floor_grpc_app.py PORT aio|aio-hop|sync WORKERS THREADS [ECHO_ADDRESS]
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
+import zmq
 
 from appliance._generated import kserve_pb2 as pb
 from appliance._generated import kserve_pb2_grpc as pb_grpc
 from appliance.config.settings import ServerConfig
+from appliance.frontends import loops
 from appliance.frontends.grpc_registry import Registry
 from appliance.processes.helper_threads import started_batch
 
@@ -68,6 +80,40 @@ class AioFloor(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         return answer(request)
 
 
+class AioHopFloor(AioFloor):
+    """Each call's raw input to hop_echo.py and back over ZeroMQ before the answer:
+    one DEALER socket per process, read by the event loop, as the appliance's
+    asyncio channel does."""
+
+    def __init__(self, address: str) -> None:
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(address)
+        self.waiting: dict[bytes, asyncio.Future[Any]] = {}
+        self.keys = itertools.count()
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(int(self.socket.getsockopt(zmq.FD)), self.drain)
+
+    def drain(self) -> None:
+        # ZeroMQ's descriptor is edge-triggered: read until nothing is left.
+        while int(self.socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            key, body = self.socket.recv_multipart()
+            waiter = self.waiting.pop(key, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(body)
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        key = next(self.keys).to_bytes(8, "little")
+        waiter = self.loop.create_future()
+        self.waiting[key] = waiter
+        self.socket.send_multipart([key, b"".join(request.raw_input_contents)])
+        # A send can leave the descriptor's edge spent with a reply already queued.
+        self.loop.call_soon(self.drain)
+        await waiter
+        return answer(request)
+
+
 def serve_sync(address: str, threads: int) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(threads), options=OPTIONS)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(SyncFloor(), server)
@@ -81,14 +127,15 @@ def _as_is(handler: Any, method: str) -> Any:
     return handler
 
 
-async def serve_aio(address: str) -> None:
+async def serve_aio(address: str, echo: str | None) -> None:
     # grpcio's threads under the policy the appliance's gRPC frontend starts them with.
     with started_batch(ServerConfig().helper_threads_batch):
         server = grpc.aio.server(options=OPTIONS)
     # The appliance's registry with no layers: every method served through one
     # generic handler, as its gRPC frontend serves them (grpc.aio's loop waits on a
     # pending call per *registered* method, walking them all for each call).
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(AioFloor(), Registry(server, _as_is))
+    servicer = AioFloor() if echo is None else AioHopFloor(echo)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, Registry(server, _as_is))
     server.add_insecure_port(address)
     await server.start()
     stop = asyncio.Event()
@@ -99,22 +146,36 @@ async def serve_aio(address: str) -> None:
 
 def main(argv: list[str]) -> None:
     port, kind, workers, threads = argv[0], argv[1], int(argv[2]), int(argv[3])
+    echo = argv[4] if len(argv) > 4 else None
+    scratch, echo_process = None, None
+    if kind == "aio-hop" and echo is None:
+        # The first worker starts the echo and hands the others its address.
+        scratch = tempfile.mkdtemp(prefix="floor-hop-")
+        echo = f"ipc://{scratch}/echo"
+        script = Path(__file__).with_name("hop_echo.py")
+        echo_process = subprocess.Popen([sys.executable, str(script), echo])
+    more = [] if echo_process is None or echo is None else [echo]
     # gRPC does not survive fork: each further worker is a fresh interpreter,
     # stopped with this one (same session, so SIGTERM reaches the group's leader first).
     helpers = [
-        subprocess.Popen([sys.executable, __file__, port, kind, "1", str(threads)])
+        subprocess.Popen([sys.executable, __file__, port, kind, "1", str(threads), *more])
         for _ in range(workers - 1)
     ]
     address = f"127.0.0.1:{port}"
+    config = ServerConfig()
     try:
-        if kind == "aio":
-            asyncio.run(serve_aio(address))
-        else:
+        if kind == "sync":
             serve_sync(address, threads)
+        else:
+            # On the event loop the appliance's frontends run on (uvloop by default).
+            loops.run(serve_aio(address, echo if kind == "aio-hop" else None), config.event_loop)
     finally:
-        for helper in helpers:
+        # The echo last: a worker stopping may still wait on a call it carries.
+        for helper in [*helpers, *([] if echo_process is None else [echo_process])]:
             helper.terminate()
             helper.wait()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
