@@ -88,6 +88,7 @@ from bench.plan import (  # noqa: E402
     EVENT_LOOPS,
     FULL_SWEEP,
     LADDER,
+    LADDER_HOP_RUNG,
     LADDER_RUNGS,
     PACED_SHARE,
     PAYLOADS,
@@ -213,7 +214,7 @@ def peer_factories(run_dir: str) -> dict[str, Callable[[], Any]]:
     factories["floor-grpc-sync"] = lambda: servers.grpc_floor(
         "sync", grpc["workers"], grpc["threads"]
     )
-    for rung in LADDER_RUNGS:
+    for rung in (*LADDER_RUNGS, LADDER_HOP_RUNG):
         factories[f"ladder-{rung}"] = functools.partial(
             servers.ladder, rung, run_dir, http["workers"]
         )

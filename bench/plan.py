@@ -246,6 +246,9 @@ LADDER_CAPS = {"16B": 1, "16KiB": 0, "1MiB": 0, "16MiB": 0, "digits": 0}
 # KServe REST with JSON tensors on the floor and codec rungs, at 1 and 8 clients: the
 # codec rung of issue 55's HTTP frontend target (the codec rung minus the floor rung).
 LADDER_JSON_RUNGS = ("floor", "codec")
+# The floor rung with the hop to a process that echoes (peers/hop_echo.py), KServe
+# REST JSON at 1 and 8 clients: the least a model worker behind ZeroMQ costs there.
+LADDER_HOP_RUNG = "hop"
 LADDER = (
     *(
         System(f"ladder-{rung} {name}", f"ladder-{rung}", name, "http", caps=LADDER_CAPS)
@@ -263,6 +266,15 @@ LADDER = (
             more=EIGHT,
         )
         for rung in LADDER_JSON_RUNGS
+    ),
+    System(
+        f"ladder-{LADDER_HOP_RUNG} kserve-rest-json",
+        f"ladder-{LADDER_HOP_RUNG}",
+        "kserve-rest",
+        "http",
+        REST_JSON,
+        LADDER_CAPS,
+        more=EIGHT,
     ),
 )
 SYSTEMS = {system.name: system for system in (*APPLIANCE, *PEERS, *LADDER)}

@@ -202,6 +202,7 @@ PEER_CELLS = (
             ("floor (uvicorn's worker)", "floor-uvicorn"),
             ("ladder: floor rung", "ladder-floor kserve-rest-json"),
             ("ladder: codec rung", "ladder-codec kserve-rest-json"),
+            ("ladder: floor + ZeroMQ hop", "ladder-hop kserve-rest-json"),
         ),
     ),
     (

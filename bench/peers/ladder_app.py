@@ -16,9 +16,13 @@ and UM-Bridge requests with no model and no process hop:
   protocol's routes and codecs, over a model client that answers in place
   (:class:`InPlaceClient`): the metadata of the running appliance's models,
   outputs that are the inputs (identity models only), no ring, no descriptor,
-  no model worker.
+  no model worker;
+- ``hop``: the floor's routes, KServe's answered after the request's body
+  went over ZeroMQ to a process that sends it straight back (hop_echo.py,
+  started with the rung, in its process tree): the floor with the hop to a
+  model worker that does nothing, as floor_grpc_app.py's ``aio-hop`` for gRPC.
 
-The whole appliance is the rung above: the same request plus the hop.
+The whole appliance is the rung above codec: the same request plus the hop.
 Runs in the appliance's environment, from bench/peers::
 
     python ladder_app.py PORT RUNG RUN_DIR WORKERS
@@ -26,7 +30,12 @@ Runs in the appliance's environment, from bench/peers::
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,6 +44,7 @@ from typing import Any
 import falcon
 import falcon.asgi
 import orjson
+import zmq
 from floor_app import HEADER_LENGTH, answer, respond
 from gunicorn.app.base import BaseApplication
 
@@ -54,7 +64,7 @@ from appliance.protocols.graphpipe import codec as graphpipe_codec
 from appliance.protocols.graphpipe.request import InferRequest as GraphPipeInferRequest
 from appliance.protocols.threads import Threads
 
-RUNGS = ("floor", "middleware", "codec")
+RUNGS = ("floor", "middleware", "codec", "hop")
 GRPS_OK = {"code": 200, "msg": "OK", "status": "SUCCESS"}
 
 
@@ -71,6 +81,45 @@ class KServeInfer:
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model: str
     ) -> None:
         respond(resp, answer(model, await body_of(req), req.get_header(HEADER_LENGTH)))
+
+
+class KServeHopInfer:
+    """KServe's answer after the body's round trip to hop_echo.py: a DEALER socket per
+    worker process, made in its event loop on the first request (after the fork)."""
+
+    def __init__(self, echo: str) -> None:
+        self.echo = echo
+        self.socket: zmq.Socket[bytes] | None = None
+        self.waiting: dict[bytes, asyncio.Future[bytes]] = {}
+        self.keys = itertools.count()
+
+    def _connected(self) -> zmq.Socket[bytes]:
+        if self.socket is None:
+            self.socket = zmq.Context().socket(zmq.DEALER)
+            self.socket.connect(self.echo)
+            asyncio.get_running_loop().add_reader(int(self.socket.getsockopt(zmq.FD)), self._drain)
+        return self.socket
+
+    def _drain(self) -> None:
+        # ZeroMQ's descriptor is edge-triggered: read until nothing is left.
+        socket = self._connected()
+        while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            key, body = socket.recv_multipart()
+            waiter = self.waiting.pop(key, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(body)
+
+    async def on_post(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model: str
+    ) -> None:
+        body = await body_of(req)
+        key = next(self.keys).to_bytes(8, "little")
+        loop = asyncio.get_running_loop()
+        waiter = self.waiting[key] = loop.create_future()
+        self._connected().send_multipart([key, body])
+        # A send can leave the descriptor's edge spent with a reply already queued.
+        loop.call_soon(self._drain)
+        respond(resp, answer(model, await waiter, req.get_header(HEADER_LENGTH)))
 
 
 class GrpsPredict:
@@ -112,12 +161,14 @@ class Ready:
         resp.status = falcon.HTTP_200
 
 
-def in_place_app(config: ApplianceConfig, middleware: bool) -> Any:
-    """The floor's routes, bare or behind the appliance's middleware."""
+def in_place_app(config: ApplianceConfig, middleware: bool, echo: str | None = None) -> Any:
+    """The floor's routes, bare or behind the appliance's middleware; with ``echo``
+    (hop_echo.py's address), KServe's through the hop."""
     limit = config.http.max_body_bytes
     layers = [HttpObserver(), *auth.http_middleware(config), ReadAhead(limit, Threads(1, "x"))]
     app = falcon.asgi.App(middleware=layers if middleware else [])
-    app.add_route("/v2/models/{model}/infer", KServeInfer())
+    kserve = KServeInfer() if echo is None else KServeHopInfer(echo)
+    app.add_route("/v2/models/{model}/infer", kserve)
     app.add_route("/v2/health/ready", Ready())
     app.add_route("/grps/v1/infer/predict", GrpsPredict())
     app.add_route("/graphpipe/{model}", GraphPipeInfer())
@@ -155,8 +206,11 @@ def _as_tensor(value: TensorLike) -> Any:
 class Ladder(BaseApplication):  # type: ignore[misc]
     """gunicorn with the appliance's worker class and HTTP settings, serving one rung."""
 
-    def __init__(self, port: int, rung: str, run_dir: Path, workers: int) -> None:
+    def __init__(
+        self, port: int, rung: str, run_dir: Path, workers: int, echo: str | None = None
+    ) -> None:
         self.port, self.rung, self.run_dir, self.workers = port, rung, run_dir, workers
+        self.echo = echo
         state = orjson.loads((run_dir / "appliance.json").read_bytes())
         config = read_snapshot(Tree(str(state["tree"]), run_dir).snapshot_path)
         # What the appliance's worker class reads of its application.
@@ -184,7 +238,7 @@ class Ladder(BaseApplication):  # type: ignore[misc]
         config = self.context.config
         logs.set_access_log(config.server.access_log)
         if self.rung != "codec":
-            return in_place_app(config, middleware=self.rung == "middleware")
+            return in_place_app(config, middleware=self.rung == "middleware", echo=self.echo)
         client = InPlaceClient.connect(self.run_dir, ring_bytes=1 << 20)
         app = http.create_app(client, Threads(config.http.threads, "http"))
         return http.refusing_early(app, config.http.max_body_bytes)
@@ -194,7 +248,20 @@ def main() -> None:
     port, rung, run_dir, workers = sys.argv[1:]
     if rung not in RUNGS:
         raise SystemExit(f"rung is one of {RUNGS}, not {rung!r}")
-    Ladder(int(port), rung, Path(run_dir), int(workers)).run()
+    if rung != "hop":
+        Ladder(int(port), rung, Path(run_dir), int(workers)).run()
+        return
+    # The echo is this process's child, so the rung's process tree holds it.
+    scratch = tempfile.mkdtemp(prefix="ladder-hop-")
+    echo = f"ipc://{scratch}/echo"
+    script = Path(__file__).with_name("hop_echo.py")
+    echo_process = subprocess.Popen([sys.executable, str(script), echo])
+    try:
+        Ladder(int(port), rung, Path(run_dir), int(workers), echo).run()
+    finally:
+        echo_process.terminate()
+        echo_process.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
