@@ -22,18 +22,14 @@ master holds instead; only connecting differs, not a call)::
 from __future__ import annotations
 
 import asyncio
-import itertools
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from concurrent import futures
-from pathlib import Path
 from typing import Any
 
 import grpc
-import zmq
+import hop_echo
 
 from appliance._generated import kserve_pb2 as pb
 from appliance._generated import kserve_pb2_grpc as pb_grpc
@@ -81,36 +77,13 @@ class AioFloor(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
 
 class AioHopFloor(AioFloor):
-    """Each call's raw input to hop_echo.py and back over ZeroMQ before the answer:
-    one DEALER socket per process, read by the event loop, as the appliance's
-    asyncio channel does."""
+    """Each call's raw input to hop_echo.py and back before the answer."""
 
     def __init__(self, address: str) -> None:
-        self.context = zmq.Context()
-        self.socket = self.context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(address)
-        self.waiting: dict[bytes, asyncio.Future[Any]] = {}
-        self.keys = itertools.count()
-        self.loop = asyncio.get_running_loop()
-        self.loop.add_reader(int(self.socket.getsockopt(zmq.FD)), self.drain)
-
-    def drain(self) -> None:
-        # ZeroMQ's descriptor is edge-triggered: read until nothing is left.
-        while int(self.socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            key, body = self.socket.recv_multipart()
-            waiter = self.waiting.pop(key, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(body)
+        self.hop = hop_echo.Hop(address)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        key = next(self.keys).to_bytes(8, "little")
-        waiter = self.loop.create_future()
-        self.waiting[key] = waiter
-        self.socket.send_multipart([key, b"".join(request.raw_input_contents)])
-        # A send can leave the descriptor's edge spent with a reply already queued.
-        self.loop.call_soon(self.drain)
-        await waiter
+        await self.hop.round_trip(b"".join(request.raw_input_contents))
         return answer(request)
 
 
@@ -146,36 +119,34 @@ async def serve_aio(address: str, echo: str | None) -> None:
 
 def main(argv: list[str]) -> None:
     port, kind, workers, threads = argv[0], argv[1], int(argv[2]), int(argv[3])
-    echo = argv[4] if len(argv) > 4 else None
-    scratch, echo_process = None, None
-    if kind == "aio-hop" and echo is None:
+    if kind == "aio-hop" and len(argv) == 4:
         # The first worker starts the echo and hands the others its address.
-        scratch = tempfile.mkdtemp(prefix="floor-hop-")
-        echo = f"ipc://{scratch}/echo"
-        script = Path(__file__).with_name("hop_echo.py")
-        echo_process = subprocess.Popen([sys.executable, str(script), echo])
-    more = [] if echo_process is None or echo is None else [echo]
+        with hop_echo.started() as echo:
+            serve(port, kind, workers, threads, echo)
+    else:
+        serve(port, kind, workers, threads, argv[4] if len(argv) > 4 else None)
+
+
+def serve(port: str, kind: str, workers: int, threads: int, echo: str | None) -> None:
+    """Serve ``kind`` from this process and ``workers - 1`` more until SIGTERM."""
     # gRPC does not survive fork: each further worker is a fresh interpreter,
     # stopped with this one (same session, so SIGTERM reaches the group's leader first).
+    more = [] if echo is None else [echo]
     helpers = [
         subprocess.Popen([sys.executable, __file__, port, kind, "1", str(threads), *more])
         for _ in range(workers - 1)
     ]
     address = f"127.0.0.1:{port}"
-    config = ServerConfig()
     try:
         if kind == "sync":
             serve_sync(address, threads)
         else:
             # On the event loop the appliance's frontends run on (uvloop by default).
-            loops.run(serve_aio(address, echo if kind == "aio-hop" else None), config.event_loop)
+            loops.run(serve_aio(address, echo), ServerConfig().event_loop)
     finally:
-        # The echo last: a worker stopping may still wait on a call it carries.
-        for helper in [*helpers, *([] if echo_process is None else [echo_process])]:
+        for helper in helpers:
             helper.terminate()
             helper.wait()
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

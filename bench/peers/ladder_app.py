@@ -30,12 +30,7 @@ Runs in the appliance's environment, from bench/peers::
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,8 +38,8 @@ from typing import Any
 
 import falcon
 import falcon.asgi
+import hop_echo
 import orjson
-import zmq
 from floor_app import HEADER_LENGTH, answer, respond
 from gunicorn.app.base import BaseApplication
 
@@ -84,42 +79,16 @@ class KServeInfer:
 
 
 class KServeHopInfer:
-    """KServe's answer after the body's round trip to hop_echo.py: a DEALER socket per
-    worker process, made in its event loop on the first request (after the fork)."""
+    """KServe's answer after the body's round trip to hop_echo.py."""
 
     def __init__(self, echo: str) -> None:
-        self.echo = echo
-        self.socket: zmq.Socket[bytes] | None = None
-        self.waiting: dict[bytes, asyncio.Future[bytes]] = {}
-        self.keys = itertools.count()
-
-    def _connected(self) -> zmq.Socket[bytes]:
-        if self.socket is None:
-            self.socket = zmq.Context().socket(zmq.DEALER)
-            self.socket.connect(self.echo)
-            asyncio.get_running_loop().add_reader(int(self.socket.getsockopt(zmq.FD)), self._drain)
-        return self.socket
-
-    def _drain(self) -> None:
-        # ZeroMQ's descriptor is edge-triggered: read until nothing is left.
-        socket = self._connected()
-        while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            key, body = socket.recv_multipart()
-            waiter = self.waiting.pop(key, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(body)
+        self.hop = hop_echo.Hop(echo)
 
     async def on_post(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model: str
     ) -> None:
-        body = await body_of(req)
-        key = next(self.keys).to_bytes(8, "little")
-        loop = asyncio.get_running_loop()
-        waiter = self.waiting[key] = loop.create_future()
-        self._connected().send_multipart([key, body])
-        # A send can leave the descriptor's edge spent with a reply already queued.
-        loop.call_soon(self._drain)
-        respond(resp, answer(model, await waiter, req.get_header(HEADER_LENGTH)))
+        body = await self.hop.round_trip(await body_of(req))
+        respond(resp, answer(model, body, req.get_header(HEADER_LENGTH)))
 
 
 class GrpsPredict:
@@ -252,16 +221,8 @@ def main() -> None:
         Ladder(int(port), rung, Path(run_dir), int(workers)).run()
         return
     # The echo is this process's child, so the rung's process tree holds it.
-    scratch = tempfile.mkdtemp(prefix="ladder-hop-")
-    echo = f"ipc://{scratch}/echo"
-    script = Path(__file__).with_name("hop_echo.py")
-    echo_process = subprocess.Popen([sys.executable, str(script), echo])
-    try:
+    with hop_echo.started() as echo:
         Ladder(int(port), rung, Path(run_dir), int(workers), echo).run()
-    finally:
-        echo_process.terminate()
-        echo_process.wait()
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
