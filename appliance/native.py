@@ -95,16 +95,27 @@ MODULES = (
     "appliance.worker.streams",
 )
 
+# Hand-written C, built with the modules above and run only when they are: a
+# copy from or into a client's mapped segment that a shrinking file cannot
+# kill (appliance/core/_guarded.c); Python has no way to return from SIGBUS.
+C_MODULES = ("appliance.core._guarded",)
+
+COMPILED = "compiled (mypyc)"
 _state = "pure Python (not compiled)"
 
 
 def source_of(module: str) -> Path:
-    return ROOT / (module.replace(".", "/") + ".py")
+    return ROOT / (module.replace(".", "/") + (".c" if module in C_MODULES else ".py"))
 
 
 def state() -> str:
     """How the request path runs in this process: compiled, or pure Python and why."""
     return _state
+
+
+def compiled() -> bool:
+    """Whether the compiled request path (C_MODULES with it) runs in this process."""
+    return _state == COMPILED
 
 
 def _suffix() -> str:
@@ -114,14 +125,16 @@ def _suffix() -> str:
 def _stamps() -> dict[str, list[int]]:
     """Each source's modification time and size: what a change of it changes."""
     out = {}
-    for module in MODULES:
+    for module in (*MODULES, *C_MODULES):
         status = source_of(module).stat()
         out[module] = [status.st_mtime_ns, status.st_size]
     return out
 
 
 def _digests() -> dict[str, str]:
-    return {m: hashlib.sha256(source_of(m).read_bytes()).hexdigest() for m in MODULES}
+    return {
+        m: hashlib.sha256(source_of(m).read_bytes()).hexdigest() for m in (*MODULES, *C_MODULES)
+    }
 
 
 def _built() -> dict[str, Any] | None:
@@ -130,7 +143,7 @@ def _built() -> dict[str, Any] | None:
         manifest = json.loads(MANIFEST.read_text())
     except (OSError, ValueError):
         return None
-    if manifest.get("modules") != list(MODULES) or manifest.get("suffix") != _suffix():
+    if manifest.get("modules") != [*MODULES, *C_MODULES] or manifest.get("suffix") != _suffix():
         return None
     return dict(manifest)
 
@@ -147,7 +160,7 @@ def _why_pure() -> str | None:
             return "pure Python (sources changed since the build; make install rebuilds it)"
     except OSError:
         return "pure Python (a source is missing)"
-    if not all(_extension(m).exists() for m in MODULES):
+    if not all(_extension(m).exists() for m in (*MODULES, *C_MODULES)):
         return "pure Python (a compiled module is missing)"
     return None
 
@@ -162,6 +175,8 @@ class _FromSource(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Any = None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
+        if fullname in C_MODULES:
+            raise ModuleNotFoundError(f"{fullname} runs only with the compiled request path")
         if fullname not in MODULES:
             return None
         return importlib.util.spec_from_file_location(fullname, source_of(fullname))
@@ -172,10 +187,10 @@ def guard() -> None:
     global _state
     why = _why_pure()
     if why is None:
-        _state = "compiled (mypyc)"
+        _state = COMPILED
         return
     _state = why
-    loaded = [m for m in MODULES if m in sys.modules]
+    loaded = [m for m in (*MODULES, *C_MODULES) if m in sys.modules]
     if loaded:  # too late to choose; not expected: the package imports this first
         _state += f"; already loaded: {', '.join(loaded)}"
     # Where nothing is built this changes nothing; where anything is, it must not load.
@@ -187,7 +202,7 @@ def build() -> int:
     manifest = _built()
     digests = _digests()
     current = manifest is not None and manifest.get("digests") == digests
-    if current and all(_extension(m).exists() for m in MODULES):
+    if current and all(_extension(m).exists() for m in (*MODULES, *C_MODULES)):
         if manifest is not None and manifest.get("stamps") != _stamps():
             _write_manifest(digests)  # the same code, touched (a checkout): no compile
         print("appliance.native: compiled modules are current")
@@ -211,7 +226,7 @@ def build() -> int:
         print(f"appliance.native: compiling failed ({ex}); the request path runs as pure Python")
         return 0
     _write_manifest(digests)
-    print(f"appliance.native: compiled {len(MODULES)} modules")
+    print(f"appliance.native: compiled {len(MODULES)} modules and {len(C_MODULES)} in C")
     return 0
 
 
@@ -219,16 +234,20 @@ def _compile(root: Path, work: str, options: list[str]) -> None:
     """Compile :data:`MODULES` of the package under ``root`` beside their sources
     (``work``: where the C sources and objects go)."""
     from mypyc.build import mypycify
-    from setuptools import setup  # type: ignore[import-untyped]
+    from setuptools import Extension, setup  # type: ignore[import-untyped]
 
     sources = [str(Path(*m.split(".")).with_suffix(".py")) for m in MODULES]
+    handwritten = [
+        Extension(m, [str(Path(*m.split(".")).with_suffix(".c"))], extra_compile_args=["-O2"])
+        for m in C_MODULES
+    ]
     previous = Path.cwd()
     os.chdir(root)
     try:
         extensions = mypycify([*options, *sources], group_name=GROUP, target_dir=work)
         setup(
             name="appliance-native",
-            ext_modules=extensions,
+            ext_modules=[*extensions, *handwritten],
             script_args=["--quiet", "build_ext", "--inplace", "--build-temp", work],
         )
     finally:
@@ -257,7 +276,7 @@ def _compile_installed() -> None:
 
 def _write_manifest(digests: dict[str, str]) -> None:
     manifest = {
-        "modules": list(MODULES),
+        "modules": [*MODULES, *C_MODULES],
         "suffix": _suffix(),
         "digests": digests,
         "stamps": _stamps(),
@@ -272,7 +291,7 @@ def remove() -> None:
     except (OSError, ValueError):
         built = []
     MANIFEST.unlink(missing_ok=True)
-    for module in {*MODULES, *built}:
+    for module in {*MODULES, *C_MODULES, *built}:
         _extension(str(module)).unlink(missing_ok=True)
     for library in PACKAGE.glob(f"_native__mypyc*{_suffix()}"):
         library.unlink()

@@ -25,19 +25,46 @@ What a client may do to its file mid-request, and what it gets:
 A FIFO or anything else that is not a regular file is refused when opened
 (``O_NONBLOCK``: opening a FIFO must not wait for a writer), and a symbolic
 link is never followed.
+
+Where the compiled request path runs (appliance/native.py), a registered
+segment may be mapped after all, once (:func:`map_segment`, kept by its
+region's table until the region goes, with the descriptor Python's mmap
+holds), and copied with the guarded copy of
+appliance/core/_guarded.c: a fault past a shrunken end cuts that copy short
+instead of killing the process. pread/pwrite on tmpfs took 2-2.5x memcpy's
+time for a 1 MiB tensor, and the frontend's event loop is what does them
+(docs/performance.md, "System shared memory over REST"). Each copy still
+looks the file up first (gone, replaced, too small: the same errors), and
+a shrink mid-copy is the same BadRequest as a short read.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
+from appliance import native
 from appliance.core.dtypes import DType
 from appliance.errors import BadRequest
 
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def _guarded_copy() -> Callable[[memoryview, memoryview], bool] | None:
+    if not native.compiled():
+        return None
+    try:
+        from appliance.core._guarded import copy
+    except ImportError:
+        return None
+    return copy
+
+
+# The guarded copy, None where it is not built or the request path runs as Python.
+GUARDED_COPY = _guarded_copy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +82,8 @@ class ClientSpan:
         identity: (st_dev, st_ino) of the file as registered; another file
             found under ``path`` is refused. None takes whatever is there.
         hint: what the client can do about a file that is gone or replaced.
+        mapped: the file's first ``needs`` bytes mapped (:func:`map_segment`),
+            copied with the guarded copy; None copies with preadv/pwritev.
     """
 
     path: str
@@ -65,6 +94,7 @@ class ClientSpan:
     what: str
     identity: tuple[int, int] | None = None
     hint: str = ""
+    mapped: memoryview | None = field(default=None, compare=False, repr=False)
 
     def read_into(self, destination: memoryview) -> None:
         """Copy the bytes into ``destination`` (``nbytes`` long).
@@ -72,6 +102,15 @@ class ClientSpan:
         Raises:
             BadRequest: the file is gone, replaced, or shrank (also mid-copy).
         """
+        if self.mapped is not None and GUARDED_COPY is not None:
+            self.check()
+            source = self.mapped[self.start : self.start + self.nbytes]
+            if not GUARDED_COPY(destination.cast("B"), source):
+                raise BadRequest(
+                    f"{self.what}: {self.label} shrank to {self._size_now()} while it was "
+                    f"read; the request needs {self.needs}"
+                )
+            return
         fd, _ = self._open(os.O_RDONLY)
         try:
             try:
@@ -106,6 +145,16 @@ class ClientSpan:
             BadRequest: the file is gone, replaced, shrank, or changed size
                 while it was written (the output is then incomplete).
         """
+        if self.mapped is not None and GUARDED_COPY is not None:
+            self.check()
+            data = source.cast("B")
+            into = self.mapped[self.start : self.start + data.nbytes]
+            if not GUARDED_COPY(into, data):
+                raise BadRequest(
+                    f"{self.what}: {self.label} shrank to {self._size_now()} while it was "
+                    f"written; the request needs {self.needs}, and its output there is incomplete"
+                )
+            return
         fd, before = self._open(os.O_RDWR)
         try:
             try:
@@ -137,6 +186,13 @@ class ClientSpan:
                 f"{self.what}: {self.label} cannot be opened ({ex.strerror}){self.hint}"
             ) from None
         self._judge(info)
+
+    def _size_now(self) -> str:
+        """The file's size now, in words, for a copy a fault cut short."""
+        try:
+            return f"{os.lstat(self.path).st_size} bytes"
+        except OSError:
+            return "nothing (it is gone)"
 
     def _open(self, mode: int) -> tuple[int, int]:
         """Open the file for one copy; return the descriptor and the size it has.
@@ -175,6 +231,35 @@ class ClientSpan:
                 f"{self.what}: {self.label} shrank to {info.st_size} bytes; "
                 f"the request needs {self.needs}"
             )
+
+
+def map_segment(path: str, needs: int, identity: tuple[int, int]) -> memoryview | None:
+    """Map the first ``needs`` bytes of a client's file for guarded copies.
+
+    None where there is no guarded copy, or the file is not the one
+    registered (gone, replaced, too small): then the span copies with
+    preadv/pwritev, whose errors say what is wrong.
+    """
+    if GUARDED_COPY is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDWR | _OPEN_FLAGS)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or (info.st_dev, info.st_ino) != identity
+            or info.st_size < needs
+        ):
+            return None
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        return memoryview(mmap.mmap(fd, needs, flags, mmap.PROT_READ | mmap.PROT_WRITE))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)

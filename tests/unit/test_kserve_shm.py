@@ -1,6 +1,9 @@
 """The host-wide registry of client shared-memory regions.
 
 Two RegionTable objects over one directory stand for two frontend processes.
+Each test of the tables runs with both ways of copying a client's bytes: the
+guarded copy through a mapping (where the compiled request path is built)
+and preadv/pwritev (core/client_memory.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance.core import client_memory
 from appliance.core.device_tensors import CudaPlace
 from appliance.errors import BadRequest, Unsupported
 from appliance.protocols.kserve.errors import RegionExists
@@ -45,8 +49,18 @@ def segment() -> Iterator[Callable[[str, int], str]]:
         path.unlink(missing_ok=True)
 
 
+@pytest.fixture(params=["guarded", "pread"])
+def copies(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the tables copy: "guarded" (mapped) or "pread" (never mapped)."""
+    if request.param == "pread":
+        monkeypatch.setattr(client_memory, "GUARDED_COPY", None)
+    elif client_memory.GUARDED_COPY is None:
+        pytest.skip("the guarded copy is not built here (appliance/native.py)")
+    return str(request.param)
+
+
 @pytest.fixture
-def tables(tmp_path: Path) -> Iterator[tuple[RegionTable, RegionTable]]:
+def tables(tmp_path: Path, copies: str) -> Iterator[tuple[RegionTable, RegionTable]]:
     first, second = RegionTable(tmp_path), RegionTable(tmp_path)
     yield first, second
     first.close()
@@ -100,10 +114,12 @@ def test_unregister_forgets_everywhere_and_never_unlinks(
     assert Path("/dev/shm", key[1:]).exists()
 
 
+@pytest.mark.parametrize("copies", ["pread"], indirect=True)
 def test_a_segment_is_never_mapped_nor_held_open(
     tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
 ) -> None:
-    """Between copies nothing of a client's segment stays in this process."""
+    """Copying with pread/pwrite, nothing of a client's segment stays in this process
+    between copies."""
     first, second = tables
     key = segment("a", 64)
     first.register("a", key, 0, 64)
@@ -117,6 +133,31 @@ def test_a_segment_is_never_mapped_nor_held_open(
     first.unregister(None)
     # A span already handed out still names the segment; it was never mapped.
     assert bytes(span.read()[:8]) == b"12345678"
+
+
+@pytest.mark.parametrize("copies", ["guarded"], indirect=True)
+def test_a_segment_is_mapped_while_its_region_is_registered(
+    tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
+) -> None:
+    """With the guarded copy a region's segment stays mapped (the mapping holds a
+    descriptor of it) until the region goes; then every table lets it go."""
+    first, second = tables
+    key = segment("a", 64)
+    first.register("a", key, 0, 64)
+    write(second, ShmRef("a", 8), b"12345678")
+    assert read(first, ShmRef("a", 8)) == b"12345678"
+    path = f"/dev/shm/{key[1:]}"
+    assert path in Path("/proc/self/maps").read_text()
+    span = second.span(ShmRef("a", 8), "input x")
+    first.unregister(None)
+    assert second.status(None) == []
+    # A span handed out before still copies: its mapping lasts as long as it does.
+    assert bytes(span.read()) == b"12345678"
+    assert path in Path("/proc/self/maps").read_text()
+    del span
+    assert path not in Path("/proc/self/maps").read_text()
+    opened = [os.readlink(f) for f in Path("/proc/self/fd").iterdir() if f.is_symlink()]
+    assert path not in opened
 
 
 def test_reregistering_a_name_uses_the_new_segment(
@@ -172,6 +213,7 @@ def test_a_shrunken_segment_is_a_client_error_naming_both_sizes(
     assert bytes(span.read()) == bytes(64)
 
 
+@pytest.mark.parametrize("copies", ["pread"], indirect=True)
 def test_a_segment_shrinking_during_a_copy_is_a_client_error(
     tables: tuple[RegionTable, RegionTable],
     segment: Callable[[str, int], str],
@@ -213,6 +255,53 @@ def test_a_segment_shrinking_during_a_copy_is_a_client_error(
     assert "changed size while it was written (65536 bytes before, 4196 after)" in message
     # The write grew the file back no further than the region's end.
     assert path.stat().st_size <= 1 << 16
+
+
+@pytest.mark.parametrize("copies", ["guarded"], indirect=True)
+def test_a_mapped_segment_shrinking_during_a_copy_is_a_client_error(
+    tables: tuple[RegionTable, RegionTable],
+    segment: Callable[[str, int], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client truncates its mapped segment after the copy looked it up.
+
+    The copy then touches pages past the file's end: the guarded copy stops
+    there and the request fails, where a plain mapping's SIGBUS would have
+    killed this process (the test's own).
+    """
+    first, _ = tables
+    key = segment("r", 1 << 16)
+    path = Path("/dev/shm", key[1:])
+    first.register("r", key, 0, 1 << 16)
+    span = first.span(ShmRef("r", 1 << 15, 4096), "input x")
+    assert span.mapped is not None
+    real_lstat = os.lstat
+    shrink_to: list[int] = []
+
+    def shrinking_lstat(where: str) -> os.stat_result:
+        info = real_lstat(where)
+        if shrink_to:
+            os.truncate(path, shrink_to.pop())
+        return info
+
+    monkeypatch.setattr(os, "lstat", shrinking_lstat)
+    shrink_to.append(5000)
+    with pytest.raises(BadRequest) as caught:
+        span.read_into(memoryview(bytearray(1 << 15)))
+    assert "shrank to 5000 bytes while it was read; the request needs 65536" in str(
+        caught.value.message
+    )
+    os.truncate(path, 1 << 16)
+    shrink_to.append(0)
+    with pytest.raises(BadRequest) as caught:
+        span.write(memoryview(b"y" * 100))
+    message = caught.value.message
+    assert "shrank to 0 bytes while it was written; the request needs 65536" in message
+    assert "incomplete" in message
+    assert path.stat().st_size == 0  # a mapping never grows the file back
+    os.truncate(path, 1 << 16)
+    span.write(memoryview(b"z" * 100))
+    assert path.read_bytes()[4096 : 4096 + 101] == b"z" * 100 + b"\0"
 
 
 def test_a_fifo_is_refused_without_waiting(

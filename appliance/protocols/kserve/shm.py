@@ -10,15 +10,22 @@ directory, changed under an exclusive ``flock`` and replaced atomically by
 rename; each process caches it by (inode, mtime).
 
 SAFETY: the segments belong to the client, which may truncate, unlink or
-replace one at any moment, also while a request copies. They are never
-mapped: a mapping kills the process that touches a page past a shrunken end
-with SIGBUS. A request's tensor is a :class:`ClientSpan`, whose bytes are
-copied with preadv/pwritev on a descriptor opened for that copy (inputs
-straight into the request ring, outputs straight from the worker's response
-ring; see core/client_memory.py), and a segment that shrank, vanished or is
-another file than the one registered (by device and inode) makes the request
-fail with a BadRequest that names the region. Nothing stays open between
-requests, so unregistering needs no unmapping anywhere. Segments are opened
+replace one at any moment, also while a request copies. A plain mapping
+would kill the process that touches a page past a shrunken end with SIGBUS.
+A request's tensor is a :class:`ClientSpan` (inputs copied straight into the
+request ring, outputs straight from the worker's response ring; see
+core/client_memory.py): where the compiled request path runs, each
+process's table maps a region's segment on its first use and keeps the
+mapping (and the descriptor it holds) while the region is registered, as
+Triton keeps its own; the span copies with the
+guarded copy, which a shrinking file cannot kill; elsewhere it copies with
+preadv/pwritev on a descriptor opened for that copy, and nothing stays open
+between requests. Either way, a segment that shrank, vanished or is another
+file than the one registered (by device and inode) makes the request fail
+with a BadRequest that names the region. A mapping goes when the table
+finds its region unregistered (or registered again), within
+``SWEEP_INTERVAL_S`` (shm_mappings.py), and the last request that copies
+through it has finished: no copy runs on an unmapped page. Segments are opened
 with ``os.open`` (never ``multiprocessing.shared_memory``, whose resource
 tracker may unlink them), never unlinked or resized. The appliance's own
 segments (``appliance-*``) cannot be registered.
@@ -38,8 +45,9 @@ through host memory; unregistering closes it within ``SWEEP_INTERVAL_S``.
 
 Here is the table each frontend process answers the extension's calls with;
 beside it, shm_registry.py holds the registry file, shm_places.py the rules
-for a client's segments and a tensor's extent, shm_cuda_handles.py the
-handles a frontend opens itself.
+for a client's segments and a tensor's extent, shm_mappings.py the segments
+mapped for guarded copies, shm_cuda_handles.py the handles a frontend opens
+itself, shm_sweeper.py the thread that lets go of both.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from appliance.core.device_tensors import CudaPlace
 from appliance.errors import ApplianceError, BadRequest, Unsupported
 from appliance.protocols.kserve.inference import ShmRef
 from appliance.protocols.kserve.shm_cuda_handles import OpenedHandle, OpenedHandles
+from appliance.protocols.kserve.shm_mappings import MappedSegments
 from appliance.protocols.kserve.shm_places import (
     Target,
     check_extent,
@@ -90,6 +99,7 @@ class RegionTable(RegistryView):
         self._opener = opener
         self._lock = threading.Lock()
         self._handles = OpenedHandles(self._lock, self._refresh)
+        self._mapped = MappedSegments(self._lock, self._refresh)
 
     # -- the registry ---------------------------------------------------------
 
@@ -306,9 +316,10 @@ class RegionTable(RegistryView):
             return self._span(ref, what)
 
     def close(self) -> None:
-        """Close the CUDA handles this process opened (at exit)."""
+        """Close the CUDA handles this process opened, and drop its mappings (at exit)."""
         with self._lock:
             self._handles.close_all()
+            self._mapped.clear()
 
     def _place(self, ref: ShmRef, what: str) -> ClientSpan | CudaPlace | OpenedHandle:
         """Return a system region's span of a tensor, a CUDA one's place or its opened handle.
@@ -328,7 +339,8 @@ class RegionTable(RegistryView):
 
     def _span(self, ref: ShmRef, what: str) -> ClientSpan:
         """:meth:`span`, under the lock and after a refresh."""
-        return segment_span(self._region(ref.region), ref, what)
+        region = self._region(ref.region)
+        return segment_span(region, ref, what, self._mapped.get(region))
 
     def _copy(
         self,
@@ -348,6 +360,11 @@ class RegionTable(RegistryView):
     # -- keeping in step with the file -------------------------------------------
 
     def _refresh(self) -> None:
-        """Reload the registry if another process changed it; close what went."""
-        self._reload()
-        self._handles.prune(self._cuda)
+        """Reload the registry if another process changed it; close what went.
+
+        A mapping dropped here is unmapped when the last span holding it goes.
+        What is held follows the registry only, so an unchanged one needs no pruning.
+        """
+        if self._reload():
+            self._handles.prune(self._cuda)
+            self._mapped.prune(self._regions)

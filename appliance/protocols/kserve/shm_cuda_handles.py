@@ -2,9 +2,9 @@
 
 The way before model workers read and wrote CUDA regions: each frontend
 process opens a region's IPC handle on first use, with a CUDA context of its
-own, and copies through host memory. Apart from shm.py because only this way
-holds anything open in a frontend: the handles, and a thread that closes
-those of regions other processes unregistered within ``SWEEP_INTERVAL_S``.
+own, and copies through host memory. Apart from shm.py: the handles, which a
+sweeper (shm_sweeper.py) closes within ``SWEEP_INTERVAL_S`` of their regions
+being unregistered in another process.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -23,8 +22,7 @@ from appliance.core import cuda
 from appliance.errors import BadRequest
 from appliance.protocols.kserve.inference import ShmRef
 from appliance.protocols.kserve.shm_registry import CudaRegion
-
-SWEEP_INTERVAL_S = 1.0
+from appliance.protocols.kserve.shm_sweeper import Sweeper
 
 
 @dataclass(slots=True)
@@ -50,15 +48,13 @@ class OpenedHandles:
     """
 
     def __init__(self, lock: threading.Lock, refresh: Callable[[], None]) -> None:
-        self._lock = lock
-        self._refresh = refresh
         self._opened: dict[str, OpenedHandle] = {}
-        self._sweeper: threading.Thread | None = None
+        self._sweeper = Sweeper(lock, refresh, lambda: bool(self._opened), "kserve-shm-sweeper")
 
     def keep(self, name: str, opened: OpenedHandle) -> None:
         """Hold the handle registering region ``name`` opened."""
         self._opened[name] = opened
-        self._start_sweeper()
+        self._sweeper.start()
 
     def get(self, region: CudaRegion, what: str) -> OpenedHandle:
         """Return the handle of ``region``, opened here on first use.
@@ -81,7 +77,7 @@ class OpenedHandles:
             self._close(opened)
         fresh = OpenedHandle(region.serial, region.device_id, pointer)
         self._opened[region.name] = fresh
-        self._start_sweeper()
+        self._sweeper.start()
         return fresh
 
     def copy(
@@ -126,20 +122,3 @@ class OpenedHandles:
     def _close(self, opened: OpenedHandle) -> None:
         with contextlib.suppress(cuda.CudaError):
             cuda.driver().close(opened.device, opened.pointer)
-
-    def _start_sweeper(self) -> None:
-        if self._sweeper is None or not self._sweeper.is_alive():
-            self._sweeper = threading.Thread(
-                target=self._sweep, name="kserve-shm-sweeper", daemon=True
-            )
-            self._sweeper.start()
-
-    def _sweep(self) -> None:
-        """Close CUDA handles of regions other processes unregistered, while any are open."""
-        while True:
-            time.sleep(SWEEP_INTERVAL_S)
-            with self._lock:
-                self._refresh()
-                if not self._opened:
-                    self._sweeper = None
-                    return

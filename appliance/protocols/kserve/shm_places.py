@@ -9,12 +9,14 @@ extent, and they hold nothing.
 SAFETY: the segments belong to the client, which may truncate, unlink or
 replace one at any moment. They are opened with ``os.open`` (never
 ``multiprocessing.shared_memory``, whose resource tracker may unlink them),
-never mapped, unlinked or resized. The appliance's own segments
+mapped only for the guarded copy (core/client_memory.py), never unlinked or
+resized. The appliance's own segments
 (``appliance-*``) cannot be named.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import Callable
@@ -54,6 +56,17 @@ def segment_path(key: str) -> Path:
     return SHM_DIR / name
 
 
+@functools.lru_cache(maxsize=1024)
+def segment_file(key: str) -> str:
+    """:func:`segment_path` as a string, remembered: a request names its regions' keys
+    on every call (pathlib's parsing was a third of a span's making).
+
+    Raises:
+        BadRequest: as :func:`segment_path` (not remembered).
+    """
+    return str(segment_path(key))
+
+
 def open_segment(key: str) -> tuple[int, os.stat_result]:
     """Open a client's segment; return its descriptor (the caller closes it) and its stat.
 
@@ -82,18 +95,21 @@ def check_extent(ref: ShmRef, what: str, byte_size: int, region: str) -> None:
         )
 
 
-def segment_span(region: Region, ref: ShmRef, what: str) -> ClientSpan:
+def segment_span(
+    region: Region, ref: ShmRef, what: str, mapped: memoryview | None = None
+) -> ClientSpan:
     """Return the bytes of a tensor in a system region, as a span of its segment.
 
     Nothing is opened here: the span's copies find a segment that is gone,
-    replaced (by device and inode) or too small.
+    replaced (by device and inode) or too small. ``mapped``: the segment's
+    mapping (:func:`appliance.core.client_memory.map_segment`), if it has one.
 
     Raises:
         BadRequest: the tensor runs past the region.
     """
     check_extent(ref, what, region.byte_size, f"region {region.name!r}")
     return ClientSpan(
-        str(segment_path(region.key)),
+        segment_file(region.key),
         region.offset + ref.offset,
         ref.byte_size,
         region.offset + region.byte_size,
@@ -101,6 +117,7 @@ def segment_span(region: Region, ref: ShmRef, what: str) -> ClientSpan:
         what,
         (region.device, region.inode),
         f"; register region {region.name!r} again",
+        mapped,
     )
 
 

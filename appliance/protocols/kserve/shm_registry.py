@@ -121,18 +121,20 @@ class RegistryView:
             )
         return region
 
-    def _reload(self) -> None:
-        """Read the registry again if another process changed it."""
+    def _reload(self) -> bool:
+        """Read the registry again if another process changed it; whether it did."""
         try:
             info = os.stat(self._path)
             seen = (info.st_ino, info.st_mtime_ns, info.st_size)
         except FileNotFoundError:
             seen = (0, 0, 0)
-        if seen != self._seen:
-            data = _read(self._path)
-            self._regions = {name: Region(**fields) for name, fields in data["regions"].items()}
-            self._cuda = {name: CudaRegion(**fields) for name, fields in data["cuda"].items()}
-            self._seen = seen
+        if seen == self._seen:
+            return False
+        data = _read(self._path)
+        self._regions = {name: Region(**fields) for name, fields in data["regions"].items()}
+        self._cuda = {name: CudaRegion(**fields) for name, fields in data["cuda"].items()}
+        self._seen = seen
+        return True
 
     @contextlib.contextmanager
     def _exclusive(self) -> Any:

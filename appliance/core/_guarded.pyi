@@ -1,0 +1,3 @@
+def copy(
+    destination: memoryview | bytearray, source: memoryview | bytes | bytearray, /
+) -> bool: ...
