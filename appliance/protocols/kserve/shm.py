@@ -77,6 +77,9 @@ from appliance.protocols.kserve.shm_places import (
 )
 from appliance.protocols.kserve.shm_registry import CudaRegion, Region, RegistryView
 
+# The most spans a table keeps made (each a few hundred bytes).
+MAX_SPANS = 1024
+
 # Opens a CUDA region in a model worker on its GPU: the bytes its buffer
 # holds, None when no model runs there (ModelClient.open_region).
 Opener = Callable[[CudaPlace], int | None]
@@ -100,6 +103,9 @@ class RegionTable(RegistryView):
         self._lock = threading.Lock()
         self._handles = OpenedHandles(self._lock, self._refresh)
         self._mapped = MappedSegments(self._lock, self._refresh)
+        # Spans through a mapping, made once: a client names the same places
+        # request after request. Valid while the registry is unchanged.
+        self._spans: dict[tuple[str, int, int, str], ClientSpan] = {}
 
     # -- the registry ---------------------------------------------------------
 
@@ -319,6 +325,7 @@ class RegionTable(RegistryView):
         """Close the CUDA handles this process opened, and drop its mappings (at exit)."""
         with self._lock:
             self._handles.close_all()
+            self._spans.clear()
             self._mapped.clear()
 
     def _place(self, ref: ShmRef, what: str) -> ClientSpan | CudaPlace | OpenedHandle:
@@ -339,8 +346,17 @@ class RegionTable(RegistryView):
 
     def _span(self, ref: ShmRef, what: str) -> ClientSpan:
         """:meth:`span`, under the lock and after a refresh."""
+        key = (ref.region, ref.offset, ref.byte_size, what)
+        span = self._spans.get(key)
+        if span is not None:
+            return span
         region = self._region(ref.region)
-        return segment_span(region, ref, what, self._mapped.get(region))
+        span = segment_span(region, ref, what, self._mapped.get(region))
+        if span.mapped is not None:
+            if len(self._spans) >= MAX_SPANS:
+                self._spans.clear()
+            self._spans[key] = span
+        return span
 
     def _copy(
         self,
@@ -366,5 +382,6 @@ class RegionTable(RegistryView):
         What is held follows the registry only, so an unchanged one needs no pruning.
         """
         if self._reload():
+            self._spans.clear()
             self._handles.prune(self._cuda)
             self._mapped.prune(self._regions)

@@ -79,6 +79,7 @@ class RegistryView:
 
     def __init__(self, directory: Path) -> None:
         self._path = directory / REGISTRY_FILE
+        self._path_text = str(self._path)  # stat'ed on every request: no pathlib there
         self._lock_path = directory / LOCK_FILE
         self._seen: tuple[int, int, int] | None = None
         self._regions: dict[str, Region] = {}
@@ -124,7 +125,7 @@ class RegistryView:
     def _reload(self) -> bool:
         """Read the registry again if another process changed it; whether it did."""
         try:
-            info = os.stat(self._path)
+            info = os.stat(self._path_text)
             seen = (info.st_ino, info.st_mtime_ns, info.st_size)
         except FileNotFoundError:
             seen = (0, 0, 0)
