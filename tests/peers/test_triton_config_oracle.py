@@ -229,8 +229,10 @@ SCENARIOS = {
     ),
     "a request past its queue timeout waits behind those in time": (
         "expiring",
-        # 31 waits past its 400 ms before the instance is free; 32 does not.
-        [(30, {"parameters": {"sleep": 1.0}}, 0.2), (31, {}, 0.6), (32, {}, 0)],
+        # 31 (sent at 0.2 s) waits past its 1 s before the instance is free at 2 s;
+        # 32 (sent at 1.5 s) does not. Half a second either way: on a busy host a
+        # send late by 0.2 s had 32 queued after the instance freed (Triton ran 31).
+        [(30, {"parameters": {"sleep": 2.0}}, 0.2), (31, {}, 1.3), (32, {}, 0)],
     ),
 }
 
