@@ -254,8 +254,9 @@ def map_segment(path: str, needs: int, identity: tuple[int, int]) -> memoryview 
             or info.st_size < needs
         ):
             return None
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        return memoryview(mmap.mmap(fd, needs, flags, mmap.PROT_READ | mmap.PROT_WRITE))
+        # Not MAP_POPULATE: that would allocate every page of a sparse segment the
+        # client never wrote; a page is faulted in once, when a copy first touches it.
+        return memoryview(mmap.mmap(fd, needs, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
     except OSError:
         return None
     finally:
