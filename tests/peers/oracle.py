@@ -64,7 +64,16 @@ def answer(module: ModuleType, client: Any, call: Call) -> Answer:
 def answers(module: ModuleType, url: str, calls: Iterable[Call]) -> dict[str, Answer]:
     client = module.InferenceServerClient(url)
     try:
-        return {call.name: answer(module, client, call) for call in calls}
+        found = {}
+        for call in calls:
+            try:
+                found[call.name] = answer(module, client, call)
+            except Exception as ex:
+                # A call that fails other than with the server's answer (a timeout, a
+                # reset): say which server and which call, so a flake is told from a bug.
+                ex.add_note(f"while calling {url}: {call.name}")
+                raise
+        return found
     finally:
         client.close()
 
