@@ -257,7 +257,9 @@ def map_segment(path: str, needs: int, identity: tuple[int, int]) -> memoryview 
         # Not MAP_POPULATE: that would allocate every page of a sparse segment the
         # client never wrote; a page is faulted in once, when a copy first touches it.
         return memoryview(mmap.mmap(fd, needs, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
-    except OSError:
+    except (OSError, ValueError):
+        # ValueError: mmap checks the size again, and the client may have shrunk
+        # the file since the fstat above; the span's own copy then says so.
         return None
     finally:
         os.close(fd)

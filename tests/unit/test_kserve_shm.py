@@ -304,6 +304,41 @@ def test_a_mapped_segment_shrinking_during_a_copy_is_a_client_error(
     assert path.read_bytes()[4096 : 4096 + 101] == b"z" * 100 + b"\0"
 
 
+@pytest.mark.parametrize("copies", ["guarded"], indirect=True)
+def test_a_segment_shrinking_while_it_is_mapped_is_a_client_error(
+    tables: tuple[RegionTable, RegionTable],
+    segment: Callable[[str, int], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client truncates its segment between the size check and the mapping.
+
+    mmap then refuses the length; the span is made without a mapping and its
+    copy names the new size, as for a shrink seen at the look-up.
+    """
+    first, _ = tables
+    key = segment("r", 1 << 16)
+    path = Path("/dev/shm", key[1:])
+    first.register("r", key, 0, 1 << 16)
+    real_fstat = os.fstat
+    shrink_to = [5000]
+
+    def shrinking_fstat(fd: int) -> os.stat_result:
+        info = real_fstat(fd)
+        if shrink_to:
+            os.truncate(path, shrink_to.pop())
+        return info
+
+    monkeypatch.setattr(os, "fstat", shrinking_fstat)
+    span = first.span(ShmRef("r", 1 << 15, 4096), "input x")
+    monkeypatch.setattr(os, "fstat", real_fstat)
+    assert span.mapped is None
+    with pytest.raises(BadRequest) as caught:
+        span.read_into(memoryview(bytearray(1 << 15)))
+    assert "shrank to 5000 bytes; the request needs 65536" in str(caught.value.message)
+    os.truncate(path, 1 << 16)
+    assert bytes(first.span(ShmRef("r", 1 << 15, 4096), "input x").read()) == bytes(1 << 15)
+
+
 def test_a_fifo_is_refused_without_waiting(
     tables: tuple[RegionTable, RegionTable], segment: Callable[[str, int], str]
 ) -> None:
