@@ -16,6 +16,12 @@
    time on a 1 MiB tensor; a mapping kept per region copies at memcpy's speed,
    but only code that can return from a signal handler mid-copy makes it safe.
 
+   resident() says whether every page under a view is in memory. A page of
+   the file that is not (a hole the client never wrote, or one a truncation
+   dropped) is allocated and zeroed by a fault through the mapping, page by
+   page, at 10-30x pread's cost for a hole; the caller copies those with
+   pread/pwrite instead.
+
    Each copy first makes sure the handler is still the process's: one that
    faulthandler.enable() (or anything else) installed after ours is moved
    behind it, as the action a foreign fault is passed to. */
@@ -25,7 +31,10 @@
 
 #include <setjmp.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* Set while this thread copies; the handler jumps there. */
 static __thread sigjmp_buf *volatile armed = NULL;
@@ -118,11 +127,60 @@ static PyObject *copy(PyObject *module, PyObject *args) {
     return PyBool_FromLong(whole);
 }
 
+/* 1 when every page under [buf, buf + len) is in memory, 0 when one is not
+   (or the range is not mapped: mincore fails). */
+static int all_resident(const void *buf, size_t len) {
+    static size_t page = 0;
+    if (page == 0) {
+        page = (size_t)sysconf(_SC_PAGESIZE);
+    }
+    uintptr_t at = (uintptr_t)buf & ~(uintptr_t)(page - 1);
+    uintptr_t end = (uintptr_t)buf + len;
+    unsigned char vector[1024];
+    while (at < end) {
+        size_t pages = (end - at + page - 1) / page;
+        if (pages > sizeof(vector)) {
+            pages = sizeof(vector);
+        }
+        if (mincore((void *)at, pages * page, vector) != 0) {
+            return 0;
+        }
+        for (size_t i = 0; i < pages; i++) {
+            if (!(vector[i] & 1)) {
+                return 0;
+            }
+        }
+        at += pages * page;
+    }
+    return 1;
+}
+
+static PyObject *resident(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*:resident", &view)) {
+        return NULL;
+    }
+    int all;
+    if (view.len >= RELEASE_GIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        all = all_resident(view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        all = all_resident(view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(all);
+}
+
 static PyMethodDef methods[] = {
     {"copy", copy, METH_VARARGS,
      "copy(destination, source) -> bool\n\n"
      "Copy source's bytes into destination (both contiguous, the same length).\n"
      "False: a bus fault (a mapped file that shrank) cut the copy short."},
+    {"resident", resident, METH_VARARGS,
+     "resident(view) -> bool\n\n"
+     "Whether every page under the view (a mapping) is in memory (mincore)."},
     {NULL, NULL, 0, NULL},
 };
 
