@@ -10,12 +10,12 @@ output region holds afterwards. Both servers serve the benchmarks' Python
 identity (bench/peers/python_backend/identity_py) and use the same segments,
 one call at a time.
 
-Where the appliance answers otherwise (APART), the test holds both sides to
-what they answer now, with the reason: Triton answers two of a client's
-mistakes with INTERNAL (500), and a region that is not registered with
-NOT_FOUND (404). A region past the end of its segment is left out: Triton
-answers it with INTERNAL when another region holds that key, and with
-INVALID_ARGUMENT (as the appliance does) when none does.
+A region that is not registered (never, or no longer) is NOT_FOUND (404) on
+both. Where the appliance answers otherwise (APART), the test holds both
+sides to what they answer now, with the reason: Triton answers two of a
+client's mistakes with INTERNAL (500). A region past the end of its segment
+is left out: Triton answers it with INTERNAL when another region holds that
+key, and with INVALID_ARGUMENT (as the appliance does) when none does.
 """
 
 from __future__ import annotations
@@ -145,6 +145,18 @@ def calls_with(segments: dict[str, Any]) -> list[Call]:
         c.unregister_system_shared_memory()
         return statuses(m, c)
 
+    def unregistered(m: ModuleType, c: Any) -> Any:
+        c.register_system_shared_memory("gone", key("in"), SEGMENT_BYTES)
+        c.unregister_system_shared_memory("gone")
+        item = m.InferInput("INPUT0", SHAPE, "FP32")
+        item.set_shared_memory("gone", TENSOR_BYTES)
+        return c.infer(MODEL, [item])
+
+    def unknown(m: ModuleType, c: Any) -> Any:
+        item = m.InferInput("INPUT0", SHAPE, "FP32")
+        item.set_shared_memory("ghost", TENSOR_BYTES)
+        return c.infer(MODEL, [item])
+
     return [
         Call("register two regions", register),
         Call(
@@ -170,17 +182,23 @@ def calls_with(segments: dict[str, Any]) -> list[Call]:
             ("in",),
         ),
         Call("the status after everything is unregistered", cleared),
+        # After it: Triton refuses a second name for a key another region holds.
+        Call("an input naming a region never registered", unknown, ("'ghost'",)),
+        Call("a region used after it was unregistered", unregistered, ("'gone'",)),
+        Call(
+            "the status of a region never registered",
+            lambda m, c: c.get_system_shared_memory_status("ghost"),
+            ("'ghost'",),
+        ),
+        Call(
+            "an output naming a region never registered",
+            lambda m, c: infer(m, c, None, ("ghost", TENSOR_BYTES, 0)),
+            ("'ghost'",),
+        ),
     ]
 
 
 def apart_calls() -> list[Call]:
-    def unregistered(m: ModuleType, c: Any) -> Any:
-        c.register_system_shared_memory("gone", key("in"), SEGMENT_BYTES)
-        c.unregister_system_shared_memory("gone")
-        item = m.InferInput("INPUT0", SHAPE, "FP32")
-        item.set_shared_memory("gone", TENSOR_BYTES)
-        return c.infer(MODEL, [item])
-
     def too_small(m: ModuleType, c: Any) -> Any:
         c.register_system_shared_memory("small_out", key("out"), SEGMENT_BYTES)
         try:
@@ -192,14 +210,7 @@ def apart_calls() -> list[Call]:
         finally:
             c.unregister_system_shared_memory("small_out")
 
-    def unknown(m: ModuleType, c: Any) -> Any:
-        item = m.InferInput("INPUT0", SHAPE, "FP32")
-        item.set_shared_memory("ghost", TENSOR_BYTES)
-        return c.infer(MODEL, [item])
-
     return [
-        Call("an input naming a region never registered", unknown, ("'ghost'",)),
-        Call("a region used after it was unregistered", unregistered, ("'gone'",)),
         Call("an output region smaller than the output", too_small, ("OUTPUT0", "512")),
         Call(
             "a key that names no segment",
@@ -209,12 +220,6 @@ def apart_calls() -> list[Call]:
     ]
 
 
-NOT_FOUND = (
-    "400",
-    "StatusCode.INVALID_ARGUMENT",
-    "Triton answers a region that is not registered with NOT_FOUND; the appliance with "
-    "400 / INVALID_ARGUMENT, naming the region. Not yet matched (issue note, 2026-11-30)",
-)
 CLIENTS_MISTAKE = (
     "400",
     "StatusCode.INVALID_ARGUMENT",
@@ -222,15 +227,12 @@ CLIENTS_MISTAKE = (
     "appliance as the bad request it is, naming the sizes or the key",
 )
 APART = {
-    "an input naming a region never registered": NOT_FOUND,
-    "a region used after it was unregistered": NOT_FOUND,
     "an output region smaller than the output": CLIENTS_MISTAKE,
     "a key that names no segment": CLIENTS_MISTAKE,
 }
 
 # What Triton answers instead, (REST, gRPC).
 TRITONS = {
-    NOT_FOUND: ("404", "StatusCode.NOT_FOUND"),
     CLIENTS_MISTAKE: ("500", "StatusCode.INTERNAL"),
 }
 

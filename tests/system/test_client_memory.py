@@ -280,7 +280,8 @@ class RestKServe:
     @staticmethod
     def message(ex: Exception) -> str | None:
         """The client error's message, None for any other failure."""
-        if isinstance(ex, Refused) and ex.status == 400:
+        # 404: a region not registered (the racer's replacement left it unregistered).
+        if isinstance(ex, Refused) and ex.status in (400, 404):
             return str(ex.text)
         return None
 
@@ -316,9 +317,9 @@ class GrpcKServe:
 
     @staticmethod
     def message(ex: Exception) -> str | None:
-        if (
-            isinstance(ex, InferenceServerException)
-            and ex.status() == "StatusCode.INVALID_ARGUMENT"
+        if isinstance(ex, InferenceServerException) and ex.status() in (
+            "StatusCode.INVALID_ARGUMENT",
+            "StatusCode.NOT_FOUND",
         ):
             return ex.message() or ""
         return None

@@ -18,6 +18,13 @@ class RegionExists(BadRequest):
     """A shared-memory region of that name is already registered."""
 
 
+class RegionNotFound(BadRequest):
+    """No shared-memory region of that name is registered (never, or no longer).
+
+    Triton answers NOT_FOUND / 404 (tests/peers/test_triton_shm_oracle.py).
+    """
+
+
 class PollFailed(BadRequest):
     """Model files the repository could not take (a file name over NAME_MAX).
 
@@ -63,10 +70,27 @@ GRPC_STATUS: dict[ErrorCode, str] = {
 }
 
 
+# KServe's own kinds of a client's mistake, in Triton's forms: (HTTP status, gRPC code).
+OWN_FORMS: dict[type[ApplianceError], tuple[int, str]] = {
+    RegionExists: (400, "ALREADY_EXISTS"),
+    RegionNotFound: (404, "NOT_FOUND"),
+    PollFailed: (500, "INTERNAL"),
+}
+
+
+def _own_form(error: ApplianceError) -> tuple[int, str] | None:
+    for kind in type(error).__mro__:
+        form = OWN_FORMS.get(kind)
+        if form is not None:
+            return form
+    return None
+
+
 def http_status(error: ApplianceError) -> int:
     """Return the HTTP status code for ``error``."""
-    if isinstance(error, PollFailed):
-        return 500
+    form = _own_form(error)
+    if form is not None:
+        return form[0]
     return HTTP_STATUS.get(error.code, 500)
 
 
@@ -77,8 +101,7 @@ def http_body(error: ApplianceError) -> bytes:
 
 def grpc_status(error: ApplianceError) -> str:
     """Return the name of the gRPC status code for ``error``."""
-    if isinstance(error, RegionExists):
-        return "ALREADY_EXISTS"
-    if isinstance(error, PollFailed):
-        return "INTERNAL"
+    form = _own_form(error)
+    if form is not None:
+        return form[1]
     return GRPC_STATUS.get(error.code, "INTERNAL")

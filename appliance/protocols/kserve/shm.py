@@ -65,6 +65,7 @@ from appliance.core import cuda
 from appliance.core.client_memory import ClientSpan
 from appliance.core.device_tensors import CudaPlace
 from appliance.errors import ApplianceError, BadRequest, Unsupported
+from appliance.protocols.kserve.errors import RegionNotFound
 from appliance.protocols.kserve.inference import ShmRef
 from appliance.protocols.kserve.shm_cuda_handles import OpenedHandle, OpenedHandles
 from appliance.protocols.kserve.shm_mappings import MappedSegments
@@ -244,7 +245,7 @@ class RegionTable(RegistryView):
         """Return the registered CUDA regions, or the one named.
 
         Raises:
-            BadRequest: ``name`` is not registered as a CUDA region.
+            RegionNotFound: ``name`` is not registered as a CUDA region.
         """
         with self._lock:
             self._refresh()
@@ -252,14 +253,14 @@ class RegionTable(RegistryView):
                 return sorted(self._cuda.values(), key=lambda region: region.name)
             region = self._cuda.get(name)
         if region is None:
-            raise BadRequest(f"no CUDA shared memory region named {name!r} is registered")
+            raise RegionNotFound(f"no CUDA shared memory region named {name!r} is registered")
         return [region]
 
     def status(self, name: str | None) -> list[Region]:
         """Return the registered regions, or the one named.
 
         Raises:
-            BadRequest: ``name`` is not registered.
+            RegionNotFound: ``name`` is not registered.
         """
         with self._lock:
             self._refresh()
@@ -315,7 +316,8 @@ class RegionTable(RegistryView):
         gone, replaced or too small.
 
         Raises:
-            BadRequest: unknown region, or the tensor runs past the region.
+            RegionNotFound: no region of that name is registered.
+            BadRequest: the tensor runs past the region.
         """
         with self._lock:
             self._refresh()

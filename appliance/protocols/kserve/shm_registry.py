@@ -22,8 +22,7 @@ from typing import Any
 
 import orjson
 
-from appliance.errors import BadRequest
-from appliance.protocols.kserve.errors import RegionExists
+from appliance.protocols.kserve.errors import RegionExists, RegionNotFound
 
 # The model workers read it too (worker/cuda_regions.py).
 REGISTRY_FILE = "kserve-shm.json"
@@ -117,7 +116,7 @@ class RegistryView:
     def _region(self, name: str) -> Region:
         region = self._regions.get(name)
         if region is None:
-            raise BadRequest(
+            raise RegionNotFound(
                 f"no system shared memory region named {name!r} is registered; register it first"
             )
         return region
