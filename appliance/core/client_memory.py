@@ -110,14 +110,7 @@ class ClientSpan:
         Raises:
             BadRequest: the file is gone, replaced, or shrank (also mid-copy).
         """
-        source = self._resident(self.nbytes)
-        if source is not None and GUARDED_COPY is not None:
-            self.check()
-            if not GUARDED_COPY(destination.cast("B"), source):
-                raise BadRequest(
-                    f"{self.what}: {self.label} shrank to {self._size_now()} while it was "
-                    f"read; the request needs {self.needs}"
-                )
+        if self._copied_mapped(destination.cast("B"), reading=True):
             return
         fd, _ = self._open(os.O_RDONLY)
         try:
@@ -153,15 +146,7 @@ class ClientSpan:
             BadRequest: the file is gone, replaced, shrank, or changed size
                 while it was written (the output is then incomplete).
         """
-        data = source.cast("B")
-        into = self._resident(data.nbytes)
-        if into is not None and GUARDED_COPY is not None:
-            self.check()
-            if not GUARDED_COPY(into, data):
-                raise BadRequest(
-                    f"{self.what}: {self.label} shrank to {self._size_now()} while it was "
-                    f"written; the request needs {self.needs}, and its output there is incomplete"
-                )
+        if self._copied_mapped(source.cast("B"), reading=False):
             return
         fd, before = self._open(os.O_RDWR)
         try:
@@ -195,12 +180,31 @@ class ClientSpan:
             ) from None
         self._judge(info)
 
-    def _resident(self, nbytes: int) -> memoryview | None:
-        """The mapped view of the span's first ``nbytes``, if every page of it is in memory."""
-        if self.mapped is None or RESIDENT is None:
-            return None
-        view = self.mapped[self.start : self.start + nbytes]
-        return view if RESIDENT(view) else None
+    def _copied_mapped(self, ours: memoryview, reading: bool) -> bool:
+        """Copy between ``ours`` and the span's start through the mapping, guarded.
+
+        False, with nothing copied, where the span is not mapped or a page
+        under it is not in memory: the caller copies with preadv/pwritev.
+
+        Raises:
+            BadRequest: the file is gone, replaced or too small, or shrank
+                mid-copy.
+        """
+        if self.mapped is None or GUARDED_COPY is None or RESIDENT is None:
+            return False
+        theirs = self.mapped[self.start : self.start + ours.nbytes]
+        if not RESIDENT(theirs):
+            return False
+        self.check()
+        if GUARDED_COPY(ours, theirs) if reading else GUARDED_COPY(theirs, ours):
+            return True
+        verb, lost = (
+            ("read", "") if reading else ("written", ", and its output there is incomplete")
+        )
+        raise BadRequest(
+            f"{self.what}: {self.label} shrank to {self._size_now()} while it was {verb}; "
+            f"the request needs {self.needs}{lost}"
+        )
 
     def _size_now(self) -> str:
         """The file's size now, in words, for a copy a fault cut short."""
@@ -235,17 +239,33 @@ class ClientSpan:
         Raises:
             BadRequest: it is.
         """
-        if not stat.S_ISREG(info.st_mode):
+        problem = _mismatch(info, self.identity, self.needs)
+        if problem == "kind":
             raise BadRequest(f"{self.what}: {self.label} is not a shared-memory segment")
-        if self.identity is not None and (info.st_dev, info.st_ino) != self.identity:
+        if problem == "identity":
             raise BadRequest(
                 f"{self.what}: {self.label} was replaced by another segment of that name{self.hint}"
             )
-        if info.st_size < self.needs:
+        if problem == "size":
             raise BadRequest(
                 f"{self.what}: {self.label} shrank to {info.st_size} bytes; "
                 f"the request needs {self.needs}"
             )
+
+
+def _mismatch(info: os.stat_result, identity: tuple[int, int] | None, needs: int) -> str | None:
+    """What makes ``info`` not the client's registered file of at least ``needs`` bytes.
+
+    "kind" (not a regular file), "identity" (another file than ``identity``,
+    when given) or "size"; None when it is that file.
+    """
+    if not stat.S_ISREG(info.st_mode):
+        return "kind"
+    if identity is not None and (info.st_dev, info.st_ino) != identity:
+        return "identity"
+    if info.st_size < needs:
+        return "size"
+    return None
 
 
 def map_segment(path: str, needs: int, identity: tuple[int, int]) -> memoryview | None:
@@ -263,11 +283,7 @@ def map_segment(path: str, needs: int, identity: tuple[int, int]) -> memoryview 
         return None
     try:
         info = os.fstat(fd)
-        if (
-            not stat.S_ISREG(info.st_mode)
-            or (info.st_dev, info.st_ino) != identity
-            or info.st_size < needs
-        ):
+        if _mismatch(info, identity, needs) is not None:
             return None
         # Not MAP_POPULATE: that would allocate every page of a sparse segment the
         # client never wrote; a page is faulted in once, when a copy first touches it.
