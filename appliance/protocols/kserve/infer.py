@@ -45,10 +45,10 @@ async def infer_async(
     """Run a request; its answer, whose outputs are valid in its ``with`` block.
 
     Inputs in system shared memory are read from the client's segment
-    straight into the model client's ring, never through a mapping the
-    client could shrink under us (core/client_memory.py); outputs asked for
-    in shared memory are written into the client's segment the same way
-    and carry no data back. Tensors in CUDA regions are the model worker's
+    straight into the model client's ring, by a copy that a client
+    shrinking its file cannot kill (core/client_memory.py); outputs asked
+    for in shared memory are written into the client's segment the same
+    way and carry no data back. Tensors in CUDA regions are the model worker's
     to read and write (their places travel in the descriptor). The call
     waits in the event loop, without a thread.
     """
