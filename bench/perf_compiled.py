@@ -162,6 +162,11 @@ def report(stacks: list[list[str]], requests: int, frequency: int, top: int) -> 
     for owner, _count in owners.most_common(10):
         ran = ", ".join(f"{name} {n / every:.1%}" for name, n in under[owner].most_common(4))
         print(f"  {owner}: {ran}")
+    # Where the time lands, whoever called: memcpy, a system call, the interpreter's loop.
+    leaves = Counter(frames[0] if frames and frames[0] else "[unknown]" for frames in stacks)
+    print("\nthe innermost frames (where the samples landed, whatever called them):")
+    for leaf, count in leaves.most_common(top):
+        print(f"  {count * per_request:7.2f}  {count / every:6.1%}  {leaf}")
 
 
 if __name__ == "__main__":
