@@ -77,6 +77,7 @@ from appliance.protocols.kserve.shm_places import (
     segment_span,
 )
 from appliance.protocols.kserve.shm_registry import CudaRegion, Region, RegistryView
+from appliance.protocols.kserve.shm_sweeper import Sweeper
 
 # The most spans a table keeps made (each a few hundred bytes).
 MAX_SPANS = 1024
@@ -102,8 +103,10 @@ class RegionTable(RegistryView):
         self._in_frontend = cuda_copies == "frontend"
         self._opener = opener
         self._lock = threading.Lock()
-        self._handles = OpenedHandles(self._lock, self._refresh)
-        self._mapped = MappedSegments(self._lock, self._refresh)
+        # One thread lets go of both kinds of what this process holds.
+        sweeper = Sweeper(self._lock, self._refresh, self._holding, "kserve-shm-sweeper")
+        self._handles = OpenedHandles(sweeper)
+        self._mapped = MappedSegments(sweeper)
         # Spans through a mapping, made once: a client names the same places
         # request after request. Valid while the registry is unchanged.
         self._spans: dict[tuple[str, int, int, str], ClientSpan] = {}
@@ -376,6 +379,10 @@ class RegionTable(RegistryView):
             self._handles.copy(what, opened, ref, host, to_device)
 
     # -- keeping in step with the file -------------------------------------------
+
+    def _holding(self) -> bool:
+        """Whether this process holds anything for a region (the caller holds the lock)."""
+        return self._handles.holding() or self._mapped.holding()
 
     def _refresh(self) -> None:
         """Reload the registry if another process changed it; close what went.

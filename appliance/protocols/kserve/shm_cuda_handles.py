@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,14 +41,16 @@ class OpenedHandles:
     takes it.
 
     Args:
-        lock: the region table's lock.
-        refresh: reloads the registry and closes the handles of regions gone
-            (the caller holds ``lock``).
+        sweeper: the region table's, started whenever a handle is held.
     """
 
-    def __init__(self, lock: threading.Lock, refresh: Callable[[], None]) -> None:
+    def __init__(self, sweeper: Sweeper) -> None:
         self._opened: dict[str, OpenedHandle] = {}
-        self._sweeper = Sweeper(lock, refresh, lambda: bool(self._opened), "kserve-shm-sweeper")
+        self._sweeper = sweeper
+
+    def holding(self) -> bool:
+        """Whether any handle is open here."""
+        return bool(self._opened)
 
     def keep(self, name: str, opened: OpenedHandle) -> None:
         """Hold the handle registering region ``name`` opened."""

@@ -12,8 +12,7 @@ no copy runs on an unmapped page.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from appliance.core.client_memory import map_segment
 from appliance.protocols.kserve.shm_places import segment_file
@@ -25,15 +24,17 @@ class MappedSegments:
     """Mappings of client segments, by region name; guarded by the region table's lock.
 
     Args:
-        lock: the region table's lock.
-        refresh: reloads the registry and drops the mappings of regions gone
-            (the caller holds ``lock``).
+        sweeper: the region table's, started whenever a mapping is held.
     """
 
-    def __init__(self, lock: threading.Lock, refresh: Callable[[], None]) -> None:
+    def __init__(self, sweeper: Sweeper) -> None:
         # Region name -> (its serial, its segment's first bytes, to the region's end).
         self._mapped: dict[str, tuple[int, memoryview]] = {}
-        self._sweeper = Sweeper(lock, refresh, lambda: bool(self._mapped), "kserve-shm-maps")
+        self._sweeper = sweeper
+
+    def holding(self) -> bool:
+        """Whether any segment is mapped here."""
+        return bool(self._mapped)
 
     def get(self, region: Region) -> memoryview | None:
         """The region's segment mapped, on first use; None: copied with pread/pwrite.
