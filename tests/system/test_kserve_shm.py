@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,23 @@ from appliance.protocols.kserve.shm_sweeper import SWEEP_INTERVAL_S
 from tests.system.harness import Appliance, demo_models, running
 
 MODELS = [
-    *demo_models("simple", "simple_string", "identity"),
+    *demo_models("simple", "simple_string", "identity", "custom_identity_int32"),
     {"name": "broken", "class": "tests.models:BrokenLoad"},
+    {
+        "name": "identity_cached",
+        "class": "appliance.demos.identity:Identity",
+        "options": {"response_cache": True},
+    },
+    {
+        "name": "identities",
+        "platform": "ensemble",
+        "inputs": [{"name": "IN", "dtype": "FP32", "shape": [-1, -1]}],
+        "outputs": [{"name": "OUT", "dtype": "FP32", "shape": [-1, -1]}],
+        "steps": [
+            {"model": "identity", "input_map": {"INPUT0": "IN"}, "output_map": {"OUTPUT0": "a"}},
+            {"model": "identity", "input_map": {"INPUT0": "a"}, "output_map": {"OUTPUT0": "OUT"}},
+        ],
+    },
 ]
 IN0 = np.arange(16, dtype=np.int32).reshape(1, 16)
 IN1 = np.ones((1, 16), dtype=np.int32)
@@ -39,7 +55,12 @@ Module = Any  # the grpcclient or httpclient module
 
 @pytest.fixture(scope="module")
 def appliance() -> Iterator[Appliance]:
-    with running(MODELS, http={"workers": 2}, grpc={"workers": 2}) as started:
+    with running(
+        MODELS,
+        http={"workers": 2},
+        grpc={"workers": 2},
+        server={"response_cache_bytes": 1 << 20},
+    ) as started:
         yield started
 
 
@@ -136,6 +157,76 @@ def test_the_example_shm_flow(both: tuple[Client, Module], regions: Any) -> None
     assert Path("/dev/shm", key("input_data")[1:]).exists()  # never unlinked by the server
 
 
+@pytest.mark.parametrize(
+    ("model", "names"),
+    [
+        ("identity", ("INPUT0", "OUTPUT0")),  # its output is a view of its input
+        ("identity_cached", ("INPUT0", "OUTPUT0")),  # the second call is the cache's
+        ("identities", ("IN", "OUT")),  # an ensemble's output
+    ],
+)
+def test_any_model_writes_its_outputs_into_shared_memory(
+    both: tuple[Client, Module], regions: Any, model: str, names: tuple[str, str]
+) -> None:
+    client, module = both
+    size = 256 * 1024
+    out = regions("out", 2 * size)
+    client.register_system_shared_memory("out", key("out"), 2 * size)
+    for call in range(3):
+        data = np.full((64, 1024), float(call), np.float32)
+        data[call, : call + 1] = -1.0
+        sent = module.InferInput(names[0], list(data.shape), "FP32")
+        sent.set_data_from_numpy(data)
+        wanted = module.InferRequestedOutput(names[1])
+        wanted.set_shared_memory("out", size, offset=size)
+        result = client.infer(model, [sent], outputs=[wanted])
+        assert list(field(result.get_output(names[1]), "shape")) == [64, 1024]
+        written = shm.get_contents_as_numpy(out, np.float32, [2, 64, 1024])
+        assert np.array_equal(written[1], data), f"call {call}"
+        assert not written[0].any(), "nothing is written before the offset"
+        if model == "identity_cached":
+            # The same request again: the cache answers, and the output still lands.
+            shm.set_shared_memory_region(out, [np.zeros((2, 64, 1024), np.float32)])
+            client.infer(model, [sent], outputs=[wanted])
+            assert np.array_equal(
+                shm.get_contents_as_numpy(out, np.float32, [2, 64, 1024])[1], data
+            )
+
+
+def test_concurrent_batched_requests_each_land_in_their_own_region(
+    appliance: Appliance, regions: Any
+) -> None:
+    """custom_identity_int32 batches up to 8 rows: each request's rows go to its own region."""
+    count = 8
+    handles = [regions(f"own{index}", 64) for index in range(count)]
+    clients = [grpc_client(appliance) for _ in range(count // 2)] + [
+        http_client(appliance) for _ in range(count // 2)
+    ]
+    for index in range(count):
+        clients[0].register_system_shared_memory(f"own{index}", key(f"own{index}"), 64)
+
+    def call(index: int) -> None:
+        client = clients[index]
+        module = module_of(client)
+        for round_ in range(20):
+            data = np.full((1, 16), index * 100 + round_, np.int32)
+            sent = module.InferInput("INPUT0", [1, 16], "INT32")
+            sent.set_data_from_numpy(data)
+            wanted = module.InferRequestedOutput("OUTPUT0")
+            wanted.set_shared_memory(f"own{index}", 64)
+            client.infer("custom_identity_int32", [sent], outputs=[wanted])
+            got = shm.get_contents_as_numpy(handles[index], np.int32, [1, 16])
+            assert np.array_equal(got, data), f"client {index}, round {round_}"
+
+    try:
+        with ThreadPoolExecutor(count) as pool:
+            list(pool.map(call, range(count)))
+    finally:
+        clients[0].unregister_system_shared_memory()
+        for client in clients:
+            client.close()
+
+
 def test_strings_in_shared_memory(both: tuple[Client, Module], regions: Any) -> None:
     client, module = both
     numbers = np.array([str(i).encode() for i in range(16)], dtype=object).reshape(1, 16)
@@ -196,9 +287,10 @@ def test_register_over_one_transport_infer_over_the_other(
     client.close()
 
 
-def frontend_pids(appliance: Appliance) -> list[int]:
-    roles = ("http", "grpc")
-    return [p["pid"] for p in appliance.processes() if p["pid"] and p["role"].startswith(roles)]
+def serving_pids(appliance: Appliance) -> list[int]:
+    """The frontends', which copy inputs and may map segments, and the model workers',
+    which write outputs (worker/client_files.py)."""
+    return [p["pid"] for p in appliance.processes() if p["pid"]]
 
 
 def holds(pid: int, path: str) -> bool:
@@ -212,7 +304,7 @@ def holds(pid: int, path: str) -> bool:
     return path in links
 
 
-def test_no_frontend_keeps_a_client_segment_once_it_is_unregistered(
+def test_no_process_keeps_a_client_segment_once_it_is_unregistered(
     appliance: Appliance, regions: Any
 ) -> None:
     """A frontend may keep a registered segment mapped, for copies at memcpy's speed,
@@ -241,8 +333,8 @@ def test_no_frontend_keeps_a_client_segment_once_it_is_unregistered(
     held = ["not yet looked"]
     while held and time.monotonic() < deadline:
         time.sleep(0.2)
-        held = [(pid, p) for pid in frontend_pids(appliance) for p in paths if holds(pid, p)]
-    assert held == [], "frontends still map or hold unregistered segments"
+        held = [(pid, p) for pid in serving_pids(appliance) for p in paths if holds(pid, p)]
+    assert held == [], "processes still map or hold unregistered segments"
     for client in clients:
         client.close()
 

@@ -36,7 +36,7 @@ from appliance.protocols.kserve.inference import (
 from appliance.protocols.kserve.response_outputs import ResponseOutputs
 from appliance.protocols.kserve.service import resolve
 from appliance.protocols.kserve.shm import RegionTable
-from appliance.protocols.kserve.shm_places import Target
+from appliance.protocols.kserve.shm_places import OutputPlace, Target
 
 
 async def infer_async(
@@ -47,10 +47,11 @@ async def infer_async(
     Inputs in system shared memory are read from the client's segment
     straight into the model client's ring, by a copy that a client
     shrinking its file cannot kill (core/client_memory.py); outputs asked
-    for in shared memory are written into the client's segment the same
-    way and carry no data back. Tensors in CUDA regions are the model worker's
-    to read and write (their places travel in the descriptor). The call
-    waits in the event loop, without a thread.
+    for in shared memory are written into the client's segment by the
+    model worker (worker/client_files.py), or here where it leaves them,
+    and carry no data back. Tensors in CUDA regions are the model worker's
+    to read and write. Both kinds of place travel in the descriptor. The
+    call waits in the event loop, without a thread.
     """
     call = prepare(client, regions, request)
     result = await client.infer_async(
@@ -75,7 +76,7 @@ class Answer:
     __slots__ = ("_request", "_result", "_targets")
 
     def __init__(
-        self, request: InferRequest, result: InferResult, targets: dict[str, Target | CudaPlace]
+        self, request: InferRequest, result: InferResult, targets: dict[str, OutputPlace]
     ) -> None:
         self._request, self._result, self._targets = request, result, targets
 
@@ -100,7 +101,7 @@ class Call:
         self,
         model: str,
         inputs: dict[str, Tensor | DeviceTensor | ClientTensor],
-        targets: dict[str, Target | CudaPlace],
+        targets: dict[str, OutputPlace],
         names: list[str] | None,
         parameters: dict[str, Any],
     ) -> None:
@@ -111,9 +112,13 @@ class Call:
         self.parameters = parameters
 
     @property
-    def on_device(self) -> dict[str, CudaPlace] | None:
-        """The outputs the model worker writes into a client's CUDA region."""
-        places = {n: t for n, t in self.targets.items() if isinstance(t, CudaPlace)}
+    def on_device(self) -> dict[str, CudaPlace | ClientSpan] | None:
+        """The outputs the model worker writes into a client's CUDA region or file.
+
+        Those in a file it may leave to us (an ensemble's, a cached model's,
+        BYTES); its reply names those it wrote ("written").
+        """
+        places = {n: t for n, t in self.targets.items() if isinstance(t, CudaPlace | ClientSpan)}
         return places or None
 
 
@@ -193,7 +198,7 @@ def _packed_length(name: str, view: memoryview, count: int) -> int:
     return at
 
 
-def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, Target | CudaPlace]:
+def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, OutputPlace]:
     return {
         output.name: regions.target(output.shm, f"output {output.name}")
         for output in request.outputs or ()
@@ -204,7 +209,7 @@ def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, Ta
 def outputs_of(
     request: InferRequest,
     produced: dict[str, Tensor],
-    targets: dict[str, Target | CudaPlace],
+    targets: dict[str, OutputPlace],
     body: Mapping[str, Any] | None,
 ) -> ResponseOutputs:
     """The outputs to encode, as the request asked for them, with the parameters the
@@ -213,6 +218,7 @@ def outputs_of(
     wanted = request.outputs
     if wanted is None:
         wanted = [RequestedOutput(name) for name in produced]
+    written = body.get("written") if body else None
     outputs = []
     for output in wanted:
         tensor = produced.get(output.name)
@@ -220,7 +226,8 @@ def outputs_of(
             raise BadRequest(f"model {request.model} did not produce output {output.name!r}")
         if output.shm is not None:
             target = targets[output.name]
-            if isinstance(target, Target):  # else the model worker has written it
+            # Else the model worker has written it.
+            if not isinstance(target, CudaPlace) and not (written and output.name in written):
                 _write(output, tensor, target)
         binary = request.binary_output if output.binary is None else output.binary
         given = parameters.get(output.name) if parameters else None
@@ -228,7 +235,7 @@ def outputs_of(
     return ResponseOutputs(outputs, response_from_body(body))
 
 
-def _write(output: RequestedOutput, tensor: Tensor, target: Target) -> None:
+def _write(output: RequestedOutput, tensor: Tensor, target: Target | ClientSpan) -> None:
     raw = tensor.raw()
     if raw.nbytes > target.nbytes:
         assert output.shm is not None
