@@ -29,13 +29,12 @@ from appliance.client.call import Outbox
 from appliance.client.drive import Client, Run, Steps
 from appliance.client.ensemble import Ensembles
 from appliance.client.inflight import InFlight
-from appliance.client.request import TensorLike, derivative_request, on_gpu, request_body
+from appliance.client.request import TensorLike, derivative_request, request_body
 from appliance.client.restarts import RestartWaits
 from appliance.client.result import InferResult
 from appliance.client.routing import Router, Target
 from appliance.client.stream import StreamCall
 from appliance.config.settings import ApplianceConfig
-from appliance.core.client_memory import ClientSpan
 from appliance.core.device_tensors import OPEN_REGION, CudaPlace
 from appliance.core.metadata import ModelMetadata
 from appliance.core.status import SlotState, StatusTable
@@ -72,7 +71,7 @@ def infer(
     outputs: Sequence[str] | None = None,
     parameters: Mapping[str, Any] | None = None,
     timeout_s: float | None = None,
-    targets: Mapping[str, CudaPlace | ClientSpan] | None = None,
+    targets: Mapping[str, CudaPlace] | None = None,
     request_id: str = "",
 ) -> Run[InferResult]:
     """Run ``model`` on named inputs; return its (requested) outputs.
@@ -84,10 +83,8 @@ def infer(
         outputs: the outputs wanted, all when None.
         parameters: request parameters passed to the model.
         timeout_s: give up after this long (DeadlineExceeded).
-        targets: outputs the worker writes into a client's GPU memory or
-            file; the result holds them as placeholders without bytes (those
-            in a file the worker may leave: the reply's "written" names the
-            ones it wrote).
+        targets: outputs the worker writes into a client's GPU memory;
+            the result holds them as placeholders without bytes.
         request_id: the client's id for the request, which a model may read
             (Triton's ``request.request_id()``).
 
@@ -96,18 +93,13 @@ def infer(
     """
     ensembles = client._ensembles
     if model in ensembles:
-        return ensembles.run(
-            channel, model, inputs, outputs, parameters, timeout_s, on_gpu(targets)
-        )
-    cache = client._cache
-    cached = cache is not None and caches(client, model)
-    if cached and targets:
-        targets = on_gpu(targets)  # a cached answer holds every output's bytes
+        return ensembles.run(channel, model, inputs, outputs, parameters, timeout_s, targets)
     body = request_body(model, "predict", outputs, parameters, None, targets)
     if request_id:
         body["id"] = request_id
     run = _unary(client, channel, body, inputs, timeout_s)
-    if cache is None or not cached or targets:
+    cache = client._cache
+    if cache is None or targets or not caches(client, model):
         return run
     return _cached(client, cache, model, (inputs, outputs, parameters), run)
 

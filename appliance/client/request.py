@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from appliance.core.client_memory import ClientSpan, ClientTensor
+from appliance.core.client_memory import ClientTensor
 from appliance.core.device_tensors import CudaPlace, DeviceTensor
 from appliance.core.message_tensors import Placed
 from appliance.core.tensor import Tensor
@@ -36,11 +36,11 @@ def request_body(
     outputs: Sequence[str] | None,
     parameters: Mapping[str, Any] | None,
     args: dict[str, Any] | None,
-    targets: Mapping[str, CudaPlace | ClientSpan] | None = None,
+    targets: Mapping[str, CudaPlace] | None = None,
 ) -> dict[str, Any]:
     """A request descriptor's body, less its tensors (see :meth:`InFlight.send`).
 
-    ``targets``: outputs the worker writes into a client's GPU memory or file.
+    ``targets``: outputs the worker writes into a client's GPU memory.
     """
     body: dict[str, Any] = {"model": model, "method": method}
     if parameters:
@@ -53,18 +53,6 @@ def request_body(
     if targets:
         body["targets"] = {name: place.to_body() for name, place in targets.items()}
     return body
-
-
-def on_gpu(targets: Mapping[str, CudaPlace | ClientSpan] | None) -> dict[str, CudaPlace] | None:
-    """The targets in GPU memory; those in a client's file are left to the caller.
-
-    For a call whose outputs the worker must hand back (an ensemble's, a
-    cached model's), the worker never writes a client's file.
-    """
-    if not targets:
-        return None
-    kept = {name: place for name, place in targets.items() if isinstance(place, CudaPlace)}
-    return kept or None
 
 
 def check_parameters(parameters: Mapping[str, Any]) -> None:

@@ -45,11 +45,9 @@ import os
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from appliance import native
 from appliance.core.dtypes import DType
-from appliance.core.segment import SHM_DIR
 from appliance.errors import BadRequest
 
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -75,21 +73,6 @@ def _guarded() -> tuple[_Copy, _Resident] | tuple[None, None]:
 # the mapping allocates and zeroes it, at 3-20x preadv's or pwritev's cost for
 # 1 MiB of holes, so that span copies with those instead.
 GUARDED_COPY, RESIDENT = _guarded()
-
-
-# A descriptor's key for a place in a client's file (ClientSpan.to_body), and the
-# place a reply gives an output the model worker wrote there: the reply holds none
-# of its bytes.
-FILE_PLACE = "file"
-WRITTEN = {"written": 1}
-
-
-def is_file_place(place: Any) -> bool:
-    return type(place) is dict and FILE_PLACE in place
-
-
-def is_written(place: Any) -> bool:
-    return type(place) is dict and "written" in place
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,33 +103,6 @@ class ClientSpan:
     identity: tuple[int, int] | None = None
     hint: str = ""
     mapped: memoryview | None = field(default=None, compare=False, repr=False)
-
-    def to_body(self) -> dict[str, list[Any]]:
-        """The span as a descriptor carries it (a model worker writes an output there)."""
-        device, inode = self.identity if self.identity is not None else (-1, -1)
-        fields = [self.path, self.start, self.nbytes, self.needs, self.label, self.what]
-        return {FILE_PLACE: [*fields, device, inode, self.hint]}
-
-    @classmethod
-    def from_body(cls, place: Any) -> ClientSpan:
-        """Read a span written by :meth:`to_body` (never mapped: it copies with pwritev).
-
-        Raises:
-            ValueError: it is not one.
-        """
-        try:
-            path, start, nbytes, needs, label, what, device, inode, hint = place[FILE_PLACE]
-            fields = (str(label), str(what))
-            numbers = (int(start), int(nbytes), int(needs), int(device), int(inode))
-        except (KeyError, TypeError, ValueError) as ex:
-            raise ValueError(f"{place!r:.120} is not a place in a client's file ({ex})") from None
-        if type(path) is not str or not path.startswith(f"{SHM_DIR}/"):
-            raise ValueError(f"{place!r:.120} names no file under {SHM_DIR}")
-        start, nbytes, needs, device, inode = numbers
-        if start < 0 or nbytes < 0 or start + nbytes > needs:
-            raise ValueError(f"{place!r:.120} runs past the end it names")
-        identity = None if device < 0 else (device, inode)
-        return cls(path, start, nbytes, needs, *fields, identity, str(hint))
 
     def read_into(self, destination: memoryview) -> None:
         """Copy the bytes into ``destination`` (``nbytes`` long).

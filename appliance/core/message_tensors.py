@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from appliance.core.client_memory import ClientTensor, is_written
+from appliance.core.client_memory import ClientTensor
 from appliance.core.descriptor import DescriptorError
 from appliance.core.device_tensors import CudaPlace, DeviceTensor, empty_like, is_cuda_place
 from appliance.core.dtypes import DType, to_numpy
@@ -203,8 +203,7 @@ def read_tensors(
     A tensor in a client's GPU memory comes as a placeholder of its shape
     and dtype that holds no bytes: the model worker puts the data in its
     place (appliance/worker/cuda_regions.py), and a reply's output that the
-    worker wrote into the client's region or file (worker/client_files.py)
-    needs none.
+    worker wrote into the client's region needs none.
 
     Raises:
         BadRequest: an entry is malformed or its bytes do not fit its shape.
@@ -219,7 +218,7 @@ def read_tensors(
                 if place < 0:
                     raise IndexError(f"inline payload {place} does not exist")
                 data: Any = payloads[place]
-            elif is_cuda_place(place) or is_written(place):
+            elif is_cuda_place(place):
                 tensors[str(name)] = _placeholder(dtype, shape, place)
                 continue
             else:
@@ -232,15 +231,9 @@ def read_tensors(
 
 def _placeholder(dtype: DType, shape: Sequence[int], place: Any) -> Tensor:
     _check_shape(shape)
-    written = is_written(place)
     if dtype is DType.BYTES:
-        raise ValueError(
-            "BYTES tensors are never written by the model worker"
-            if written
-            else "BYTES tensors cannot lie in GPU memory"
-        )
-    if not written:
-        CudaPlace.from_body(place)  # raises ValueError for a malformed place
+        raise ValueError("BYTES tensors cannot lie in GPU memory")
+    CudaPlace.from_body(place)  # raises ValueError for a malformed place
     return Tensor(dtype, tuple(shape), empty_like(shape, dtype))
 
 

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from appliance.config import device as devices
-from appliance.core.client_memory import is_file_place
 from appliance.core.descriptor import Kind, Message
 from appliance.core.device_tensors import (
     OPEN_REGION,
@@ -70,10 +69,7 @@ class ClientGpu:
     def names_any(message: Message) -> bool:
         """Whether a request has tensors or outputs in a client's GPU memory."""
         body = message.body
-        targets = body.get("targets")
-        if type(targets) is dict and any(map(is_cuda_place, targets.values())):
-            return True
-        return any(is_cuda_place(e[3]) for e in body.get("tensors", []))
+        return "targets" in body or any(is_cuda_place(e[3]) for e in body.get("tensors", []))
 
     def place_inputs(self, pending: Pending, entries: list[Any], max_batch_size: int) -> None:
         """Put a request's inputs in GPU memory where the model reads them; read its targets.
@@ -183,8 +179,6 @@ class ClientGpu:
         declared = None if outputs is None else {spec.name for spec in outputs}
         targets = {}
         for name, place in raw.items():
-            if is_file_place(place):
-                continue  # the worker writes it into the client's file (client_files.py)
             if declared is not None and name not in declared:
                 raise BadRequest(
                     f"model {self.metadata.name} has no output named {name!r}; "

@@ -25,7 +25,6 @@ from appliance.errors import ApplianceError, BadRequest
 from appliance.model import Model
 from appliance.worker import refusals, traces
 from appliance.worker.batcher import Batcher, check_request
-from appliance.worker.client_files import file_targets
 from appliance.worker.client_gpu import ClientGpu
 from appliance.worker.mappings import Mappings
 from appliance.worker.outbox import Outbox, reply_to
@@ -87,8 +86,6 @@ class Intake:
         self.socket = socket
         self.model = model
         self.metadata = metadata
-        outputs = metadata.outputs
-        self.declared_outputs = None if outputs is None else frozenset(s.name for s in outputs)
         self.batcher = batcher
         self.max_queue = max_queue
         self.plain = plain
@@ -230,9 +227,6 @@ class Intake:
             if self.cuda is None:
                 raise BadRequest("this model worker serves no CUDA shared memory")
             self.cuda.place_inputs(pending, entries, self.batcher.max_batch_size)
-        targets = message.body.get("targets")
-        if targets is not None:
-            pending.files = file_targets(targets, self.declared_outputs)
         self._admit(pending)
         if self.passthrough:
             pending.spans = input_spans(entries, self.mappings.reader)

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy.typing as npt
 
-from appliance.core.client_memory import ClientSpan
 from appliance.core.descriptor import Message
 from appliance.core.device_tensors import CudaPlace
 from appliance.core.sequences import SequenceId
@@ -54,8 +53,6 @@ class Pending:
     # there (see cuda_regions.py).
     targets: dict[str, CudaPlace] | None
     written: set[str] | None
-    # Outputs to write into a client's file (see client_files.py).
-    files: dict[str, ClientSpan] | None
     # A traced request's parent span and times (see traces.py).
     trace: Any
     # Its place in a queue with priorities (twice its level, one more once its
@@ -81,7 +78,6 @@ class Pending:
         sequence: dict[str, Any] | None = None,
         targets: dict[str, CudaPlace] | None = None,
         written: set[str] | None = None,
-        files: dict[str, ClientSpan] | None = None,
         trace: Any = None,
         rank: int = 0,
         expires: float = 0.0,
@@ -102,7 +98,6 @@ class Pending:
         self.sequence = sequence
         self.targets = targets
         self.written = written
-        self.files = files
         self.trace = trace
         self.rank = rank
         self.expires = expires

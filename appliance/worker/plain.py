@@ -2,8 +2,7 @@
 
 Most requests are a prediction whose inputs are numeric tensors, inline in
 the descriptor or in the client's ring, each declared by the model, with no
-sequence, priority, GPU or derivative fields (outputs bound for a
-client's file are plain), to a model without sequences
+sequence, priority, GPU or derivative fields, to a model without sequences
 or priority levels. :class:`PlainRequests` turns such a
 request into its :class:`Pending` in one pass over its tensor entries,
 straight into arrays, with what the model's declarations allow worked out
@@ -26,21 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from appliance.core.client_memory import ClientSpan, is_file_place
 from appliance.core.descriptor import Message
 from appliance.core.dtypes import DType, to_numpy
 from appliance.core.message_tensors import SegmentReader
 from appliance.core.metadata import ModelMetadata
 from appliance.core.sequences import SEQUENCE_PARAMETERS
-from appliance.errors import BadRequest
 from appliance.worker.batcher import ANY_REQUEST, PREDICT, batch_key
-from appliance.worker.client_files import file_targets
 from appliance.worker.passthrough import Span
 from appliance.worker.pending import Pending
 from appliance.worker.queueing import PRIORITY
 
-# A plain prediction's parameters, wanted outputs and places in clients' files.
-Fields = tuple[dict[str, Any], list[str] | None, dict[str, ClientSpan] | None]
 # An input the fast path reads: its dtype's name, numpy dtype and declared shape.
 Declared = tuple[str, np.dtype[Any], tuple[int, ...]]
 
@@ -92,7 +86,7 @@ class PlainRequests:
         rows = self._rows(arrays)
         if rows < 0:
             return None
-        parameters, outputs, files = fields
+        parameters, outputs = fields
         key = None
         if rows:
             key = ANY_REQUEST if self._per_request else batch_key(arrays, parameters)
@@ -103,21 +97,12 @@ class PlainRequests:
             pending.arrived = sent
         if spans:
             pending.spans = spans
-        if files:
-            pending.files = files
         return pending
 
-    def _fields(self, body: dict[str, Any]) -> Fields | None:
-        """A plain prediction's parameters, wanted outputs and outputs bound for a
-        client's files; None for any other body."""
-        if body.get("method", PREDICT) != PREDICT:
+    def _fields(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[str] | None] | None:
+        """A plain prediction's parameters and wanted outputs; None for any other body."""
+        if body.get("method", PREDICT) != PREDICT or "targets" in body:
             return None
-        files = None
-        targets = body.get("targets")
-        if targets is not None:
-            files = self._files(targets)
-            if files is None:
-                return None
         parameters = body.get("params")
         if parameters is None:
             parameters = {}
@@ -130,16 +115,7 @@ class PlainRequests:
         outputs = body.get("outputs")
         if outputs is not None and not self._known_outputs(outputs):
             return None
-        return parameters, outputs, files
-
-    def _files(self, targets: Any) -> dict[str, ClientSpan] | None:
-        """The targets, when each is a place in a client's file the model may write."""
-        if type(targets) is not dict or not all(map(is_file_place, targets.values())):
-            return None
-        try:
-            return file_targets(targets, self._outputs)
-        except BadRequest:
-            return None
+        return parameters, outputs
 
     def _read(
         self, entries: Any, payloads: list[Any], reader: SegmentReader

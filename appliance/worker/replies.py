@@ -2,7 +2,7 @@
 
 A reply's outputs are written once into the worker's response ring (or
 ride inline, or are views of the request's own inputs for a pass-through,
-or go into the client's GPU buffers or files); it waits in the outbox (outbox.py)
+or go into the client's GPU buffers); it waits in the outbox (outbox.py)
 until :meth:`Replies.flush` sends the turn's replies, one frame per
 channel. A request answered is done with: its views are dropped and its
 one-off segments unmapped.
@@ -15,14 +15,13 @@ from typing import Any
 
 from appliance.core.descriptor import Kind, Message, error_message
 from appliance.core.message_tensors import place_tensors, ring_blocks
-from appliance.core.output_parameters import parameters_of, response_parameters_of
+from appliance.core.output_parameters import response_parameters_of
 from appliance.core.ring import Block, Ring, is_spill
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor
 from appliance.errors import ApplianceError, ErrorCode
 from appliance.worker import traces
 from appliance.worker.batcher import Batcher
-from appliance.worker.client_files import write_files
 from appliance.worker.client_gpu import ClientGpu
 from appliance.worker.mappings import Mappings
 from appliance.worker.outbox import Outbox, reply_to
@@ -95,9 +94,6 @@ class Replies:
         try:
             if pending.targets and self.cuda is not None:
                 borrowed.update(self.cuda.to_client(pending, outputs))
-            written = write_files(pending.files, outputs) if pending.files else None
-            if written:
-                borrowed.update(written)
             copied = (
                 {n: t for n, t in outputs.items() if n not in borrowed} if borrowed else outputs
             )
@@ -110,16 +106,9 @@ class Replies:
         body: dict[str, Any] = {"tensors": entries}
         if borrowed:
             placed = iter(entries)
-            tensors = [borrowed.get(name) or next(placed) for name in outputs]
-            # place_tensors saw a plain dict of the rest: their parameters are added here.
-            given = None if type(outputs) is dict else parameters_of(outputs)
-            if given:
-                tensors = [[*e, given[e[0]]] if e[0] in given else e for e in tensors]
-            body["tensors"] = tensors
+            body["tensors"] = [borrowed.get(name) or next(placed) for name in outputs]
             # SAFETY: not this worker's blocks; the client must not give them back here.
             body["borrowed"] = list(borrowed)
-        if written:
-            body["written"] = list(written)
         response = response_parameters_of(outputs)
         if response:
             body["parameters"] = response

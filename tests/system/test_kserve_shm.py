@@ -165,7 +165,7 @@ def test_the_example_shm_flow(both: tuple[Client, Module], regions: Any) -> None
         ("identities", ("IN", "OUT")),  # an ensemble's output
     ],
 )
-def test_any_model_writes_its_outputs_into_shared_memory(
+def test_outputs_of_any_kind_of_model_land_in_shared_memory(
     both: tuple[Client, Module], regions: Any, model: str, names: tuple[str, str]
 ) -> None:
     client, module = both
@@ -288,8 +288,8 @@ def test_register_over_one_transport_infer_over_the_other(
 
 
 def serving_pids(appliance: Appliance) -> list[int]:
-    """The frontends', which copy inputs and may map segments, and the model workers',
-    which write outputs (worker/client_files.py)."""
+    """Every process's: the frontends copy and may map segments, and none other may
+    keep one."""
     return [p["pid"] for p in appliance.processes() if p["pid"]]
 
 

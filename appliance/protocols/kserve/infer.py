@@ -36,7 +36,7 @@ from appliance.protocols.kserve.inference import (
 from appliance.protocols.kserve.response_outputs import ResponseOutputs
 from appliance.protocols.kserve.service import resolve
 from appliance.protocols.kserve.shm import RegionTable
-from appliance.protocols.kserve.shm_places import OutputPlace, Target
+from appliance.protocols.kserve.shm_places import Target
 
 
 async def infer_async(
@@ -47,11 +47,10 @@ async def infer_async(
     Inputs in system shared memory are read from the client's segment
     straight into the model client's ring, by a copy that a client
     shrinking its file cannot kill (core/client_memory.py); outputs asked
-    for in shared memory are written into the client's segment by the
-    model worker (worker/client_files.py), or here where it leaves them,
-    and carry no data back. Tensors in CUDA regions are the model worker's
-    to read and write. Both kinds of place travel in the descriptor. The
-    call waits in the event loop, without a thread.
+    for in shared memory are written into the client's segment the same
+    way and carry no data back. Tensors in CUDA regions are the model worker's
+    to read and write (their places travel in the descriptor). The call
+    waits in the event loop, without a thread.
     """
     call = prepare(client, regions, request)
     result = await client.infer_async(
@@ -76,7 +75,7 @@ class Answer:
     __slots__ = ("_request", "_result", "_targets")
 
     def __init__(
-        self, request: InferRequest, result: InferResult, targets: dict[str, OutputPlace]
+        self, request: InferRequest, result: InferResult, targets: dict[str, Target | CudaPlace]
     ) -> None:
         self._request, self._result, self._targets = request, result, targets
 
@@ -101,7 +100,7 @@ class Call:
         self,
         model: str,
         inputs: dict[str, Tensor | DeviceTensor | ClientTensor],
-        targets: dict[str, OutputPlace],
+        targets: dict[str, Target | CudaPlace],
         names: list[str] | None,
         parameters: dict[str, Any],
     ) -> None:
@@ -112,13 +111,9 @@ class Call:
         self.parameters = parameters
 
     @property
-    def on_device(self) -> dict[str, CudaPlace | ClientSpan] | None:
-        """The outputs the model worker writes into a client's CUDA region or file.
-
-        Those in a file it may leave to us (an ensemble's, a cached model's,
-        BYTES); its reply names those it wrote ("written").
-        """
-        places = {n: t for n, t in self.targets.items() if isinstance(t, CudaPlace | ClientSpan)}
+    def on_device(self) -> dict[str, CudaPlace] | None:
+        """The outputs the model worker writes into a client's CUDA region."""
+        places = {n: t for n, t in self.targets.items() if isinstance(t, CudaPlace)}
         return places or None
 
 
@@ -198,7 +193,7 @@ def _packed_length(name: str, view: memoryview, count: int) -> int:
     return at
 
 
-def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, OutputPlace]:
+def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, Target | CudaPlace]:
     return {
         output.name: regions.target(output.shm, f"output {output.name}")
         for output in request.outputs or ()
@@ -209,7 +204,7 @@ def _output_targets(regions: RegionTable, request: InferRequest) -> dict[str, Ou
 def outputs_of(
     request: InferRequest,
     produced: dict[str, Tensor],
-    targets: dict[str, OutputPlace],
+    targets: dict[str, Target | CudaPlace],
     body: Mapping[str, Any] | None,
 ) -> ResponseOutputs:
     """The outputs to encode, as the request asked for them, with the parameters the
@@ -218,7 +213,6 @@ def outputs_of(
     wanted = request.outputs
     if wanted is None:
         wanted = [RequestedOutput(name) for name in produced]
-    written = body.get("written") if body else None
     outputs = []
     for output in wanted:
         tensor = produced.get(output.name)
@@ -226,8 +220,7 @@ def outputs_of(
             raise BadRequest(f"model {request.model} did not produce output {output.name!r}")
         if output.shm is not None:
             target = targets[output.name]
-            # Else the model worker has written it.
-            if not isinstance(target, CudaPlace) and not (written and output.name in written):
+            if isinstance(target, Target):  # else the model worker has written it
                 _write(output, tensor, target)
         binary = request.binary_output if output.binary is None else output.binary
         given = parameters.get(output.name) if parameters else None
@@ -235,7 +228,7 @@ def outputs_of(
     return ResponseOutputs(outputs, response_from_body(body))
 
 
-def _write(output: RequestedOutput, tensor: Tensor, target: Target | ClientSpan) -> None:
+def _write(output: RequestedOutput, tensor: Tensor, target: Target) -> None:
     raw = tensor.raw()
     if raw.nbytes > target.nbytes:
         assert output.shm is not None

@@ -70,7 +70,6 @@ from appliance.protocols.kserve.inference import ShmRef
 from appliance.protocols.kserve.shm_cuda_handles import OpenedHandle, OpenedHandles
 from appliance.protocols.kserve.shm_mappings import MappedSegments
 from appliance.protocols.kserve.shm_places import (
-    OutputPlace,
     Target,
     check_extent,
     cuda_place,
@@ -291,12 +290,10 @@ class RegionTable(RegistryView):
         self._copy(what, place, ref, host, to_device=False)
         return host.data
 
-    def target(self, ref: ShmRef, what: str) -> OutputPlace:
+    def target(self, ref: ShmRef, what: str) -> Target | CudaPlace:
         """Return where an output goes in a region of either kind.
 
-        A CUDA place is written by the model worker, a Target here; a span of
-        a system region by either (the model worker where it can,
-        worker/client_files.py).
+        A CUDA place is written by the model worker, a Target here.
 
         Raises:
             BadRequest: as :meth:`span`, or a system region's segment is
@@ -307,7 +304,7 @@ class RegionTable(RegistryView):
             return place
         if isinstance(place, ClientSpan):
             place.check()
-            return place
+            return Target(place.nbytes, place.write)
         opened = place
 
         def to_device(raw: memoryview) -> None:

@@ -40,12 +40,6 @@ class Target:
     write: Callable[[memoryview], None]
 
 
-# Where an output asked for in shared memory goes: a Target this process writes,
-# a span of a client's file that the model worker writes where it can, or a CUDA
-# place the model worker writes.
-OutputPlace = Target | ClientSpan | CudaPlace
-
-
 def segment_path(key: str) -> Path:
     """Return the /dev/shm file of a client's key.
 
