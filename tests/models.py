@@ -116,6 +116,20 @@ class Described(Model):
         return OutputsWithParameters({"y": x * 2, "n": rows}, {"y": y, "nope": {"a": 1}}, said)
 
 
+class DescribedEcho(Model):
+    """Return ``x`` itself (a view of the request's own memory, handed back without a
+    copy) with parameters of the output and of the response."""
+
+    inputs = [spec("x", "FP32", [-1, 2])]
+    outputs = [spec("y", "FP32", [-1, 2]), spec("n", "INT32", [1])]
+
+    def predict(self, inputs: Arrays, parameters: Mapping[str, Any]) -> Outputs:
+        x = inputs["x"]
+        rows = np.array([len(x)], np.int32)
+        given = {"y": {"content_type": "np"}, "n": {"rows": True}}
+        return OutputsWithParameters({"y": x, "n": rows}, given, {"echoed": True})
+
+
 class ParameterEcho(Model):
     """Return the request parameters the model was given, as JSON."""
 

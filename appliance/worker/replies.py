@@ -15,7 +15,7 @@ from typing import Any
 
 from appliance.core.descriptor import Kind, Message, error_message
 from appliance.core.message_tensors import place_tensors, ring_blocks
-from appliance.core.output_parameters import response_parameters_of
+from appliance.core.output_parameters import parameters_of, response_parameters_of
 from appliance.core.ring import Block, Ring, is_spill
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor
@@ -106,7 +106,12 @@ class Replies:
         body: dict[str, Any] = {"tensors": entries}
         if borrowed:
             placed = iter(entries)
-            body["tensors"] = [borrowed.get(name) or next(placed) for name in outputs]
+            tensors = [borrowed.get(name) or next(placed) for name in outputs]
+            # place_tensors saw a plain dict of the rest: every entry's parameters go here.
+            given = None if type(outputs) is dict else parameters_of(outputs)
+            if given:
+                tensors = [[*e, given[e[0]]] if e[0] in given else e for e in tensors]
+            body["tensors"] = tensors
             # SAFETY: not this worker's blocks; the client must not give them back here.
             body["borrowed"] = list(borrowed)
         response = response_parameters_of(outputs)

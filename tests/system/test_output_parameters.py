@@ -20,7 +20,10 @@ import tritonclient.http as httpclient
 
 from tests.system.harness import Appliance, running
 
-MODELS = [{"name": "described", "class": "tests.models:Described"}]
+MODELS = [
+    {"name": "described", "class": "tests.models:Described"},
+    {"name": "described_echo", "class": "tests.models:DescribedEcho"},
+]
 X = np.array([[1.0, 2.0]], np.float32)
 GIVEN = {"content_type": "np", "scale": 2, "exact": True, "ratio": 0.5, "axes": [0, 1]}
 SAID = {"content_type": "pd", "rows": 1, "tags": ["a"]}
@@ -44,6 +47,23 @@ def test_rest_json_outputs_carry_the_model_s_parameters(appliance: Appliance) ->
     assert outputs["y"]["data"] == [2.0, 4.0]
     assert "parameters" not in outputs["n"]
     assert reply["parameters"] == SAID
+
+
+def test_an_output_handed_back_without_a_copy_keeps_them(appliance: Appliance) -> None:
+    """A large input's view, returned as an output, is the worker's pass-through: its
+    parameters and the other outputs' still reach the client."""
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{appliance.ports['http']}")
+    try:
+        data = np.arange(2 * 65536, dtype=np.float32).reshape(-1, 2)  # 512 KiB, in the ring
+        x = httpclient.InferInput("x", list(data.shape), "FP32")
+        x.set_data_from_numpy(data)
+        result = client.infer("described_echo", [x])
+        assert result.get_output("y")["parameters"]["content_type"] == "np"
+        assert result.get_output("n")["parameters"]["rows"] is True
+        assert result.get_response()["parameters"] == {"echoed": True}
+        assert np.array_equal(result.as_numpy("y"), data)
+    finally:
+        client.close()
 
 
 def test_an_infer_stream_event_carries_them_too(appliance: Appliance) -> None:
