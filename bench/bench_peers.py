@@ -211,6 +211,7 @@ def peer_factories(run_dir: str) -> dict[str, Callable[[], Any]]:
         )
     factories["floor-grpc-aio"] = lambda: servers.grpc_floor("aio", grpc["workers"], 1)
     factories["floor-grpc-aio-hop"] = lambda: servers.grpc_floor("aio-hop", grpc["workers"], 1)
+    factories["floor-grpc-aio-codec"] = lambda: servers.grpc_floor("aio-codec", grpc["workers"], 1)
     factories["floor-grpc-sync"] = lambda: servers.grpc_floor(
         "sync", grpc["workers"], grpc["threads"]
     )

@@ -44,6 +44,7 @@ LABELS = {
     "floor-sync": "falcon+gunicorn floor, sync",
     "floor-grpc-aio": "grpcio floor, aio",
     "floor-grpc-aio-hop": "grpcio floor, aio, with a ZeroMQ hop",
+    "floor-grpc-aio-codec": "grpcio floor, aio, through the appliance's codec",
     "floor-grpc-sync": "grpcio floor, sync thread pool",
 }
 LABELS |= {

@@ -229,6 +229,16 @@ PEERS = (
         versus="kserve-grpc",
         more=EIGHT,
     ),
+    # The codec's rung: grpc.aio answering through the appliance's pbcodec.
+    System(
+        "floor-grpc-aio-codec",
+        "floor-grpc-aio-codec",
+        "kserve-grpc",
+        "grpc",
+        caps=HOP_FLOOR_CAPS,
+        versus="kserve-grpc",
+        more=EIGHT,
+    ),
     System(
         "floor-grpc-sync",
         "floor-grpc-sync",

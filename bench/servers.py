@@ -399,7 +399,8 @@ def ladder(rung: str, run_dir: str, workers: int) -> Iterator[PeerServer]:
 @contextlib.contextmanager
 def grpc_floor(kind: str, workers: int, threads: int) -> Iterator[PeerServer]:
     """grpcio answering ModelInfer (peers/floor_grpc_app.py): ``kind`` is aio or sync (in
-    place), or aio-hop (after a ZeroMQ round trip to an echoing process).
+    place), aio-codec (in place, through the appliance's codec), or aio-hop (after a
+    ZeroMQ round trip to an echoing process).
 
     It runs in the appliance's own environment: its grpcio, protobuf and stubs.
     """
@@ -420,6 +421,7 @@ def grpc_floor(kind: str, workers: int, threads: int) -> Iterator[PeerServer]:
             "server": {
                 "aio": "grpc.aio",
                 "aio-hop": "grpc.aio, each call's input to hop_echo.py and back over ZeroMQ",
+                "aio-codec": "grpc.aio, answered through the appliance's pbcodec",
                 "sync": "grpc.server with a thread pool",
             }[kind],
             "workers": workers,

@@ -210,6 +210,7 @@ PEER_CELLS = (
         "triton grpc",
         (
             ("grpc.aio floor", "floor-grpc-aio"),
+            ("grpc.aio + the appliance's codec", "floor-grpc-aio-codec"),
             ("grpc.aio + ZeroMQ hop floor", "floor-grpc-aio-hop"),
         ),
     ),

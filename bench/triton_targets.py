@@ -208,6 +208,11 @@ def thread_targets(summary: Summary) -> list[dict[str, Any]]:
         # The same stack with the hop to a model worker: what no gRPC frontend of this
         # design can spend less than, named beside the target it may lie above.
         hop = process("floor-grpc-aio-hop", clients, "grpc frontend")
+        # And with the appliance's codec in place of the floor's answer: the codec's rung.
+        codec = process("floor-grpc-aio-codec", clients, "grpc frontend")
+        rungs = ""
+        if floor is not None and hop is not None and codec is not None:
+            rungs = f"; floor + codec rung + hop rung: {_us(codec + hop - floor)}"
         add(
             target(
                 f"{clients} client(s), 16 B, kserve-grpc: the gRPC frontend processes' CPU per "
@@ -215,7 +220,8 @@ def thread_targets(summary: Summary) -> list[dict[str, Any]]:
                 math.nan if frontend is None or floor is None else frontend - floor,
                 GRPC_OVER_FLOOR_US,
                 True,
-                f"{_us(frontend)} vs {_us(floor)} µs/req (with the ZeroMQ hop: {_us(hop)})"
+                f"{_us(frontend)} vs {_us(floor)} µs/req (with the appliance's codec: "
+                f"{_us(codec)}; with the ZeroMQ hop: {_us(hop)}{rungs})"
                 + _kinds(summary, "kserve-grpc", clients, "frontend"),
                 "us",
             ),

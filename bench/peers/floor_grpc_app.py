@@ -12,11 +12,15 @@ any grpcio frontend pays per call. ``aio`` is the appliance's stack
 to another process (hop_echo.py, which sends it straight back) over ZeroMQ,
 and the call is answered when it returns, so what the appliance's gRPC
 frontend spends above it is its own path (decoding, the ring, the
-descriptor, encoding), not grpc.aio's nor the hop's. Several workers share
+descriptor, encoding), not grpc.aio's nor the hop's. ``aio-codec`` is
+``aio`` answering with the appliance's own protobuf codec (pbcodec: the
+request decoded, each input handed back as an output, the response encoded
+and passed on already serialized, as its gRPC frontend does): the codec's
+rung, as ladder_app.py's ``codec`` is for HTTP. Several workers share
 the port with SO_REUSEPORT (the appliance's accept from one socket that its
 master holds instead; only connecting differs, not a call)::
 
-    python floor_grpc_app.py PORT aio|aio-hop|sync WORKERS THREADS [ECHO_ADDRESS]
+    python floor_grpc_app.py PORT aio|aio-hop|aio-codec|sync WORKERS THREADS [ECHO_ADDRESS]
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from appliance.config.settings import ServerConfig
 from appliance.frontends import loops
 from appliance.frontends.grpc_registry import Registry
 from appliance.processes.helper_threads import started_batch
+from appliance.protocols.kserve import pbcodec
+from appliance.protocols.kserve.inference import OutputData
 
 OPTIONS = [
     ("grpc.so_reuseport", 1),
@@ -87,6 +93,34 @@ class AioHopFloor(AioFloor):
         return answer(request)
 
 
+class AioCodecFloor(AioFloor):
+    """ModelInfer through the appliance's codec, its response serialized by it."""
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        decoded = pbcodec.decode_infer_request(request)
+        wanted = [output.name for output in decoded.outputs or ()]
+        outputs = [
+            OutputData(wanted[i] if i < len(wanted) else f"OUTPUT{i}", tensor.data, False, None)
+            for i, tensor in enumerate(decoded.inputs)
+            if tensor.data is not None
+        ]
+        return pbcodec.encode_infer_response(decoded.model, "1", decoded.id, outputs, None)
+
+
+def codec_handlers(servicer: AioCodecFloor) -> dict[str, Any]:
+    """ServerReady as generated; ModelInfer's response passed on as pbcodec serialized it."""
+    return {
+        "ServerReady": grpc.unary_unary_rpc_method_handler(
+            servicer.ServerReady,
+            pb.ServerReadyRequest.FromString,
+            pb.ServerReadyResponse.SerializeToString,
+        ),
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(
+            servicer.ModelInfer, pb.ModelInferRequest.FromString, _serialized
+        ),
+    }
+
+
 def serve_sync(address: str, threads: int) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(threads), options=OPTIONS)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(SyncFloor(), server)
@@ -100,15 +134,24 @@ def _as_is(handler: Any, method: str) -> Any:
     return handler
 
 
-async def serve_aio(address: str, echo: str | None) -> None:
+def _serialized(message: bytes) -> bytes:
+    return message
+
+
+async def serve_aio(address: str, kind: str, echo: str | None) -> None:
     # grpcio's threads under the policy the appliance's gRPC frontend starts them with.
     with started_batch(ServerConfig().helper_threads_batch):
         server = grpc.aio.server(options=OPTIONS)
     # The appliance's registry with no layers: every method served through one
     # generic handler, as its gRPC frontend serves them (grpc.aio's loop waits on a
     # pending call per *registered* method, walking them all for each call).
-    servicer = AioFloor() if echo is None else AioHopFloor(echo)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, Registry(server, _as_is))
+    registry = Registry(server, _as_is)
+    if kind == "aio-codec":
+        handlers = codec_handlers(AioCodecFloor())
+        registry.add_registered_method_handlers("inference.GRPCInferenceService", handlers)
+    else:
+        servicer = AioFloor() if echo is None else AioHopFloor(echo)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, registry)
     server.add_insecure_port(address)
     await server.start()
     stop = asyncio.Event()
@@ -142,7 +185,7 @@ def serve(port: str, kind: str, workers: int, threads: int, echo: str | None) ->
             serve_sync(address, threads)
         else:
             # On the event loop the appliance's frontends run on (uvloop by default).
-            loops.run(serve_aio(address, echo), ServerConfig().event_loop)
+            loops.run(serve_aio(address, kind, echo), ServerConfig().event_loop)
     finally:
         for helper in helpers:
             helper.terminate()
