@@ -12,6 +12,7 @@ the fault), which Triton's names as well.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from types import ModuleType
@@ -32,6 +33,15 @@ class Call:
     do: Callable[[ModuleType, Any], Any]
     # Words each server's error message must hold (compared without spaces).
     words: tuple[str, ...] = ()
+
+
+def at_once(one: Callable[[int], None], count: int, timeout_s: float = 30.0) -> None:
+    """Run ``one(0)`` to ``one(count - 1)`` in threads started together; wait for each."""
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
 
 
 def tensor(module: ModuleType, name: str, array: np.ndarray, dtype: str) -> Any:

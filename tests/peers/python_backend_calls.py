@@ -10,7 +10,6 @@ sends each to both servers and compares what comes back.
 from __future__ import annotations
 
 import json
-import threading
 from types import ModuleType
 from typing import Any
 
@@ -18,7 +17,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.peers.oracle import Call, outputs, tensor
+from tests.peers.oracle import Call, at_once, outputs, tensor
 from tests.system.harness import ROOT
 
 MODELS = ROOT / "tests" / "data" / "python_models"
@@ -158,11 +157,7 @@ def instance_names(url: str) -> set[str]:
         names.add(seen["model_instance_name"])
         client.close()
 
-    threads = [threading.Thread(target=one, args=(n,)) for n in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    at_once(one, 3)
     return names
 
 

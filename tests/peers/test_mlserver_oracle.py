@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +35,7 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from bench.servers import PeerServer, PeerUnavailable, mlserver_folder
 from tests.mlserver_models import write_folder
+from tests.peers.oracle import at_once
 from tests.system.harness import Appliance, serving_repository
 
 pytestmark = [
@@ -315,11 +315,7 @@ def batched_answers(http_url: str) -> list[tuple[list[float], int]]:
         answers[n] = (result.as_numpy("doubled").tolist()[0], int(result.as_numpy("rows")[0][0]))
         client.close()
 
-    threads = [threading.Thread(target=one, args=(n,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    at_once(one, 4)
     return answers
 
 
