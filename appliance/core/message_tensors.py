@@ -103,7 +103,13 @@ def place_tensors(
                 ring.view(block)[:] = raw
                 place = [block.segment, block.offset, block.nbytes]
         entries.append([name, _NAMES[dtype], list(tensor.shape), place])
-    described = None if type(tensors) is dict else parameters_of(tensors)
+    return add_parameters(entries, tensors)
+
+
+def add_parameters(entries: list[list[Any]], outputs: object) -> list[list[Any]]:
+    """``entries``, each of an output ``outputs`` gave parameters (an OutputsWithParameters)
+    with them fifth; a plain mapping adds none."""
+    described = None if type(outputs) is dict else parameters_of(outputs)
     if described:
         for entry in entries:
             if entry[0] in described:

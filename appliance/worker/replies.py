@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from appliance.core.descriptor import Kind, Message, error_message
-from appliance.core.message_tensors import place_tensors, ring_blocks
-from appliance.core.output_parameters import parameters_of, response_parameters_of
+from appliance.core.message_tensors import add_parameters, place_tensors, ring_blocks
+from appliance.core.output_parameters import response_parameters_of
 from appliance.core.ring import Block, Ring, is_spill
 from appliance.core.status import Counter
 from appliance.core.tensor import Tensor
@@ -108,10 +108,7 @@ class Replies:
             placed = iter(entries)
             tensors = [borrowed.get(name) or next(placed) for name in outputs]
             # place_tensors saw a plain dict of the rest: every entry's parameters go here.
-            given = None if type(outputs) is dict else parameters_of(outputs)
-            if given:
-                tensors = [[*e, given[e[0]]] if e[0] in given else e for e in tensors]
-            body["tensors"] = tensors
+            body["tensors"] = add_parameters(tensors, outputs)
             # SAFETY: not this worker's blocks; the client must not give them back here.
             body["borrowed"] = list(borrowed)
         response = response_parameters_of(outputs)
