@@ -109,10 +109,13 @@ def decode_infer_request(request: Any) -> InferRequest:
     """
     raw = request.raw_input_contents
     inputs = []
+    per_input = []
     index = 0
     for tensor in request.inputs:
-        decoded, used = _decode_input(tensor, raw, index)
+        parameters = decode_parameters(tensor.parameters)
+        decoded, used = _decode_input(tensor, parameters, raw, index)
         inputs.append(decoded)
+        per_input.append((decoded.name, parameters))
         index += used
     if raw and index != len(raw):
         raise DecodeError(
@@ -124,7 +127,6 @@ def decode_infer_request(request: Any) -> InferRequest:
     if request.outputs:
         outputs = [_decode_output(output) for output in request.outputs]
         check_unique([output.name for output in outputs], "output")
-    per_input = [(tensor.name, decode_parameters(tensor.parameters)) for tensor in request.inputs]
     return InferRequest(
         request.model_name,
         request.model_version,
@@ -135,12 +137,14 @@ def decode_infer_request(request: Any) -> InferRequest:
     )
 
 
-def _decode_input(tensor: Any, raw: Sequence[bytes], index: int) -> tuple[InputTensor, int]:
+def _decode_input(
+    tensor: Any, parameters: dict[str, Any], raw: Sequence[bytes], index: int
+) -> tuple[InputTensor, int]:
     name = tensor.name
     what = f"input {name}"
     dtype = parse_dtype(tensor.datatype, what)
     shape = parse_shape(list(tensor.shape), what)
-    shm = shm_ref(decode_parameters(tensor.parameters), what)
+    shm = shm_ref(parameters, what)
     has_contents = tensor.HasField("contents")
     if shm is not None:
         if has_contents:
