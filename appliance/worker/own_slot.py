@@ -7,9 +7,19 @@ when it changes or falls due, not on every loop turn: a write is shared
 memory the master and every frontend read.
 
 Counters are added up in the process and written at once when the worker
-goes idle or every COUNTERS_S, with the metrics histograms of the batches
-(appliance/observability/metrics.py), so a busy worker does not write them per request,
-and statistics or metrics asked right after an answer include it.
+goes idle or every COUNTERS_S, so a busy worker does not write them per
+request, and statistics asked right after an answer include it. The metrics
+histograms of the batches (appliance/observability/metrics.py) are written
+every COUNTERS_S too, and when the worker goes idle; but while requests come
+less than IDLE_FLUSH_S apart, only once it has been idle that long. A scrape a
+few milliseconds after an answer includes it.
+
+PERF: written each time the worker went idle, the three histograms cost an
+identity worker 10-13 us of its main thread a request at one client (2-6 at
+eight), where requests come a fraction of a millisecond apart and each
+leaves the worker idle. Where they come further apart than IDLE_FLUSH_S, waiting
+would cost a wake-up a request instead (docs/performance.md, "What the
+bookkeeping costs").
 """
 
 from __future__ import annotations
@@ -21,6 +31,9 @@ from appliance.observability.metrics import flush_batches
 
 HEARTBEAT_S = 0.25
 COUNTERS_S = 0.1
+IDLE_FLUSH_S = 0.005
+HEARTBEAT_MS = int(HEARTBEAT_S * 1000)
+IDLE_FLUSH_MS = int(IDLE_FLUSH_S * 1000)
 
 
 class OwnSlot:
@@ -36,6 +49,13 @@ class OwnSlot:
         self.counts = [0] * WORK_COUNTERS
         self._dirty = False
         self._counts_at = 0.0
+        # Batches recorded in the histograms since they were last written.
+        self._batches = False
+        self._batches_at = 0.0
+        # When the last message came, and whether it came within IDLE_FLUSH_S
+        # of the one before (requests keep coming: the histograms may wait).
+        self._last_message = 0.0
+        self._coming = False
         self._depth = -1
         self._beat_at = 0.0
         self._ring_shown = (-1, -1)
@@ -45,8 +65,15 @@ class OwnSlot:
         self._dirty = True
 
     def counted(self) -> None:
-        """Say that :attr:`counts` was added to directly."""
+        """Say that :attr:`counts` was added to directly, and a batch recorded
+        in the histograms (metrics.record_batch)."""
         self._dirty = True
+        self._batches = True
+
+    def wait_ms(self) -> int:
+        """How long an idle worker may wait for a message before it shows again:
+        IDLE_FLUSH_MS while batches wait to be written, else HEARTBEAT_MS."""
+        return IDLE_FLUSH_MS if self._batches else HEARTBEAT_MS
 
     def beat(self, now: float, busy_since: float = 0.0) -> None:
         """The heartbeat at ``now``; ``busy_since``: when the running batch began (0: none)."""
@@ -58,13 +85,22 @@ class OwnSlot:
             self._depth = depth
             self._writes.set_depth(depth)
 
-    def show(self, depth: int, now: float) -> None:
-        """Write what changed since the last call, and the heartbeat when it is due."""
+    def show(self, depth: int, now: float, idle_since: float) -> None:
+        """Write what changed since the last call, and the heartbeat when it is due;
+        ``idle_since``: when the last message came."""
         if depth != self._depth:
             self._depth = depth
             self._writes.set_depth(depth)
         if self._dirty and (depth == 0 or now >= self._counts_at):
-            self.flush_counts(now)
+            self._write_counts(now)
+        if idle_since != self._last_message:
+            self._coming = idle_since - self._last_message < IDLE_FLUSH_S
+            self._last_message = idle_since
+        if self._batches and (
+            now >= self._batches_at
+            or (depth == 0 and (not self._coming or now - idle_since >= IDLE_FLUSH_S))
+        ):
+            self._write_batches(now)
         ring = self._ring
         # Space comes back with clients' releases too, not only with replies.
         in_use = (ring.used_bytes, ring.spilled_bytes)
@@ -76,12 +112,21 @@ class OwnSlot:
             self._beat_at = now + HEARTBEAT_S
 
     def flush_counts(self, now: float) -> None:
+        """Write the counters and the histograms now, whatever is due."""
+        self._write_counts(now)
+        self._write_batches(now)
+
+    def _write_counts(self, now: float) -> None:
         self._writes.add_work(self.counts)
-        flush_batches()
         # The work counters (core.status.WORK_COUNTERS) added up since the last flush.
         self.counts = [0] * WORK_COUNTERS
         self._dirty = False
         self._counts_at = now + COUNTERS_S
+
+    def _write_batches(self, now: float) -> None:
+        flush_batches()
+        self._batches = False
+        self._batches_at = now + COUNTERS_S
 
     def show_device_memory(self) -> None:
         if devices.is_cuda(self._device):

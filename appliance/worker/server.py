@@ -54,7 +54,6 @@ log = logging.getLogger("appliance.worker")
 # was marked STOPPING; it exits once it has been idle this long.
 LINGER_S = 0.2
 HOUSEKEEPING_S = 1.0
-HEARTBEAT_MS = int(HEARTBEAT_S * 1000)
 
 
 class WorkerServer:
@@ -179,11 +178,13 @@ class WorkerServer:
         receive, expire = self.intake.receive, self.intake.expire
         run_due, step_streams = self.runner.run_due, self.stream_steps.step
         flush_replies = self.replies.flush
+        own = self.own
         while not self._finished():
             wait = 0.0 if streams.running else batcher.wait_s(time.monotonic())
             if wait is None or wait >= 0.001:
-                # Nothing due: wait in a receive for a message, or for the batch.
-                receive(HEARTBEAT_MS if wait is None else int(min(wait, HEARTBEAT_S) * 1000))
+                # Nothing due: wait in a receive for a message, or for the batch
+                # (or, idle, until the histograms are to be written: own_slot.py).
+                receive(own.wait_ms() if wait is None else int(min(wait, HEARTBEAT_S) * 1000))
             else:
                 if wait > 0:
                     # PERF: ZeroMQ's waits count whole milliseconds, and polling
@@ -212,7 +213,7 @@ class WorkerServer:
 
     def _tick(self) -> None:
         now = time.monotonic()
-        self.own.show(len(self.batcher) + len(self.streams), now)
+        self.own.show(len(self.batcher) + len(self.streams), now, self.intake.last_message)
         if now >= self._housekeeping_at:
             self._housekeeping_at = now + HOUSEKEEPING_S
             self._drop_dead_clients()

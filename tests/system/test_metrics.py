@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import http.client
+import threading
+import time
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
@@ -102,3 +104,36 @@ def test_the_ring_gauge_shows_space_coming_back_when_a_client_releases() -> None
         result.release()
         # No other request comes: the worker publishes what the release gave back.
         assert eventually(lambda: used() == 0, 5.0)
+
+
+def test_a_busy_worker_shows_its_batches_while_the_load_lasts_and_all_once_idle() -> None:
+    # One client back to back leaves the worker idle a fraction of a millisecond
+    # between requests: its batch histograms still reach /metrics as it serves.
+    with running(demo_models("identity")) as appliance:
+        client = appliance.client()
+        x = np.zeros((1, 4), np.float32)
+        stop = threading.Event()
+        answered = [0]
+
+        def load() -> None:
+            while not stop.is_set():
+                client.infer("identity", {"INPUT0": x}).release()
+                answered[0] += 1
+
+        def batches() -> float:
+            return value(scrape(appliance), "appliance_batch_rows_count", model="identity")
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        try:
+            seen = []
+            for _ in range(3):
+                time.sleep(0.3)
+                seen.append(batches())
+        finally:
+            stop.set()
+            thread.join(10)
+        # Written while busy (every tenth of a second), not held until the load ends.
+        assert 0 < seen[0] < seen[1] < seen[2] <= answered[0]
+        # Idle, the worker writes the rest: every batch shows.
+        assert eventually(lambda: batches() == answered[0], 5.0)
