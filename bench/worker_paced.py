@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import threads  # noqa: E402
 from tests.system.harness import running  # noqa: E402
 
 BODY = json.dumps(
@@ -37,28 +37,12 @@ BODY = json.dumps(
 WARMUP = 200
 
 
-def run_time_s(pid: int) -> float:
-    """Every thread's time on a CPU so far (schedstat: nanoseconds, not clock ticks)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
-            total += int(stat.read().split()[0])
-    return total / 1e9
-
-
-def worker_pid() -> int:
-    for process in psutil.process_iter(["cmdline"]):
-        if "model[identity" in " ".join(process.info["cmdline"] or []):
-            return int(process.pid)
-    raise RuntimeError("no identity model worker")
-
-
 def measure(tree: Path, rate: float, seconds: float) -> float:
     """CPU µs per request of the model worker serving ``rate`` requests a second."""
     models = [{"name": "identity", "class": "appliance.demos.identity:Identity"}]
     env = {"PYTHONPATH": str(tree)}
     with running(models, env=env, cwd=tree, server={"access_log": False}) as app:
-        pid = worker_pid()
+        processes = psutil.Process(app.process.pid).children(recursive=True)
         conn = HTTPConnection("127.0.0.1", app.ports["http"], timeout=10)
         headers = {"Content-Type": "application/json"}
 
@@ -72,16 +56,16 @@ def measure(tree: Path, rate: float, seconds: float) -> float:
             one()
         time.sleep(0.5)
         count = int(rate * seconds)
-        before, started = run_time_s(pid), time.monotonic()
+        before, started = threads.snapshot(processes), time.monotonic()
         for index in range(count):
             one()
             pause = started + (index + 1) / rate - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
         time.sleep(0.3)  # what the last request leaves to do once idle
-        spent = run_time_s(pid) - before
+        by_role = threads.per_request(before, threads.snapshot(processes), count, threads.by_role)
         conn.close()
-        return spent / count * 1e6
+        return by_role["model worker"]
 
 
 def main() -> int:
