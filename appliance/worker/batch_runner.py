@@ -123,13 +123,16 @@ class BatchRunner:
             return
         # SAFETY: the running batch counts as queued, or a drain could
         # see an idle worker while this batch still owes its replies.
-        self.own.set_depth_now(len(self.batcher) + len(live) + len(self.streams))
+        depth = len(self.batcher) + len(live) + len(self.streams)
         head = live[0]
         if head.method == STREAM:
+            self.own.set_depth_now(depth)
             self.stream_steps.start(head)
         elif head.method in DERIVATIVES:
+            self.own.begin_batch(depth, now)
             self._finish(head, lambda: methods.derivative(self.model, self.metadata, head))
         else:
+            self.own.begin_batch(depth, now)
             self._predict(live, now)
         # The batch's outputs (views of its inputs, for a pass-through) are gone
         # now: a one-off segment's memory comes back once nothing maps it.
@@ -137,7 +140,6 @@ class BatchRunner:
 
     def _predict(self, batch: list[Pending], started: float) -> None:
         replies = self.replies
-        self.own.beat(started, busy_since=started)
         begin = time.perf_counter_ns()
         try:
             results = self._results(batch)
@@ -201,7 +203,6 @@ class BatchRunner:
     def _finish(self, pending: Pending, compute: Any) -> None:
         started = time.monotonic()
         begin = time.perf_counter_ns()
-        self.own.beat(started, busy_since=started)  # for the hang watchdog
         try:
             outputs = compute()
         except Exception as ex:

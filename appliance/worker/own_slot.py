@@ -8,7 +8,11 @@ memory the master and every frontend read.
 
 Counters are added up in the process and written at once when the worker
 goes idle or every COUNTERS_S, so a busy worker does not write them per
-request, and statistics asked right after an answer include it. The metrics
+request, and statistics asked right after an answer include it. The
+process keeps their running totals (read from the slot when it starts, a
+restarted instance's slot keeps its predecessor's), so that what a loop
+turn writes (depth, an idle heartbeat, the counters) is one write, as a
+batch's start (depth, heartbeat, busy-since) is. The metrics
 histograms of the batches (appliance/observability/metrics.py) are written
 every COUNTERS_S too, and when the worker goes idle; but while requests come
 less than IDLE_FLUSH_S apart, only once it has been idle that long. A scrape a
@@ -24,9 +28,11 @@ bookkeeping costs").
 
 from __future__ import annotations
 
+import time
+
 from appliance.config import device as devices
 from appliance.core.ring import Ring
-from appliance.core.status import WORK_COUNTERS, Counter, StatusTable
+from appliance.core.status import Counter, StatusTable
 from appliance.observability.metrics import flush_batches
 
 HEARTBEAT_S = 0.25
@@ -34,6 +40,8 @@ COUNTERS_S = 0.1
 IDLE_FLUSH_S = 0.005
 HEARTBEAT_MS = int(HEARTBEAT_S * 1000)
 IDLE_FLUSH_MS = int(IDLE_FLUSH_S * 1000)
+# PERF: the counters' indices as plain ints.
+_SUCCESS, _FAIL, _LAST_MS = int(Counter.SUCCESS), int(Counter.FAIL), int(Counter.LAST_INFERENCE_MS)
 
 
 class OwnSlot:
@@ -45,8 +53,10 @@ class OwnSlot:
         self._writes = status.own(slot)
         self._ring = ring
         self._device = device
-        # The work counters (core.status.WORK_COUNTERS) added up since the last flush.
-        self.counts = [0] * WORK_COUNTERS
+        # The work counters' running totals (SUCCESS .. LAST_INFERENCE_MS): added
+        # to as requests are answered, written whole.
+        self.counts = self._writes.work()
+        self._answered = self.counts[_SUCCESS] + self.counts[_FAIL]
         self._dirty = False
         self._counts_at = 0.0
         # Batches recorded in the histograms since they were last written.
@@ -85,14 +95,23 @@ class OwnSlot:
             self._depth = depth
             self._writes.set_depth(depth)
 
+    def begin_batch(self, depth: int, now: float) -> None:
+        """A batch starts at ``now``: the depth with it counted (if it grew: it comes
+        down once the turn is over), and busy-since for the hang watchdog."""
+        if depth < self._depth:
+            depth = self._depth
+        self._depth = depth
+        self._writes.begin_batch(depth, now)
+
     def show(self, depth: int, now: float, idle_since: float) -> None:
         """Write what changed since the last call, and the heartbeat when it is due;
         ``idle_since``: when the last message came."""
-        if depth != self._depth:
+        if self._dirty and (depth == 0 or now >= self._counts_at):
+            self._depth = depth
+            self._write_counts(now)
+        elif depth != self._depth:
             self._depth = depth
             self._writes.set_depth(depth)
-        if self._dirty and (depth == 0 or now >= self._counts_at):
-            self._write_counts(now)
         if idle_since != self._last_message:
             self._coming = idle_since - self._last_message < IDLE_FLUSH_S
             self._last_message = idle_since
@@ -117,11 +136,16 @@ class OwnSlot:
         self._write_batches(now)
 
     def _write_counts(self, now: float) -> None:
-        self._writes.add_work(self.counts)
-        # The work counters (core.status.WORK_COUNTERS) added up since the last flush.
-        self.counts = [0] * WORK_COUNTERS
+        """The depth, an idle heartbeat and the counters: called between batches."""
+        counts = self.counts
+        answered = counts[_SUCCESS] + counts[_FAIL]
+        if answered != self._answered:
+            self._answered = answered
+            counts[_LAST_MS] = int(time.time() * 1000)
+        self._writes.write(self._depth, now, counts)
         self._dirty = False
         self._counts_at = now + COUNTERS_S
+        self._beat_at = now + HEARTBEAT_S
 
     def _write_batches(self, now: float) -> None:
         flush_batches()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 
 import grpc
@@ -75,6 +77,30 @@ def test_kill_9_of_a_model_worker_fails_its_request_at_once(appliance: Appliance
     status = {p["role"]: p for p in appliance.processes()}
     assert status["model[slow#0]"]["restarts"] == 1
     assert "SIGKILL" in status["model[slow#0]"]["last_exit"]
+
+
+def _successes(appliance: Appliance, model: str) -> int:
+    url = f"http://127.0.0.1:{appliance.ports['http']}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        stats = json.load(response)["model_stats"][0]
+    return int(stats["inference_stats"]["success"]["count"])
+
+
+def test_statistics_go_on_counting_across_a_restart(appliance: Appliance) -> None:
+    client = appliance.client()
+    for _ in range(3):
+        with client.infer("slow", {"x": np.ones(2, np.float32)}):
+            pass
+    before = _successes(appliance, "slow")
+    assert before >= 3
+    victim = appliance.pid_of("model[slow#0]")
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: appliance.pid_of("model[slow#0]") != victim and client.model_ready("slow"))
+    # What the instance counted before it died is still there for its successor.
+    assert _successes(appliance, "slow") == before
+    with client.infer("slow", {"x": np.ones(2, np.float32)}):
+        pass
+    assert _successes(appliance, "slow") == before + 1
 
 
 def test_a_model_that_raises_fails_only_its_request(appliance: Appliance) -> None:
