@@ -124,10 +124,6 @@ class Counter(enum.IntEnum):
     RESTARTS = 7
 
 
-# A model worker's own counters, the first ones: SUCCESS .. COMPUTE_NS.
-WORK_COUNTERS = 6
-
-
 @dataclass(frozen=True, slots=True)
 class SlotInfo:
     """A snapshot of one slot."""
