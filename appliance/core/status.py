@@ -72,6 +72,7 @@ _TIMES = struct.Struct("<dd")
 _COUNTERS = struct.Struct(f"<{N_COUNTERS}Q")
 _NAME_LEN = 64
 _NOTE_LEN = 256
+_OFF_DEPTH = 12
 _OFF_HEARTBEAT = 16
 _OFF_COUNTERS = 32
 _OFF_NAME = 128
@@ -86,9 +87,12 @@ _RESTART_AT = struct.Struct("<d")
 _U32 = struct.Struct("<I")
 # The counters a model worker adds to (SUCCESS .. COMPUTE_NS), and LAST_INFERENCE_MS after them.
 _WORK = struct.Struct("<7Q")
-# From a slot's depth (offset 12): depth, heartbeat, busy since; then the work counters.
+# From a slot's depth (_OFF_DEPTH): depth, heartbeat, busy since; then the work counters.
 _BEGIN = struct.Struct("<Idd")
 _IDLE_WORK = struct.Struct("<Idd7Q")
+# The one-write layout holds only while these fields stay side by side.
+assert _OFF_DEPTH + 4 == _OFF_HEARTBEAT
+assert _OFF_DEPTH + _BEGIN.size == _OFF_COUNTERS
 
 
 class SlotState(enum.IntEnum):
@@ -313,7 +317,7 @@ class StatusTable:
         struct.pack_into("<Q", self._buf, self._at(index) + _OFF_DEVICE_MEMORY, memory)
 
     def set_depth(self, index: int, depth: int) -> None:
-        struct.pack_into("<I", self._buf, self._at(index) + 12, max(0, depth))
+        struct.pack_into("<I", self._buf, self._at(index) + _OFF_DEPTH, max(0, depth))
 
     def beat(self, index: int, busy_since: float = 0.0) -> None:
         _TIMES.pack_into(self._buf, self._at(index) + _OFF_HEARTBEAT, time.monotonic(), busy_since)
@@ -352,13 +356,14 @@ class OwnWrites:
     five calls into struct where two do.
     """
 
-    __slots__ = ("_buf", "_depth", "_times")
+    __slots__ = ("_buf", "_counters", "_depth", "_times")
 
     def __init__(self, table: StatusTable, index: int) -> None:
         base = table._at(index)
         self._buf = table._buf
-        self._depth = base + 12
+        self._depth = base + _OFF_DEPTH
         self._times = base + _OFF_HEARTBEAT
+        self._counters = base + _OFF_COUNTERS
 
     def beat(self, now: float, busy_since: float = 0.0) -> None:
         """The heartbeat at ``now`` (time.monotonic()), and when the running batch started."""
@@ -374,7 +379,7 @@ class OwnWrites:
 
     def work(self) -> list[int]:
         """The work counters as the slot holds them (SUCCESS .. LAST_INFERENCE_MS)."""
-        return list(_WORK.unpack_from(self._buf, self._depth + _OFF_COUNTERS - 12))
+        return list(_WORK.unpack_from(self._buf, self._counters))
 
     def write(self, depth: int, now: float, work: list[int]) -> None:
         """Depth, an idle heartbeat at ``now`` and the work counters' totals ``work``
